@@ -1,0 +1,198 @@
+//! Tile geometry: the tile grid of a dataset, tile names, and default tile shapes.
+
+use crate::selection::Hyperslab;
+
+/// A dataset shape cut into tiles of `tile` (edge tiles clipped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileGrid {
+    pub shape: Vec<u64>,
+    pub tile: Vec<u64>,
+}
+
+impl TileGrid {
+    /// `tile` must have the rank of `shape` and no zero entry.
+    pub fn new(shape: Vec<u64>, tile: Vec<u64>) -> Self {
+        debug_assert_eq!(shape.len(), tile.len());
+        TileGrid { shape, tile }
+    }
+
+    /// Number of tiles along each dimension.
+    pub fn grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(&self.tile)
+            .map(|(&n, &t)| n.div_ceil(t.max(1)))
+            .collect()
+    }
+
+    pub fn num_tiles(&self) -> u64 {
+        self.grid().iter().product()
+    }
+
+    /// The clipped hyperslab of tile `idx`, or None when `idx` is outside the grid.
+    pub fn tile_slab(&self, idx: &[u64]) -> Option<Hyperslab> {
+        if idx.len() != self.shape.len() {
+            return None;
+        }
+        let grid = self.grid();
+        let mut start = Vec::with_capacity(idx.len());
+        let mut count = Vec::with_capacity(idx.len());
+        for d in 0..idx.len() {
+            if idx[d] >= grid[d] {
+                return None;
+            }
+            let s = idx[d] * self.tile[d];
+            start.push(s);
+            count.push(self.tile[d].min(self.shape[d] - s));
+        }
+        Some(Hyperslab::block(&start, &count))
+    }
+
+    /// Tile indices in C order.
+    pub fn indices(&self) -> impl Iterator<Item = Vec<u64>> + '_ {
+        let grid = self.grid();
+        let total: u64 = grid.iter().product();
+        (0..total).map(move |lin| unravel(lin, &grid))
+    }
+}
+
+/// C-order multi-index of linear index `lin` in `shape`.
+pub fn unravel(mut lin: u64, shape: &[u64]) -> Vec<u64> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1);
+        idx[d] = lin % n;
+        lin /= n;
+    }
+    idx
+}
+
+/// C-order linear index of `idx` in `shape`.
+pub fn ravel(idx: &[u64], shape: &[u64]) -> u64 {
+    idx.iter().zip(shape).fold(0, |acc, (&i, &n)| acc * n + i)
+}
+
+/// Tile file name: indices joined by '.'; a scalar's single tile is `0`.
+pub fn tile_name(idx: &[u64]) -> String {
+    if idx.is_empty() {
+        return "0".to_string();
+    }
+    idx.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Parses a tile file name against a grid; only canonical names are accepted.
+pub fn parse_tile_name(name: &str, grid: &[u64]) -> Option<Vec<u64>> {
+    if grid.is_empty() {
+        return (name == "0").then(Vec::new);
+    }
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() != grid.len() {
+        return None;
+    }
+    let mut idx = Vec::with_capacity(parts.len());
+    for (p, &g) in parts.iter().zip(grid) {
+        let canonical = !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (p.len() == 1 || !p.starts_with('0'));
+        if !canonical {
+            return None;
+        }
+        let v: u64 = p.parse().ok()?;
+        if v >= g {
+            return None;
+        }
+        idx.push(v);
+    }
+    Some(idx)
+}
+
+/// Row-block tile shape: whole trailing rows, about `target_bytes` per tile.
+/// Each such tile is one contiguous run of the dataset's C-order bytes.
+pub fn row_block_tile(shape: &[u64], elem_size: u64, target_bytes: u64) -> Vec<u64> {
+    let rank = shape.len();
+    let mut tile: Vec<u64> = shape.iter().map(|&n| n.max(1)).collect();
+    // Find the outermost dimension d such that the block of trailing dims after d fits.
+    let mut inner = elem_size.max(1); // bytes of one element of dims after d
+    for d in (0..rank).rev() {
+        let row = inner.saturating_mul(shape[d].max(1));
+        if row > target_bytes || d == 0 {
+            let r = (target_bytes / inner).clamp(1, shape[d].max(1));
+            for t in tile.iter_mut().take(d) {
+                *t = 1;
+            }
+            tile[d] = r;
+            return tile;
+        }
+        inner = row;
+    }
+    tile
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn grid_and_edges() {
+        let g = TileGrid::new(vec![10, 7], vec![4, 4]);
+        assert_eq!(g.grid(), vec![3, 2]);
+        let s = g.tile_slab(&[2, 1]).unwrap();
+        assert_eq!(s.counts(), vec![2, 3]);
+        assert!(g.tile_slab(&[3, 0]).is_none());
+        assert_eq!(g.indices().count(), 6);
+        assert_eq!(TileGrid::new(vec![0, 5], vec![1, 5]).num_tiles(), 0);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(tile_name(&[1, 3]), "1.3");
+        assert_eq!(tile_name(&[]), "0");
+        assert_eq!(parse_tile_name("1.3", &[8, 8]), Some(vec![1, 3]));
+        assert_eq!(parse_tile_name("01.3", &[8, 8]), None);
+        assert_eq!(parse_tile_name("8.0", &[8, 8]), None);
+        assert_eq!(parse_tile_name("1", &[8, 8]), None);
+        assert_eq!(parse_tile_name("0", &[]), Some(vec![]));
+        assert_eq!(parse_tile_name("1.", &[8, 8]), None);
+    }
+
+    #[test]
+    fn row_blocks() {
+        // 4096x4096 f4 = 16 KiB rows; 64 MiB -> 4096 rows (the whole thing).
+        assert_eq!(row_block_tile(&[4096, 4096], 4, 64 << 20), vec![4096, 4096]);
+        assert_eq!(row_block_tile(&[4096, 4096], 4, 1 << 20), vec![64, 4096]);
+        // A single row larger than the target: split the next dimension.
+        assert_eq!(row_block_tile(&[2, 1 << 20], 8, 1 << 20), vec![1, 131072]);
+        assert_eq!(row_block_tile(&[3, 4, 5], 1, 7), vec![1, 1, 5]);
+        assert_eq!(row_block_tile(&[], 4, 100), Vec::<u64>::new());
+        assert_eq!(row_block_tile(&[0, 5], 4, 100), vec![5, 5]);
+    }
+
+    proptest! {
+        #[test]
+        fn tiles_partition_the_dataset(shape in proptest::collection::vec(1u64..9, 1..4),
+                                       tsel in proptest::collection::vec(1u64..5, 4)) {
+            let tile: Vec<u64> = shape.iter().zip(&tsel).map(|(_, &t)| t).collect();
+            let g = TileGrid::new(shape.clone(), tile);
+            let total: u64 = g.indices().map(|i| g.tile_slab(&i).unwrap().num_elements()).sum();
+            prop_assert_eq!(total, shape.iter().product::<u64>());
+            for i in g.indices() {
+                prop_assert_eq!(parse_tile_name(&tile_name(&i), &g.grid()), Some(i));
+            }
+        }
+
+        #[test]
+        fn row_block_is_contiguous(shape in proptest::collection::vec(1u64..20, 1..5), es in 1u64..9,
+                                   target in 1u64..4000) {
+            let t = row_block_tile(&shape, es, target);
+            // All dims after the first non-1 tile dim must be whole.
+            let first = t.iter().position(|&x| x != 1).unwrap_or(t.len().saturating_sub(1));
+            for d in first + 1..shape.len() {
+                prop_assert_eq!(t[d], shape[d]);
+            }
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! Thin, checked wrappers over the HDF5 C API for what the read view needs to know:
+//! datatypes, layouts, chunk addresses, virtual mappings, fill values and region reads.
+//!
+//! Every call runs under the library lock of the `hdf5` crate (`hdf5::sync::sync`).
+//! Nothing here is on the pread data path: it builds the dataset model and decodes
+//! what cannot be read verbatim.
+
+use crate::error::{Error, Result};
+use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
+use hdf5_sys::h5d::H5D_layout_t;
+use hdf5_sys::h5i::hid_t;
+use hdf5_sys::h5s::H5S_sel_type;
+use hdf5_sys::h5t::{H5T_class_t, H5T_order_t, H5T_sign_t};
+use std::ffi::{c_char, c_uint, CStr};
+
+/// An owned HDF5 identifier closed by `close` on drop.
+pub struct Hid {
+    id: hid_t,
+    close: unsafe extern "C" fn(hid_t) -> herr_t,
+}
+
+impl Hid {
+    fn new(id: hid_t, close: unsafe extern "C" fn(hid_t) -> herr_t, what: &str) -> Result<Hid> {
+        if id < 0 {
+            return Err(Error::io(format!("HDF5: {what} failed")));
+        }
+        Ok(Hid { id, close })
+    }
+    pub fn id(&self) -> hid_t {
+        self.id
+    }
+}
+
+impl Drop for Hid {
+    fn drop(&mut self) {
+        // SAFETY: `id` is a valid identifier we own; closing it once is the contract.
+        hdf5::sync::sync(|| unsafe {
+            (self.close)(self.id);
+        });
+    }
+}
+
+fn sync<T>(f: impl FnOnce() -> T) -> T {
+    hdf5::sync::sync(f)
+}
+
+pub fn dcpl(dset: hid_t) -> Result<Hid> {
+    // SAFETY: plain library call on a dataset id owned by the caller.
+    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_create_plist(dset) });
+    Hid::new(id, hdf5_sys::h5p::H5Pclose, "H5Dget_create_plist")
+}
+
+pub fn dtype(dset: hid_t) -> Result<Hid> {
+    // SAFETY: plain library call on a dataset id owned by the caller.
+    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_type(dset) });
+    Hid::new(id, hdf5_sys::h5t::H5Tclose, "H5Dget_type")
+}
+
+pub fn dspace(dset: hid_t) -> Result<Hid> {
+    // SAFETY: plain library call on a dataset id owned by the caller.
+    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_space(dset) });
+    Hid::new(id, hdf5_sys::h5s::H5Sclose, "H5Dget_space")
+}
+
+/// Storage layout as the library reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Compact,
+    Contiguous,
+    Chunked,
+    Virtual,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Compact => "compact",
+            Layout::Contiguous => "contiguous",
+            Layout::Chunked => "chunked",
+            Layout::Virtual => "virtual",
+        }
+    }
+}
+
+pub fn layout(dcpl: &Hid) -> Result<Layout> {
+    // SAFETY: dcpl is a valid property list.
+    let l = sync(|| unsafe { hdf5_sys::h5p::H5Pget_layout(dcpl.id()) });
+    match l {
+        H5D_layout_t::H5D_COMPACT => Ok(Layout::Compact),
+        H5D_layout_t::H5D_CONTIGUOUS => Ok(Layout::Contiguous),
+        H5D_layout_t::H5D_CHUNKED => Ok(Layout::Chunked),
+        H5D_layout_t::H5D_VIRTUAL => Ok(Layout::Virtual),
+        other => Err(Error::io(format!("unknown dataset layout {other:?}"))),
+    }
+}
+
+/// Current and maximum dimensions of a simple dataspace; `None` for a null dataspace.
+pub fn space_dims(space: &Hid) -> Result<Option<(Vec<u64>, Vec<Option<u64>>)>> {
+    sync(|| {
+        // SAFETY: space is a valid dataspace id; buffers are sized by the reported rank.
+        unsafe {
+            let class = hdf5_sys::h5s::H5Sget_simple_extent_type(space.id());
+            if class == hdf5_sys::h5s::H5S_class_t::H5S_NULL {
+                return Ok(None);
+            }
+            let rank = hdf5_sys::h5s::H5Sget_simple_extent_ndims(space.id());
+            if rank < 0 {
+                return Err(Error::io("H5Sget_simple_extent_ndims failed"));
+            }
+            let mut dims = vec![0 as hsize_t; rank as usize];
+            let mut maxd = vec![0 as hsize_t; rank as usize];
+            if rank > 0
+                && hdf5_sys::h5s::H5Sget_simple_extent_dims(
+                    space.id(),
+                    dims.as_mut_ptr(),
+                    maxd.as_mut_ptr(),
+                ) < 0
+            {
+                return Err(Error::io("H5Sget_simple_extent_dims failed"));
+            }
+            let maxd = maxd
+                .iter()
+                .map(|&m| (m != hdf5_sys::h5s::H5S_UNLIMITED).then_some(m))
+                .collect();
+            Ok(Some((dims, maxd)))
+        }
+    })
+}
+
+/// What the bytes of one element are, in NumPy terms.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DType {
+    /// A NumPy `dtype.str` and the element size in bytes.
+    Numeric { descr: String, itemsize: u64 },
+    Unsupported { reason: String, itemsize: u64 },
+}
+
+fn order_char(t: hid_t, size: usize) -> char {
+    if size == 1 {
+        return '|';
+    }
+    // SAFETY: t is a valid atomic datatype.
+    match unsafe { hdf5_sys::h5t::H5Tget_order(t) } {
+        H5T_order_t::H5T_ORDER_BE => '>',
+        _ => '<',
+    }
+}
+
+/// Maps an HDF5 datatype to its NumPy dtype string, as h5py would read it.
+pub fn numpy_dtype(t: &Hid) -> DType {
+    sync(|| {
+        // SAFETY: t is a valid datatype id; member ids are closed before returning.
+        unsafe {
+            let id = t.id();
+            let size = hdf5_sys::h5t::H5Tget_size(id);
+            let class = hdf5_sys::h5t::H5Tget_class(id);
+            let unsupported = |r: &str| DType::Unsupported {
+                reason: r.to_string(),
+                itemsize: size as u64,
+            };
+            match class {
+                H5T_class_t::H5T_INTEGER => {
+                    let signed = hdf5_sys::h5t::H5Tget_sign(id) == H5T_sign_t::H5T_SGN_2;
+                    if ![1, 2, 4, 8].contains(&size) {
+                        return unsupported(&format!("integer of {size} bytes"));
+                    }
+                    DType::Numeric {
+                        descr: format!(
+                            "{}{}{}",
+                            order_char(id, size),
+                            if signed { 'i' } else { 'u' },
+                            size
+                        ),
+                        itemsize: size as u64,
+                    }
+                }
+                H5T_class_t::H5T_FLOAT => {
+                    if ![2, 4, 8, 16].contains(&size) {
+                        return unsupported(&format!("float of {size} bytes"));
+                    }
+                    DType::Numeric {
+                        descr: format!("{}f{}", order_char(id, size), size),
+                        itemsize: size as u64,
+                    }
+                }
+                H5T_class_t::H5T_ENUM => {
+                    let base = hdf5_sys::h5t::H5Tget_super(id);
+                    if base < 0 {
+                        return unsupported("enum without base type");
+                    }
+                    let base = Hid {
+                        id: base,
+                        close: hdf5_sys::h5t::H5Tclose,
+                    };
+                    if is_bool_enum(id, size) {
+                        return DType::Numeric {
+                            descr: "|b1".into(),
+                            itemsize: 1,
+                        };
+                    }
+                    numpy_dtype(&base)
+                }
+                H5T_class_t::H5T_COMPOUND => complex_dtype(id, size)
+                    .unwrap_or_else(|| unsupported("compound type other than complex")),
+                H5T_class_t::H5T_STRING => unsupported("string type"),
+                H5T_class_t::H5T_REFERENCE => unsupported("reference type"),
+                H5T_class_t::H5T_VLEN => unsupported("variable-length type"),
+                H5T_class_t::H5T_ARRAY => unsupported("array type"),
+                H5T_class_t::H5T_OPAQUE => unsupported("opaque type"),
+                H5T_class_t::H5T_BITFIELD => unsupported("bitfield type"),
+                H5T_class_t::H5T_TIME => unsupported("time type"),
+                _ => unsupported("unknown type class"),
+            }
+        }
+    })
+}
+
+/// h5py stores bool as an 8-bit enum {FALSE: 0, TRUE: 1}.
+///
+/// # Safety
+/// `id` must be a valid enum datatype and the library lock held.
+unsafe fn is_bool_enum(id: hid_t, size: usize) -> bool {
+    if size != 1 || hdf5_sys::h5t::H5Tget_nmembers(id) != 2 {
+        return false;
+    }
+    let mut ok = true;
+    for (i, want) in [(0u32, ("FALSE", 0i8)), (1u32, ("TRUE", 1i8))] {
+        let name = hdf5_sys::h5t::H5Tget_member_name(id, i);
+        if name.is_null() {
+            return false;
+        }
+        let n = CStr::from_ptr(name).to_string_lossy().into_owned();
+        hdf5_sys::h5::H5free_memory(name.cast());
+        let mut v: i8 = -1;
+        if hdf5_sys::h5t::H5Tget_member_value(id, i, (&mut v as *mut i8).cast()) < 0 {
+            return false;
+        }
+        ok &= n == want.0 && v == want.1;
+    }
+    ok
+}
+
+/// A compound of two equal floats at offsets 0 and size/2 is NumPy complex.
+///
+/// # Safety
+/// `id` must be a valid compound datatype and the library lock held.
+unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<DType> {
+    if hdf5_sys::h5t::H5Tget_nmembers(id) != 2 || (size != 8 && size != 16) {
+        return None;
+    }
+    let half = size / 2;
+    let mut order = None;
+    for i in 0..2u32 {
+        let mt = hdf5_sys::h5t::H5Tget_member_type(id, i);
+        if mt < 0 {
+            return None;
+        }
+        let mt = Hid {
+            id: mt,
+            close: hdf5_sys::h5t::H5Tclose,
+        };
+        let off = hdf5_sys::h5t::H5Tget_member_offset(id, i);
+        if hdf5_sys::h5t::H5Tget_class(mt.id()) != H5T_class_t::H5T_FLOAT
+            || hdf5_sys::h5t::H5Tget_size(mt.id()) != half
+            || off != i as usize * half
+        {
+            return None;
+        }
+        let o = order_char(mt.id(), half);
+        if order.is_some_and(|p| p != o) {
+            return None;
+        }
+        order = Some(o);
+    }
+    Some(DType::Numeric {
+        descr: format!("{}c{}", order?, size),
+        itemsize: size as u64,
+    })
+}
+
+/// One filter of a dataset's pipeline.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FilterInfo {
+    pub id: i32,
+    pub name: String,
+    pub cd_values: Vec<u32>,
+    /// The filter may be skipped for a chunk (H5Z_FLAG_OPTIONAL).
+    #[serde(skip)]
+    pub optional: bool,
+}
+
+pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
+    sync(|| {
+        // SAFETY: dcpl is valid; buffers are sized as passed to the library.
+        unsafe {
+            let n = hdf5_sys::h5p::H5Pget_nfilters(dcpl.id());
+            if n < 0 {
+                return Err(Error::io("H5Pget_nfilters failed"));
+            }
+            let mut out = Vec::with_capacity(n as usize);
+            for i in 0..n as c_uint {
+                let mut flags: c_uint = 0;
+                let mut nelem: usize = 32;
+                let mut cd = vec![0 as c_uint; 32];
+                let mut name = [0 as c_char; 256];
+                let mut config: c_uint = 0;
+                let fid = hdf5_sys::h5p::H5Pget_filter2(
+                    dcpl.id(),
+                    i,
+                    &mut flags,
+                    &mut nelem,
+                    cd.as_mut_ptr(),
+                    name.len(),
+                    name.as_mut_ptr(),
+                    &mut config,
+                );
+                if fid < 0 {
+                    return Err(Error::io("H5Pget_filter2 failed"));
+                }
+                cd.truncate(nelem.min(32));
+                let lib_name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+                let name = match fid {
+                    1 => "gzip".to_string(),
+                    2 => "shuffle".to_string(),
+                    3 => "fletcher32".to_string(),
+                    4 => "szip".to_string(),
+                    5 => "nbit".to_string(),
+                    6 => "scaleoffset".to_string(),
+                    32000 => "lzf".to_string(),
+                    _ => lib_name,
+                };
+                out.push(FilterInfo {
+                    id: fid,
+                    name,
+                    cd_values: cd,
+                    optional: flags & hdf5_sys::h5z::H5Z_FLAG_OPTIONAL != 0,
+                });
+            }
+            Ok(out)
+        }
+    })
+}
+
+pub fn chunk_shape(dcpl: &Hid, rank: usize) -> Result<Vec<u64>> {
+    let mut dims = vec![0 as hsize_t; rank.max(1)];
+    // SAFETY: dims has room for `rank` entries.
+    let r = sync(|| unsafe {
+        hdf5_sys::h5p::H5Pget_chunk(dcpl.id(), rank as i32, dims.as_mut_ptr())
+    });
+    if r < 0 || r as usize != rank {
+        return Err(Error::io("H5Pget_chunk failed"));
+    }
+    dims.truncate(rank);
+    Ok(dims)
+}
+
+/// The fill value's bytes in the file's datatype, or zeros when none is defined.
+pub fn fill_bytes(dcpl: &Hid, ftype: &Hid, itemsize: usize) -> (Vec<u8>, bool) {
+    let mut buf = vec![0u8; itemsize.max(1)];
+    let ok = sync(|| {
+        // SAFETY: buf holds one element of `ftype`.
+        unsafe {
+            let mut st = hdf5_sys::h5d::H5D_fill_value_t::H5D_FILL_VALUE_UNDEFINED;
+            if hdf5_sys::h5p::H5Pfill_value_defined(dcpl.id(), &mut st) < 0 {
+                return false;
+            }
+            if st == hdf5_sys::h5d::H5D_fill_value_t::H5D_FILL_VALUE_UNDEFINED {
+                return false;
+            }
+            hdf5_sys::h5p::H5Pget_fill_value(dcpl.id(), ftype.id(), buf.as_mut_ptr().cast()) >= 0
+        }
+    });
+    if !ok {
+        buf.iter_mut().for_each(|b| *b = 0);
+    }
+    buf.truncate(itemsize);
+    (buf, ok)
+}
+
+/// Absolute file offset of a contiguous dataset's data, or None when unallocated.
+pub fn contiguous_offset(dset: hid_t) -> Option<u64> {
+    // SAFETY: plain library call on a valid dataset id.
+    let a: haddr_t = sync(|| unsafe { hdf5_sys::h5d::H5Dget_offset(dset) });
+    (a != hdf5_sys::h5::HADDR_UNDEF).then_some(a)
+}
+
+/// Where a chunk is stored: file offset, stored size, and the filters it skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkLoc {
+    pub addr: u64,
+    pub size: u64,
+    pub filter_mask: u32,
+}
+
+/// Looks up the chunk whose first element is at `coord`; None when never written.
+pub fn chunk_by_coord(dset: hid_t, coord: &[u64]) -> Result<Option<ChunkLoc>> {
+    sync(|| {
+        let mut mask: c_uint = 0;
+        let mut addr: haddr_t = 0;
+        let mut size: hsize_t = 0;
+        // SAFETY: coord has one entry per dimension of the dataset.
+        let r = unsafe {
+            hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
+                dset,
+                coord.as_ptr(),
+                &mut mask,
+                &mut addr,
+                &mut size,
+            )
+        };
+        if r < 0 {
+            return Err(Error::io(format!(
+                "H5Dget_chunk_info_by_coord failed at {coord:?}"
+            )));
+        }
+        if addr == hdf5_sys::h5::HADDR_UNDEF || size == 0 {
+            return Ok(None);
+        }
+        Ok(Some(ChunkLoc {
+            addr,
+            size,
+            filter_mask: mask,
+        }))
+    })
+}
+
+/// A selection in a virtual mapping, as a bounding block when it is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpaceSel {
+    /// A single block: start and count per dimension.
+    Block { start: Vec<u64>, count: Vec<u64> },
+    /// Anything else (strided, unlimited, point lists): read through HDF5.
+    Other,
+}
+
+/// # Safety
+/// `space` must be a valid dataspace id and the library lock held.
+unsafe fn space_sel(space: hid_t) -> SpaceSel {
+    let rank = hdf5_sys::h5s::H5Sget_simple_extent_ndims(space);
+    if rank < 0 {
+        return SpaceSel::Other;
+    }
+    let rank = rank as usize;
+    let mut dims = vec![0 as hsize_t; rank];
+    let mut maxd = vec![0 as hsize_t; rank];
+    if rank > 0 && hdf5_sys::h5s::H5Sget_simple_extent_dims(space, dims.as_mut_ptr(), maxd.as_mut_ptr()) < 0 {
+        return SpaceSel::Other;
+    }
+    match hdf5_sys::h5s::H5Sget_select_type(space) {
+        H5S_sel_type::H5S_SEL_ALL => SpaceSel::Block {
+            start: vec![0; rank],
+            count: dims,
+        },
+        H5S_sel_type::H5S_SEL_HYPERSLABS => {
+            if hdf5_sys::h5s::H5Sis_regular_hyperslab(space) <= 0 {
+                return SpaceSel::Other;
+            }
+            let mut start = vec![0 as hsize_t; rank];
+            let mut stride = vec![0 as hsize_t; rank];
+            let mut count = vec![0 as hsize_t; rank];
+            let mut block = vec![0 as hsize_t; rank];
+            if hdf5_sys::h5s::H5Sget_regular_hyperslab(
+                space,
+                start.as_mut_ptr(),
+                stride.as_mut_ptr(),
+                count.as_mut_ptr(),
+                block.as_mut_ptr(),
+            ) < 0
+            {
+                return SpaceSel::Other;
+            }
+            // One block per dimension, or blocks that touch (stride == block).
+            let mut total = Vec::with_capacity(rank);
+            for d in 0..rank {
+                if count[d] == hdf5_sys::h5s::H5S_UNLIMITED || block[d] == hdf5_sys::h5s::H5S_UNLIMITED {
+                    return SpaceSel::Other;
+                }
+                if count[d] > 1 && stride[d] != block[d] {
+                    return SpaceSel::Other;
+                }
+                total.push(count[d] * block[d]);
+            }
+            SpaceSel::Block { start, count: total }
+        }
+        _ => SpaceSel::Other,
+    }
+}
+
+/// One mapping of a virtual dataset.
+#[derive(Clone, Debug)]
+pub struct VirtualMapping {
+    pub vsel: SpaceSel,
+    pub file: String,
+    pub dset: String,
+    pub ssel: SpaceSel,
+}
+
+/// Reads the mappings with the raw `H5Pget_virtual_*` calls.
+pub fn virtual_mappings(dcpl: &Hid) -> Result<Vec<VirtualMapping>> {
+    sync(|| {
+        // SAFETY: dcpl is a virtual dataset's creation property list; every returned
+        // dataspace is closed by its Hid; string buffers are sized by a first call.
+        unsafe {
+            let mut n: usize = 0;
+            if hdf5_sys::h5p::H5Pget_virtual_count(dcpl.id(), &mut n) < 0 {
+                return Err(Error::io("H5Pget_virtual_count failed"));
+            }
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let vs = Hid::new(
+                    hdf5_sys::h5p::H5Pget_virtual_vspace(dcpl.id(), i),
+                    hdf5_sys::h5s::H5Sclose,
+                    "H5Pget_virtual_vspace",
+                )?;
+                let ss = Hid::new(
+                    hdf5_sys::h5p::H5Pget_virtual_srcspace(dcpl.id(), i),
+                    hdf5_sys::h5s::H5Sclose,
+                    "H5Pget_virtual_srcspace",
+                )?;
+                let file = get_string(|buf, len| {
+                    hdf5_sys::h5p::H5Pget_virtual_filename(dcpl.id(), i, buf, len)
+                })?;
+                let dset = get_string(|buf, len| {
+                    hdf5_sys::h5p::H5Pget_virtual_dsetname(dcpl.id(), i, buf, len)
+                })?;
+                out.push(VirtualMapping {
+                    vsel: space_sel(vs.id()),
+                    file,
+                    dset,
+                    ssel: space_sel(ss.id()),
+                });
+            }
+            Ok(out)
+        }
+    })
+}
+
+/// # Safety
+/// `f` must follow the HDF5 string-getter convention (returns the length without NUL).
+unsafe fn get_string(f: impl Fn(*mut c_char, usize) -> isize) -> Result<String> {
+    let len = f(std::ptr::null_mut(), 0);
+    if len < 0 {
+        return Err(Error::io("HDF5 string query failed"));
+    }
+    let mut buf = vec![0 as c_char; len as usize + 1];
+    if f(buf.as_mut_ptr(), buf.len()) < 0 {
+        return Err(Error::io("HDF5 string query failed"));
+    }
+    Ok(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
+}
+
+/// Reads the block `start..start+count` of a dataset through the library, with no type
+/// conversion (the memory type is the file type), into a C-order buffer of `mem_dims`
+/// whose leading corner receives the block. Used for filters we cannot decode, compact
+/// storage and virtual mappings we cannot follow.
+pub fn read_region(
+    dset: hid_t,
+    ftype: &Hid,
+    itemsize: usize,
+    start: &[u64],
+    count: &[u64],
+    mem_dims: &[u64],
+) -> Result<Vec<u8>> {
+    let n: u64 = mem_dims.iter().product();
+    let bytes = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_mul(itemsize))
+        .ok_or_else(|| Error::io("region too large"))?;
+    let mut buf = vec![0u8; bytes];
+    if count.contains(&0) {
+        return Ok(buf);
+    }
+    let fspace = dspace(dset)?;
+    sync(|| {
+        // SAFETY: buffer is sized for mem_dims elements of the file type; all ids are
+        // valid and closed by their guards.
+        unsafe {
+            let rank = start.len() as i32;
+            let mspace = Hid::new(
+                if rank == 0 {
+                    hdf5_sys::h5s::H5Screate(hdf5_sys::h5s::H5S_class_t::H5S_SCALAR)
+                } else {
+                    hdf5_sys::h5s::H5Screate_simple(rank, mem_dims.as_ptr(), std::ptr::null())
+                },
+                hdf5_sys::h5s::H5Sclose,
+                "H5Screate_simple",
+            )?;
+            if rank > 0 {
+                let zeros = vec![0 as hsize_t; start.len()];
+                if hdf5_sys::h5s::H5Sselect_hyperslab(
+                    fspace.id(),
+                    hdf5_sys::h5s::H5S_seloper_t::H5S_SELECT_SET,
+                    start.as_ptr(),
+                    std::ptr::null(),
+                    count.as_ptr(),
+                    std::ptr::null(),
+                ) < 0
+                    || hdf5_sys::h5s::H5Sselect_hyperslab(
+                        mspace.id(),
+                        hdf5_sys::h5s::H5S_seloper_t::H5S_SELECT_SET,
+                        zeros.as_ptr(),
+                        std::ptr::null(),
+                        count.as_ptr(),
+                        std::ptr::null(),
+                    ) < 0
+                {
+                    return Err(Error::io("H5Sselect_hyperslab failed"));
+                }
+            }
+            if hdf5_sys::h5d::H5Dread(
+                dset,
+                ftype.id(),
+                mspace.id(),
+                fspace.id(),
+                hdf5_sys::h5p::H5P_DEFAULT,
+                buf.as_mut_ptr().cast(),
+            ) < 0
+            {
+                return Err(Error::io(format!(
+                    "H5Dread of block {start:?}+{count:?} failed"
+                )));
+            }
+            Ok(())
+        }
+    })?;
+    Ok(buf)
+}
