@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(row_block_tile(&[2, 1 << 20], 8, 1 << 20), vec![1, 131072]);
         assert_eq!(row_block_tile(&[3, 4, 5], 1, 7), vec![1, 1, 5]);
         assert_eq!(row_block_tile(&[], 4, 100), Vec::<u64>::new());
-        assert_eq!(row_block_tile(&[0, 5], 4, 100), vec![5, 5]);
+        assert_eq!(row_block_tile(&[0, 5], 4, 100), vec![1, 5]);
     }
 
     proptest! {

@@ -625,3 +625,47 @@ pub fn read_region(
     })?;
     Ok(buf)
 }
+
+/// Reads an attribute's raw bytes in its file type: (type, bytes, element count).
+pub fn read_attr_raw(attr: hid_t) -> Result<(Hid, Vec<u8>, usize)> {
+    // SAFETY: attr is a valid attribute id; the type and space are closed by their
+    // guards; the buffer holds `n` elements of the file type.
+    let t = Hid::new(
+        sync(|| unsafe { hdf5_sys::h5a::H5Aget_type(attr) }),
+        hdf5_sys::h5t::H5Tclose,
+        "H5Aget_type",
+    )?;
+    let s = Hid::new(
+        sync(|| unsafe { hdf5_sys::h5a::H5Aget_space(attr) }),
+        hdf5_sys::h5s::H5Sclose,
+        "H5Aget_space",
+    )?;
+    let n = sync(|| unsafe { hdf5_sys::h5s::H5Sget_simple_extent_npoints(s.id()) });
+    if n < 0 {
+        return Err(Error::io("H5Sget_simple_extent_npoints failed"));
+    }
+    let size = sync(|| unsafe { hdf5_sys::h5t::H5Tget_size(t.id()) });
+    let bytes = (n as usize)
+        .checked_mul(size)
+        .filter(|&b| b <= 1 << 24)
+        .ok_or_else(|| Error::io("attribute too large"))?;
+    let mut buf = vec![0u8; bytes];
+    if n > 0 {
+        let r = sync(|| unsafe { hdf5_sys::h5a::H5Aread(attr, t.id(), buf.as_mut_ptr().cast()) });
+        if r < 0 {
+            return Err(Error::io("H5Aread failed"));
+        }
+    }
+    Ok((t, buf, n as usize))
+}
+
+/// Whether a type is a string, and if so whether variable-length.
+pub fn string_kind(t: &Hid) -> Option<bool> {
+    // SAFETY: t is a valid datatype id.
+    sync(|| unsafe {
+        if hdf5_sys::h5t::H5Tget_class(t.id()) != H5T_class_t::H5T_STRING {
+            return None;
+        }
+        Some(hdf5_sys::h5t::H5Tis_variable_str(t.id()) > 0)
+    })
+}

@@ -1,1 +1,305 @@
-fn main(){}
+//! The `h5tilefs` command: mount and unmount.
+
+use clap::{Parser, Subcommand};
+use h5tilefs::fs::{Fs, FsOptions};
+use h5tilefs::fuse::FuseFs;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "h5tilefs",
+    version,
+    about = "Mount a directory of HDF5 files so every dataset reads as plain files",
+    long_about = "Mount a directory of HDF5 files so every dataset reads as plain files.\n\n\
+    Each HDF5 file appears as a directory, groups as directories, and each dataset as a\n\
+    directory with meta.json, data (all elements, C order), tiles/I.J.K (one file per tile)\n\
+    and slice/SEL (any NumPy basic-slicing selection, e.g. 'slice/100:200,::2').\n\
+    See docs/namespace.md. Logs: RUST_LOG=h5tilefs=debug."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount BACKING_DIR at MOUNTPOINT. Returns once the mount is live (exit 0), or
+    /// prints why it failed (exit 1).
+    Mount(MountArgs),
+    /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
+    Umount {
+        mountpoint: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct MountArgs {
+    /// Directory holding the HDF5 files (and subdirectories) to present.
+    backing_dir: PathBuf,
+    /// Empty directory to mount on.
+    mountpoint: PathBuf,
+    /// Stay in the foreground (logs to stderr) instead of detaching.
+    #[arg(long)]
+    foreground: bool,
+    /// Mount read-only (the kernel refuses every write).
+    #[arg(long)]
+    read_only: bool,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf when
+    /// not root). Permissions still mirror the backing files (default_permissions).
+    #[arg(long)]
+    allow_other: bool,
+    /// FUSE worker threads [default: 2 x CPUs, at least 4, at most 32].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Target size of a tile of a contiguous dataset (whole rows), in bytes; accepts
+    /// K/M/G suffixes.
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    tile_bytes: u64,
+    /// Memory for decoded (filtered) chunks, in bytes; accepts K/M/G suffixes.
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    cache_bytes: u64,
+    /// Write logs to this file (appended). Without it a detached daemon logs nowhere.
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Extra mount options, comma separated (as from fstab); known: ro, allow_other.
+    #[arg(short = 'o', value_delimiter = ',')]
+    options: Vec<String>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size out of range: {s:?}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Mount(args) => match mount(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("h5tilefs: {msg}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Umount { mountpoint } => match umount(&mountpoint) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("h5tilefs: {msg}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn umount(mnt: &Path) -> Result<(), String> {
+    let ok = |cmd: &str, args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if ok("fusermount3", &["-u".as_ref(), mnt.as_os_str()])
+        || ok("fusermount", &["-u".as_ref(), mnt.as_os_str()])
+        || ok("umount", &[mnt.as_os_str()])
+    {
+        Ok(())
+    } else {
+        Err(format!("could not unmount {}", mnt.display()))
+    }
+}
+
+/// True when `mnt` is already a mount point (per /proc/self/mountinfo).
+fn is_mounted(mnt: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let target = mnt.to_string_lossy().replace(' ', "\\040");
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == target)
+}
+
+/// Everything that can be checked before forking, with messages a user can act on.
+fn preflight(args: &MountArgs) -> Result<PathBuf, String> {
+    let b = &args.backing_dir;
+    match std::fs::metadata(b) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("backing dir {} is not a directory", b.display())),
+        Err(e) => return Err(format!("backing dir {}: {e}", b.display())),
+    }
+    let mnt = args
+        .mountpoint
+        .canonicalize()
+        .map_err(|e| format!("mount point {}: {e}", args.mountpoint.display()))?;
+    if !mnt.is_dir() {
+        return Err(format!("mount point {} is not a directory", mnt.display()));
+    }
+    if is_mounted(&mnt) {
+        return Err(format!(
+            "mount point {} is busy (already mounted); unmount it first",
+            mnt.display()
+        ));
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Err(format!(
+            "/dev/fuse: {e} (is the fuse module loaded and /dev/fuse accessible?)"
+        ));
+    }
+    Ok(mnt)
+}
+
+fn init_logging(log_file: Option<&Path>, foreground: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("h5tilefs=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if let Some(p) = log_file {
+        if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+            builder.with_ansi(false).with_writer(Arc::new(f)).init();
+            return;
+        }
+    }
+    if foreground {
+        builder.with_writer(std::io::stderr).init();
+    }
+}
+
+fn mount(args: MountArgs) -> Result<(), String> {
+    let mnt = preflight(&args)?;
+    let read_only = args.read_only || args.options.iter().any(|o| o == "ro");
+    let allow_other = args.allow_other || args.options.iter().any(|o| o == "allow_other");
+    let threads = args.threads.unwrap_or_else(|| {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        (2 * n).clamp(4, 32)
+    });
+    let opts = FsOptions {
+        tile_bytes: args.tile_bytes,
+        cache_bytes: args.cache_bytes,
+        read_only,
+        allow_other,
+        threads,
+    };
+    if args.foreground {
+        init_logging(args.log_file.as_deref(), true);
+        let session = start(&args.backing_dir, &mnt, opts)?;
+        tracing::info!(mountpoint = %mnt.display(), "mounted");
+        return session.run().map_err(|e| format!("FUSE session: {e}"));
+    }
+    // Fork before any thread or HDF5 state exists; the child reports readiness on a pipe.
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two fds into the array we own.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both fds were just created and are owned here only.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: single-threaded at this point, so fork is sound.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid > 0 {
+        drop(wr);
+        let mut msg = String::new();
+        let _ = std::fs::File::from(rd).read_to_string(&mut msg);
+        return match msg.strip_prefix("OK") {
+            Some(_) => Ok(()),
+            None if msg.is_empty() => Err("the daemon exited before the mount was live".into()),
+            None => Err(msg),
+        };
+    }
+    drop(rd);
+    let mut wr = std::fs::File::from(wr);
+    // SAFETY: setsid and the dup2 calls only touch this process's session and fds.
+    unsafe {
+        libc::setsid();
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
+    let _ = std::env::set_current_dir("/");
+    init_logging(args.log_file.as_deref(), false);
+    match start(&args.backing_dir, &mnt, opts) {
+        Ok(session) => {
+            tracing::info!(mountpoint = %mnt.display(), "mounted");
+            let _ = wr.write_all(b"OK");
+            drop(wr);
+            if let Err(e) = session.run() {
+                tracing::error!(error = %e, "FUSE session ended with an error");
+                std::process::exit(1);
+            }
+            tracing::info!("unmounted");
+            std::process::exit(0);
+        }
+        Err(msg) => {
+            tracing::error!("{msg}");
+            let _ = wr.write_all(msg.as_bytes());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn start(backing: &Path, mnt: &Path, opts: FsOptions) -> Result<fuser::Session<FuseFs>, String> {
+    // Writers (h5py, other daemons) may hold the files open; HDF5's advisory locks would
+    // make them unreadable to us.
+    // SAFETY: called before any thread is spawned.
+    unsafe { std::env::set_var("HDF5_USE_FILE_LOCKING", "FALSE") };
+    let threads = opts.threads;
+    let read_only = opts.read_only;
+    let allow_other = opts.allow_other;
+    let core = Fs::new(backing, opts).map_err(|e| e.to_string())?;
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("h5tilefs:{}", core.ns.root.display())),
+        fuser::MountOption::Subtype("h5tilefs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoAtime,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    if read_only {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
+    if allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+    let fs = FuseFs {
+        core: Arc::new(core),
+    };
+    fuser::Session::new(fs, mnt, &config).map_err(|e| format!("mounting {}: {e}", mnt.display()))
+}

@@ -1,0 +1,178 @@
+//! Dataset attributes and fill values as JSON, for meta.json.
+
+use crate::h5::{self, DType};
+use serde_json::{json, Map, Value};
+
+/// Every attribute that maps to JSON (numbers, bools, complex, strings, arrays of them).
+/// Others are left out, with a debug log.
+pub fn read_attrs(ds: &hdf5::Dataset) -> Map<String, Value> {
+    let mut out = Map::new();
+    let names = match ds.attr_names() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(error = %e, "listing attributes failed");
+            return out;
+        }
+    };
+    for name in names {
+        match read_attr(ds, &name) {
+            Some(v) => {
+                out.insert(name, v);
+            }
+            None => tracing::debug!(attr = %name, "attribute not representable as JSON"),
+        }
+    }
+    out
+}
+
+fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
+    let attr = ds.attr(name).ok()?;
+    let shape = attr.shape();
+    let scalar = attr.is_scalar();
+    let (t, bytes, n) = h5::read_attr_raw(attr.id()).ok()?;
+    let values: Vec<Value> = match h5::string_kind(&t) {
+        Some(true) => {
+            if let Ok(v) = attr.read_raw::<hdf5::types::VarLenUnicode>() {
+                v.iter().map(|s| json!(s.as_str())).collect()
+            } else {
+                attr.read_raw::<hdf5::types::VarLenAscii>()
+                    .ok()?
+                    .iter()
+                    .map(|s| json!(s.as_str()))
+                    .collect()
+            }
+        }
+        Some(false) => {
+            let size = bytes.len().checked_div(n).unwrap_or(0);
+            if size == 0 {
+                vec![]
+            } else {
+                bytes
+                    .chunks(size)
+                    .map(|c| {
+                        let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+                        json!(String::from_utf8_lossy(&c[..end]))
+                    })
+                    .collect()
+            }
+        }
+        None => {
+            let DType::Numeric { descr, itemsize } = h5::numpy_dtype(&t) else {
+                return None;
+            };
+            if itemsize == 0 {
+                return None;
+            }
+            bytes
+                .chunks(itemsize as usize)
+                .map(|c| scalar_json(&descr, c))
+                .collect()
+        }
+    };
+    if scalar {
+        return values.into_iter().next();
+    }
+    if values.len() != n {
+        return None;
+    }
+    Some(nest(&values, &shape))
+}
+
+fn nest(values: &[Value], shape: &[usize]) -> Value {
+    match shape {
+        [] => values.first().cloned().unwrap_or(Value::Null),
+        [_] => Value::Array(values.to_vec()),
+        [n, rest @ ..] => {
+            let inner: usize = rest.iter().product();
+            Value::Array(
+                (0..*n)
+                    .map(|i| nest(&values[i * inner..(i + 1) * inner], rest))
+                    .collect(),
+            )
+        }
+    }
+}
+
+fn float_json(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else if v.is_nan() {
+        json!("nan")
+    } else if v > 0.0 {
+        json!("inf")
+    } else {
+        json!("-inf")
+    }
+}
+
+/// IEEE half precision to f64.
+fn f16_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f64;
+    match exp {
+        0 => sign * frac * 2f64.powi(-24),
+        31 if frac == 0.0 => sign * f64::INFINITY,
+        31 => f64::NAN,
+        _ => sign * (1.0 + frac / 1024.0) * 2f64.powi(exp - 15),
+    }
+}
+
+/// One element of NumPy type `descr` (e.g. `<f4`, `>i2`, `|b1`, `<c8`) as JSON.
+pub fn scalar_json(descr: &str, b: &[u8]) -> Value {
+    let mut chars = descr.chars();
+    let (Some(order), Some(kind)) = (chars.next(), chars.next()) else {
+        return Value::Null;
+    };
+    let size: usize = chars.as_str().parse().unwrap_or(0);
+    if b.len() < size || size == 0 {
+        return Value::Null;
+    }
+    let mut v = b[..size].to_vec();
+    if order == '>' {
+        v.reverse();
+    }
+    let le = |n: usize| -> u64 {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(&v[..n]);
+        u64::from_le_bytes(a)
+    };
+    match (kind, size) {
+        ('b', 1) => json!(v[0] != 0),
+        ('u', n @ (1 | 2 | 4 | 8)) => json!(le(n)),
+        ('i', n @ (1 | 2 | 4 | 8)) => {
+            let shift = 64 - 8 * n as u32;
+            json!(((le(n) << shift) as i64) >> shift)
+        }
+        ('f', 2) => float_json(f16_to_f64(le(2) as u16)),
+        ('f', 4) => float_json(f32::from_bits(le(4) as u32) as f64),
+        ('f', 8) => float_json(f64::from_bits(le(8))),
+        ('c', 8 | 16) => {
+            let half = size / 2;
+            let part = |p: &[u8]| scalar_json(&format!("{order}f{half}"), p);
+            json!([part(&b[..half]), part(&b[half..size])])
+        }
+        _ => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars() {
+        assert_eq!(scalar_json("<i4", &(-5i32).to_le_bytes()), json!(-5));
+        assert_eq!(scalar_json(">i4", &(-5i32).to_be_bytes()), json!(-5));
+        assert_eq!(scalar_json("<u8", &7u64.to_le_bytes()), json!(7));
+        assert_eq!(scalar_json("<f8", &1.5f64.to_le_bytes()), json!(1.5));
+        assert_eq!(scalar_json(">f4", &2.5f32.to_be_bytes()), json!(2.5));
+        assert_eq!(scalar_json("<f2", &0x3c00u16.to_le_bytes()), json!(1.0));
+        assert_eq!(scalar_json("|b1", &[1]), json!(true));
+        assert_eq!(scalar_json("<f4", &f32::NAN.to_le_bytes()), json!("nan"));
+        let mut c = 1.0f32.to_le_bytes().to_vec();
+        c.extend(2.0f32.to_le_bytes());
+        assert_eq!(scalar_json("<c8", &c), json!([1.0, 2.0]));
+        assert_eq!(scalar_json("<f16", &[0; 16]), Value::Null);
+    }
+}

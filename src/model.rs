@@ -1,0 +1,735 @@
+//! The dataset model: everything the read view needs to know about one dataset,
+//! gathered once through HDF5, then used without the library to plan reads.
+
+use crate::decode::{ChunkStore, HdfCells};
+use crate::error::{Error, Result};
+use crate::extent::{
+    c_strides, emit_block, linear_boxes, sub_selection, BackingFile, BlockSrc, CellRef, Dst,
+    Extent, Src,
+};
+use crate::geometry::{ravel, row_block_tile, TileGrid};
+use crate::h5::{self, DType, FilterInfo, Layout, SpaceSel};
+use crate::selection::Hyperslab;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// Cells read through HDF5 (compact, external, unmapped VDS) are at most this big.
+const HDF_CELL_BYTES: u64 = 4 << 20;
+/// Virtual datasets may point at virtual datasets; stop following after this many hops.
+const MAX_VDS_DEPTH: usize = 4;
+
+/// How the elements of a dataset are stored, as far as reads are concerned.
+pub enum Storage {
+    /// The type cannot be served: meta.json only.
+    None,
+    /// Nothing allocated: every element is the fill value.
+    Fill,
+    /// One run of the backing file, C order.
+    Contiguous { file: Arc<BackingFile>, offset: u64 },
+    Chunked(Arc<ChunkStore>),
+    /// Read in cells through the HDF5 library.
+    Cells(Arc<HdfCells>),
+    /// Blocks of other datasets (a virtual dataset we map ourselves).
+    Virtual(Vec<VBlock>),
+}
+
+/// One mapping of a virtual dataset: `count` elements at `vstart` of this dataset come
+/// from `sstart` of `source`, or are fill when the source is missing.
+pub struct VBlock {
+    pub vstart: Vec<u64>,
+    pub count: Vec<u64>,
+    pub source: Option<Arc<DatasetModel>>,
+    pub sstart: Vec<u64>,
+}
+
+/// Knobs that shape models.
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    pub tile_bytes: u64,
+    /// Virtual sources are only followed inside this directory (canonical).
+    pub root: PathBuf,
+}
+
+/// Opens source files of virtual datasets (the namespace's file cache).
+pub trait SourceOpener {
+    fn open_source(&self, abs: &Path) -> Result<Arc<crate::h5file::H5File>>;
+}
+
+pub struct DatasetModel {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub maxshape: Vec<Option<u64>>,
+    pub dtype: DType,
+    pub layout: Layout,
+    pub chunks: Option<Vec<u64>>,
+    pub filters: Vec<FilterInfo>,
+    pub fill: Arc<[u8]>,
+    pub fill_defined: bool,
+    pub attrs: serde_json::Map<String, Value>,
+    pub tile_shape: Vec<u64>,
+    pub storage: Storage,
+    pub virtual_count: usize,
+    pub missing_sources: Vec<String>,
+    meta: OnceLock<Arc<Vec<u8>>>,
+}
+
+impl DatasetModel {
+    pub fn itemsize(&self) -> u64 {
+        match &self.dtype {
+            DType::Numeric { itemsize, .. } => *itemsize,
+            DType::Unsupported { itemsize, .. } => *itemsize,
+        }
+    }
+
+    pub fn supported(&self) -> bool {
+        !matches!(self.storage, Storage::None)
+    }
+
+    pub fn nbytes(&self) -> u64 {
+        self.shape.iter().product::<u64>() * self.itemsize()
+    }
+
+    pub fn grid(&self) -> TileGrid {
+        TileGrid::new(self.shape.clone(), self.tile_shape.clone())
+    }
+
+    /// Builds the model of dataset `name` of `file`.
+    pub fn build(
+        file: &crate::h5file::H5File,
+        name: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<DatasetModel> {
+        let ds = file
+            .hfile
+            .dataset(name)
+            .map_err(|e| Error::from_h5(format!("opening dataset {name}"), e))?;
+        let id = ds.id();
+        let dcpl = h5::dcpl(id)?;
+        let ftype = h5::dtype(id)?;
+        let space = h5::dspace(id)?;
+        let layout = h5::layout(&dcpl)?;
+        let mut dtype = h5::numpy_dtype(&ftype);
+        let (shape, maxshape) = match h5::space_dims(&space)? {
+            Some(d) => d,
+            None => {
+                dtype = DType::Unsupported {
+                    reason: "null dataspace (no elements)".into(),
+                    itemsize: 0,
+                };
+                (vec![], vec![])
+            }
+        };
+        let elem = match &dtype {
+            DType::Numeric { itemsize, .. } | DType::Unsupported { itemsize, .. } => *itemsize,
+        };
+        let rank = shape.len();
+        let chunks = if layout == Layout::Chunked {
+            Some(h5::chunk_shape(&dcpl, rank)?)
+        } else {
+            None
+        };
+        let filters = if layout == Layout::Chunked {
+            h5::filters(&dcpl)?
+        } else {
+            vec![]
+        };
+        let (fill, fill_defined) = h5::fill_bytes(&dcpl, &ftype, elem as usize);
+        let fill: Arc<[u8]> = fill.into();
+        let attrs = crate::attrs::read_attrs(&ds);
+        let row_tile = || {
+            if rank == 0 {
+                vec![]
+            } else {
+                row_block_tile(&shape, elem.max(1), opts.tile_bytes)
+            }
+        };
+        let hdf_cells = |ds: hdf5::Dataset| {
+            let cell = if rank == 0 {
+                vec![]
+            } else {
+                row_block_tile(&shape, elem.max(1), HDF_CELL_BYTES)
+            };
+            Storage::Cells(Arc::new(HdfCells::new(ds, shape.clone(), cell, elem)))
+        };
+        let mut tile_shape = row_tile();
+        let mut virtual_count = 0;
+        let mut missing_sources = Vec::new();
+        let storage = if matches!(dtype, DType::Unsupported { .. }) {
+            Storage::None
+        } else {
+            match layout {
+                Layout::Contiguous => match h5::contiguous_offset(id) {
+                    Some(offset) => Storage::Contiguous {
+                        file: file.backing.clone(),
+                        offset,
+                    },
+                    None if storage_size(id) == 0 => Storage::Fill,
+                    None => hdf_cells(ds.clone()),
+                },
+                Layout::Compact => hdf_cells(ds.clone()),
+                Layout::Chunked => {
+                    let c = chunks.clone().unwrap_or_default();
+                    if c.len() != rank || c.contains(&0) {
+                        return Err(Error::io(format!("{name}: bad chunk shape {c:?}")));
+                    }
+                    tile_shape = c.clone();
+                    Storage::Chunked(Arc::new(ChunkStore::new(
+                        file.backing.clone(),
+                        ds.clone(),
+                        shape.clone(),
+                        c,
+                        elem,
+                        filters.clone(),
+                    )))
+                }
+                Layout::Virtual => {
+                    let maps = h5::virtual_mappings(&dcpl)?;
+                    virtual_count = maps.len();
+                    let descr = match &dtype {
+                        DType::Numeric { descr, .. } => descr.clone(),
+                        DType::Unsupported { .. } => String::new(),
+                    };
+                    match map_virtual(file, &maps, &shape, &descr, opts, opener, depth) {
+                        Ok((blocks, missing)) => {
+                            missing_sources = missing;
+                            if let Some(t) = regular_grid(&blocks, &shape) {
+                                tile_shape = t;
+                            }
+                            Storage::Virtual(blocks)
+                        }
+                        Err(why) => {
+                            tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
+                            hdf_cells(ds.clone())
+                        }
+                    }
+                }
+            }
+        };
+        Ok(DatasetModel {
+            name: name.to_string(),
+            shape,
+            maxshape,
+            dtype,
+            layout,
+            chunks,
+            filters,
+            fill,
+            fill_defined,
+            attrs,
+            tile_shape,
+            storage,
+            virtual_count,
+            missing_sources,
+            meta: OnceLock::new(),
+        })
+    }
+
+    /// The extents covering bytes `[off, off + len)` of the C-order image of `sel`,
+    /// with `dst` relative to `off`'s element boundary `floor(off / itemsize) * itemsize`.
+    /// Returns that boundary too, so callers can trim.
+    pub fn plan(&self, sel: &Hyperslab, off: u64, len: u64) -> Result<(u64, Vec<Extent>)> {
+        let es = self.itemsize();
+        let total = sel.num_elements() * es;
+        let end = off.saturating_add(len).min(total);
+        if es == 0 || off >= end {
+            return Ok((off, vec![]));
+        }
+        let a = off / es;
+        let b = end.div_ceil(es);
+        let counts = sel.counts();
+        let strides = c_strides(&counts, es);
+        let mut out = Vec::new();
+        for (istart, icount) in linear_boxes(&counts, a, b) {
+            let sub = sub_selection(sel, &istart, &icount);
+            let base: u64 = istart.iter().zip(&strides).map(|(i, s)| i * s).sum();
+            let dst = Dst {
+                base: base - a * es,
+                strides: &strides,
+            };
+            self.emit(&sub, &dst, &mut out, 0)?;
+        }
+        Ok((a * es, out))
+    }
+
+    /// Emits extents for `sel` (this dataset's coordinates) into `dst`.
+    fn emit(&self, sel: &Hyperslab, dst: &Dst, out: &mut Vec<Extent>, depth: usize) -> Result<()> {
+        let es = self.itemsize();
+        if sel.num_elements() == 0 {
+            return Ok(());
+        }
+        let fill = || BlockSrc::Fill(self.fill.clone());
+        let zeros = vec![0u64; self.shape.len()];
+        match &self.storage {
+            Storage::None => Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!("{}: type cannot be served", self.name),
+            )),
+            Storage::Fill => {
+                emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
+                Ok(())
+            }
+            Storage::Contiguous { file, offset } => {
+                let src = BlockSrc::File {
+                    file: file.clone(),
+                    offset: *offset,
+                };
+                emit_block(sel, &zeros, &self.shape, &self.shape, &src, es, dst, out);
+                Ok(())
+            }
+            Storage::Chunked(store) => {
+                for_each_cell(sel, &store.chunk, &store.grid, |cidx, cstart| {
+                    let src = match store.loc(cidx)? {
+                        None => fill(),
+                        Some(loc) if store.is_raw(&loc) => BlockSrc::File {
+                            file: store.file.clone(),
+                            offset: loc.addr,
+                        },
+                        Some(_) => BlockSrc::Cell(CellRef {
+                            source: store.clone(),
+                            index: cidx,
+                        }),
+                    };
+                    let count: Vec<u64> = cstart
+                        .iter()
+                        .zip(&store.chunk)
+                        .zip(&self.shape)
+                        .map(|((s, c), n)| (*c).min(n - s))
+                        .collect();
+                    emit_block(sel, cstart, &count, &store.chunk, &src, es, dst, out);
+                    Ok(())
+                })
+            }
+            Storage::Cells(cells) => {
+                if self.shape.is_empty() {
+                    let src = BlockSrc::Cell(CellRef {
+                        source: cells.clone(),
+                        index: 0,
+                    });
+                    emit_block(sel, &[], &[], &[], &src, es, dst, out);
+                    return Ok(());
+                }
+                for_each_cell(sel, &cells.cell, &cells.grid, |cidx, cstart| {
+                    let src = BlockSrc::Cell(CellRef {
+                        source: cells.clone(),
+                        index: cidx,
+                    });
+                    let count: Vec<u64> = cstart
+                        .iter()
+                        .zip(&cells.cell)
+                        .zip(&self.shape)
+                        .map(|((s, c), n)| (*c).min(n - s))
+                        .collect();
+                    emit_block(sel, cstart, &count, &cells.cell, &src, es, dst, out);
+                    Ok(())
+                })
+            }
+            Storage::Virtual(blocks) => {
+                if depth > MAX_VDS_DEPTH {
+                    return Err(Error::io(format!("{}: virtual nesting too deep", self.name)));
+                }
+                let covered: u64 = blocks.iter().map(|b| b.count.iter().product::<u64>()).sum();
+                if covered < self.shape.iter().product::<u64>() {
+                    emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
+                }
+                for b in blocks {
+                    let mut lo = Vec::with_capacity(sel.rank());
+                    let mut cnt = Vec::with_capacity(sel.rank());
+                    for (d, dsel) in sel.dims.iter().enumerate() {
+                        let (l, h) = crate::extent::dim_overlap(dsel, b.vstart[d], b.count[d]);
+                        lo.push(l);
+                        cnt.push(h - l);
+                    }
+                    if cnt.contains(&0) {
+                        continue;
+                    }
+                    let part = sub_selection(sel, &lo, &cnt);
+                    let base: u64 = lo.iter().zip(dst.strides).map(|(i, s)| i * s).sum();
+                    let sub_dst = Dst {
+                        base: dst.base + base,
+                        strides: dst.strides,
+                    };
+                    match &b.source {
+                        None => {
+                            emit_block(&part, &b.vstart, &b.count, &b.count, &fill(), es, &sub_dst, out)
+                        }
+                        Some(src) => {
+                            let mut ssel = part.clone();
+                            for (d, ds) in ssel.dims.iter_mut().enumerate() {
+                                ds.start = ds.start - b.vstart[d] + b.sstart[d];
+                            }
+                            src.emit(&ssel, &sub_dst, out, depth + 1)?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// meta.json bytes, built once.
+    pub fn meta_json(&self) -> Arc<Vec<u8>> {
+        self.meta
+            .get_or_init(|| {
+                let mut v = serde_json::to_vec_pretty(&self.meta_value()).unwrap_or_default();
+                v.push(b'\n');
+                Arc::new(v)
+            })
+            .clone()
+    }
+
+    pub fn meta_value(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("name".into(), json!(self.name));
+        m.insert("shape".into(), json!(self.shape));
+        match &self.dtype {
+            DType::Numeric { descr, itemsize } => {
+                m.insert("dtype".into(), json!(descr));
+                m.insert("itemsize".into(), json!(itemsize));
+            }
+            DType::Unsupported { itemsize, .. } => {
+                m.insert("dtype".into(), Value::Null);
+                m.insert("itemsize".into(), json!(itemsize));
+            }
+        }
+        m.insert("layout".into(), json!(self.layout.name()));
+        m.insert("chunks".into(), json!(self.chunks));
+        m.insert("filters".into(), json!(self.filters));
+        m.insert("order".into(), json!("C"));
+        if self.supported() {
+            let g = self.grid();
+            m.insert("tile_shape".into(), json!(self.tile_shape));
+            m.insert("tile_grid".into(), json!(g.grid()));
+            m.insert("nbytes".into(), json!(self.nbytes()));
+            m.insert("fill_value".into(), self.fill_json());
+        } else if let DType::Unsupported { reason, .. } = &self.dtype {
+            m.insert("unsupported".into(), json!(reason));
+        }
+        m.insert(
+            "maxshape".into(),
+            json!(self.maxshape.iter().collect::<Vec<_>>()),
+        );
+        if self.layout == Layout::Virtual {
+            m.insert(
+                "virtual_sources".into(),
+                json!({
+                    "mappings": self.virtual_count,
+                    "missing": self.missing_sources,
+                    "served_by": match self.storage {
+                        Storage::Virtual(_) => "extent-map",
+                        _ => "hdf5",
+                    },
+                }),
+            );
+        }
+        m.insert("attrs".into(), Value::Object(self.attrs.clone()));
+        Value::Object(m)
+    }
+
+    /// The fill value as JSON, decoded from its stored bytes.
+    pub fn fill_json(&self) -> Value {
+        match &self.dtype {
+            DType::Numeric { descr, .. } => crate::attrs::scalar_json(descr, &self.fill),
+            DType::Unsupported { .. } => Value::Null,
+        }
+    }
+}
+
+fn storage_size(dset: hdf5_sys::h5i::hid_t) -> u64 {
+    // SAFETY: plain library call on a valid dataset id.
+    hdf5::sync::sync(|| unsafe { hdf5_sys::h5d::H5Dget_storage_size(dset) })
+}
+
+/// Calls `f(cell index, cell start)` for every cell of a regular cell grid that the
+/// selection's bounding box touches.
+fn for_each_cell(
+    sel: &Hyperslab,
+    cell: &[u64],
+    grid: &[u64],
+    mut f: impl FnMut(u64, &[u64]) -> Result<()>,
+) -> Result<()> {
+    let rank = sel.rank();
+    let mut lo = Vec::with_capacity(rank);
+    let mut hi = Vec::with_capacity(rank);
+    for d in 0..rank {
+        let s = &sel.dims[d];
+        let last = s.start + (s.count - 1) * s.step;
+        lo.push(s.start / cell[d]);
+        hi.push(last / cell[d] + 1);
+    }
+    let mut idx = lo.clone();
+    let mut start = vec![0u64; rank];
+    loop {
+        for d in 0..rank {
+            start[d] = idx[d] * cell[d];
+        }
+        f(ravel(&idx, grid), &start)?;
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return Ok(());
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < hi[d] {
+                break;
+            }
+            idx[d] = lo[d];
+        }
+    }
+}
+
+/// Resolves the mappings of a virtual dataset into blocks we can serve ourselves, or
+/// says why HDF5 must do it.
+fn map_virtual(
+    file: &crate::h5file::H5File,
+    maps: &[h5::VirtualMapping],
+    shape: &[u64],
+    descr: &str,
+    opts: &ModelOptions,
+    opener: &dyn SourceOpener,
+    depth: usize,
+) -> std::result::Result<(Vec<VBlock>, Vec<String>), String> {
+    if depth >= MAX_VDS_DEPTH {
+        return Err("virtual nesting too deep".into());
+    }
+    if shape.is_empty() {
+        return Err("scalar virtual dataset".into());
+    }
+    let dir = file.abs.parent().unwrap_or(Path::new("/"));
+    let mut blocks = Vec::with_capacity(maps.len());
+    let mut missing = Vec::new();
+    for m in maps {
+        let (SpaceSel::Block { start: vstart, count }, SpaceSel::Block { start: sstart, count: scount }) =
+            (&m.vsel, &m.ssel)
+        else {
+            return Err("mapping is not a single block".into());
+        };
+        if count != scount || vstart.len() != shape.len() {
+            return Err("mapping source and destination differ in shape".into());
+        }
+        if vstart.iter().zip(count).zip(shape).any(|((s, c), n)| s + c > *n) {
+            return Err("mapping exceeds the dataset".into());
+        }
+        let src_file: Option<Arc<crate::h5file::H5File>> = if m.file == "." {
+            None
+        } else {
+            let p = Path::new(&m.file);
+            let abs = if p.is_absolute() { p.to_path_buf() } else { dir.join(p) };
+            match abs.canonicalize() {
+                Ok(c) if c.starts_with(&opts.root) => match opener.open_source(&c) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::warn!(source = %c.display(), error = %e, "virtual source unreadable");
+                        missing.push(m.file.clone());
+                        blocks.push(VBlock {
+                            vstart: vstart.clone(),
+                            count: count.clone(),
+                            source: None,
+                            sstart: sstart.clone(),
+                        });
+                        continue;
+                    }
+                },
+                Ok(c) => {
+                    tracing::warn!(source = %c.display(), "virtual source outside the backing directory: served as fill");
+                    missing.push(m.file.clone());
+                    blocks.push(VBlock {
+                        vstart: vstart.clone(),
+                        count: count.clone(),
+                        source: None,
+                        sstart: sstart.clone(),
+                    });
+                    continue;
+                }
+                Err(_) => {
+                    missing.push(m.file.clone());
+                    blocks.push(VBlock {
+                        vstart: vstart.clone(),
+                        count: count.clone(),
+                        source: None,
+                        sstart: sstart.clone(),
+                    });
+                    continue;
+                }
+            }
+        };
+        let target = src_file.as_deref().unwrap_or(file);
+        let model = match target.model_at_depth(&m.dset, opts, opener, depth + 1) {
+            Ok(md) => md,
+            Err(e) if e.errno == libc::ENOENT => {
+                missing.push(format!("{}:{}", m.file, m.dset));
+                blocks.push(VBlock {
+                    vstart: vstart.clone(),
+                    count: count.clone(),
+                    source: None,
+                    sstart: sstart.clone(),
+                });
+                continue;
+            }
+            Err(e) => return Err(format!("source {}:{}: {e}", m.file, m.dset)),
+        };
+        let sd = match &model.dtype {
+            DType::Numeric { descr, .. } => descr.as_str(),
+            DType::Unsupported { .. } => "",
+        };
+        if sd != descr || !model.supported() {
+            return Err("source type differs (HDF5 converts)".into());
+        }
+        if model.shape.len() != shape.len()
+            || sstart.iter().zip(count).zip(&model.shape).any(|((s, c), n)| s + c > *n)
+        {
+            return Err("mapping reaches past the source's extent".into());
+        }
+        blocks.push(VBlock {
+            vstart: vstart.clone(),
+            count: count.clone(),
+            source: Some(model),
+            sstart: sstart.clone(),
+        });
+    }
+    Ok((blocks, missing))
+}
+
+/// The block shape if the blocks tile the dataset as a regular grid (edge blocks
+/// clipped), as `legate.io.hdf5.to_file` writes.
+pub fn regular_grid(blocks: &[VBlock], shape: &[u64]) -> Option<Vec<u64>> {
+    let first = blocks.iter().find(|b| b.vstart.iter().all(|&s| s == 0))?;
+    let t = first.count.clone();
+    if t.contains(&0) {
+        return None;
+    }
+    let grid = TileGrid::new(shape.to_vec(), t.clone());
+    if blocks.len() as u64 != grid.num_tiles() {
+        return None;
+    }
+    let mut seen = vec![false; blocks.len()];
+    for b in blocks {
+        let mut idx = Vec::with_capacity(t.len());
+        for d in 0..t.len() {
+            if b.vstart[d] % t[d] != 0 || b.count[d] != t[d].min(shape[d] - b.vstart[d]) {
+                return None;
+            }
+            idx.push(b.vstart[d] / t[d]);
+        }
+        let lin = ravel(&idx, &grid.grid()) as usize;
+        if lin >= seen.len() || seen[lin] {
+            return None;
+        }
+        seen[lin] = true;
+    }
+    Some(t)
+}
+
+/// Copies extents into `buf`, whose first byte is destination offset 0: the reader side
+/// of the extent map for host memory.
+pub fn execute(extents: &[Extent], buf: &mut [u8], cache: &crate::decode::CellCache) -> Result<()> {
+    for e in extents {
+        let d0 = e.dst as usize;
+        let d1 = d0 + e.len as usize;
+        if d1 > buf.len() {
+            return Err(Error::io("extent beyond buffer"));
+        }
+        let dst = &mut buf[d0..d1];
+        let es = e.elem as usize;
+        match &e.src {
+            Src::Fill { pattern } => {
+                if pattern.len() == es && es > 0 {
+                    for c in dst.chunks_exact_mut(es) {
+                        c.copy_from_slice(pattern);
+                    }
+                } else {
+                    dst.fill(0);
+                }
+            }
+            Src::File { file, offset } => {
+                if e.is_contiguous() {
+                    read_full(&file.file, dst, *offset)?;
+                } else {
+                    let n = dst.len() / es;
+                    let stride = e.src_stride as usize;
+                    // Read the span in bounded windows and gather.
+                    let per_window = ((1usize << 20) / stride).max(1);
+                    let mut tmp = vec![0u8; (per_window - 1) * stride + es];
+                    let mut i = 0;
+                    while i < n {
+                        let k = per_window.min(n - i);
+                        let span = (k - 1) * stride + es;
+                        read_full(&file.file, &mut tmp[..span], offset + (i * stride) as u64)?;
+                        for j in 0..k {
+                            dst[(i + j) * es..(i + j + 1) * es]
+                                .copy_from_slice(&tmp[j * stride..j * stride + es]);
+                        }
+                        i += k;
+                    }
+                }
+            }
+            Src::Cell { cell, offset } => {
+                let data = cache.get(cell)?;
+                let off = *offset as usize;
+                if e.is_contiguous() {
+                    let src = data
+                        .get(off..off + dst.len())
+                        .ok_or_else(|| Error::io("cell shorter than expected"))?;
+                    dst.copy_from_slice(src);
+                } else {
+                    let stride = e.src_stride as usize;
+                    for (j, c) in dst.chunks_exact_mut(es).enumerate() {
+                        let s = off + j * stride;
+                        let src = data
+                            .get(s..s + es)
+                            .ok_or_else(|| Error::io("cell shorter than expected"))?;
+                        c.copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `pread` until `buf` is full; bytes past the backing file's end read as zero.
+fn read_full(f: &std::fs::File, buf: &mut [u8], mut off: u64) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], off) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                break;
+            }
+            Ok(n) => {
+                done += n;
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::from_io("reading backing file", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`.
+pub fn read_selection(
+    model: &DatasetModel,
+    sel: &Hyperslab,
+    off: u64,
+    len: u64,
+    cache: &crate::decode::CellCache,
+) -> Result<Vec<u8>> {
+    let total = sel.num_elements() * model.itemsize();
+    let end = off.saturating_add(len).min(total);
+    if off >= end {
+        return Ok(vec![]);
+    }
+    let (base, extents) = model.plan(sel, off, end - off)?;
+    let span_end = end.div_ceil(model.itemsize().max(1)) * model.itemsize();
+    let mut buf = vec![0u8; (span_end - base) as usize];
+    execute(&extents, &mut buf, cache)?;
+    let head = (off - base) as usize;
+    buf.truncate(head + (end - off) as usize);
+    buf.drain(..head);
+    Ok(buf)
+}

@@ -1,0 +1,195 @@
+//! The backing directory: which entries are shown (directories and HDF5 files, never
+//! anything outside the backing root), and a cache of open HDF5 files that notices when
+//! a file changes on disk.
+
+use crate::error::{Error, Result};
+use crate::h5file::{H5File, Ident};
+use crate::model::SourceOpener;
+use dashmap::DashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Dir,
+    H5File,
+}
+
+pub struct Namespace {
+    /// Canonical backing root.
+    pub root: PathBuf,
+    files: DashMap<PathBuf, Arc<H5File>>,
+    /// Files that are not (readable) HDF5, by identity, so we log and sniff them once.
+    rejected: DashMap<PathBuf, Ident>,
+}
+
+impl Namespace {
+    pub fn new(root: &Path) -> Result<Namespace> {
+        let root = root
+            .canonicalize()
+            .map_err(|e| Error::from_io(format!("backing directory {}", root.display()), e))?;
+        if !root.is_dir() {
+            return Err(Error::new(
+                libc::ENOTDIR,
+                format!("{} is not a directory", root.display()),
+            ));
+        }
+        Ok(Namespace {
+            root,
+            files: DashMap::new(),
+            rejected: DashMap::new(),
+        })
+    }
+
+    /// The absolute path of `rel`, refusing names that could climb out of the root.
+    pub fn abs(&self, rel: &Path) -> Result<PathBuf> {
+        if rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+        {
+            return Err(Error::not_found(format!("bad name {}", rel.display())));
+        }
+        Ok(self.root.join(rel))
+    }
+
+    /// Metadata of `rel`, following a symlink only when its target stays inside the root.
+    pub fn stat(&self, rel: &Path) -> Result<std::fs::Metadata> {
+        let abs = self.abs(rel)?;
+        let lm = std::fs::symlink_metadata(&abs)
+            .map_err(|e| Error::from_io(format!("stat {}", abs.display()), e))?;
+        if lm.file_type().is_symlink() {
+            let target = abs
+                .canonicalize()
+                .map_err(|e| Error::from_io(format!("resolving {}", abs.display()), e))?;
+            if !target.starts_with(&self.root) {
+                return Err(Error::not_found(format!(
+                    "{} points outside the backing directory",
+                    abs.display()
+                )));
+            }
+            return std::fs::metadata(&target)
+                .map_err(|e| Error::from_io(format!("stat {}", target.display()), e));
+        }
+        Ok(lm)
+    }
+
+    /// What `rel` is shown as, or ENOENT if it is hidden.
+    pub fn classify(&self, rel: &Path) -> Result<EntryKind> {
+        let m = self.stat(rel)?;
+        if m.is_dir() {
+            Ok(EntryKind::Dir)
+        } else if m.is_file() {
+            self.file(rel)?;
+            Ok(EntryKind::H5File)
+        } else {
+            Err(Error::not_found(format!("{} is not shown", rel.display())))
+        }
+    }
+
+    /// The open HDF5 file at `rel`, reopened when its identity changed.
+    pub fn file(&self, rel: &Path) -> Result<Arc<H5File>> {
+        let m = self.stat(rel)?;
+        self.file_abs(&self.abs(rel)?, &m)
+    }
+
+    fn file_abs(&self, abs: &Path, m: &std::fs::Metadata) -> Result<Arc<H5File>> {
+        let ident = Ident::of(m);
+        if let Some(f) = self.files.get(abs) {
+            if f.ident == ident {
+                return Ok(f.clone());
+            }
+        }
+        if self.rejected.get(abs).is_some_and(|r| *r == ident) {
+            return Err(Error::not_found(format!(
+                "{}: not a readable HDF5 file",
+                abs.display()
+            )));
+        }
+        // Drop the stale version first so the library really reopens the file.
+        self.files.remove(abs);
+        match H5File::open(abs) {
+            Ok(f) => {
+                let f = Arc::new(f);
+                self.rejected.remove(abs);
+                self.files.insert(abs.to_path_buf(), f.clone());
+                Ok(f)
+            }
+            Err(e) => {
+                if m.is_file() && m.len() >= 8 {
+                    let sig = std::fs::File::open(abs)
+                        .map(|fh| crate::h5file::has_hdf5_signature(&fh, m.len()))
+                        .unwrap_or(false);
+                    if sig {
+                        tracing::warn!(file = %abs.display(), error = %e, "HDF5 file skipped");
+                    } else {
+                        tracing::debug!(file = %abs.display(), "not an HDF5 file");
+                    }
+                }
+                self.rejected.insert(abs.to_path_buf(), ident);
+                Err(e)
+            }
+        }
+    }
+
+    /// Shown entries of backing directory `rel`, sorted by name.
+    pub fn list_dir(&self, rel: &Path) -> Result<Vec<(String, EntryKind)>> {
+        let abs = self.abs(rel)?;
+        let rd = std::fs::read_dir(&abs)
+            .map_err(|e| Error::from_io(format!("listing {}", abs.display()), e))?;
+        let mut out = Vec::new();
+        for ent in rd.flatten() {
+            let Some(name) = ent.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if rel.as_os_str().is_empty() && name == crate::fs::CONTROL_NAME {
+                continue;
+            }
+            if let Ok(k) = self.classify(&rel.join(&name)) {
+                out.push((name, k));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Number of HDF5 files currently open.
+    pub fn open_files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+impl SourceOpener for Namespace {
+    fn open_source(&self, abs: &Path) -> Result<Arc<H5File>> {
+        let rel = abs
+            .strip_prefix(&self.root)
+            .map_err(|_| Error::not_found(format!("{} is outside the root", abs.display())))?;
+        self.file(rel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hides_escapes_and_non_hdf5() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), b"hello").unwrap();
+        let mut garbage = b"\x89HDF\r\n\x1a\n".to_vec();
+        garbage.extend([0xffu8; 100]);
+        std::fs::write(dir.path().join("bad.h5"), &garbage).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("escape")).unwrap();
+        std::os::unix::fs::symlink("sub", dir.path().join("inside")).unwrap();
+        let ns = Namespace::new(dir.path()).unwrap();
+        let names: Vec<_> = ns
+            .list_dir(Path::new(""))
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, vec!["inside".to_string(), "sub".to_string()]);
+        assert!(ns.abs(Path::new("../etc")).is_err());
+        assert_eq!(ns.classify(Path::new("escape")).unwrap_err().errno, libc::ENOENT);
+    }
+}
