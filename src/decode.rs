@@ -29,9 +29,12 @@ pub struct CellCache {
     pub misses: AtomicU64,
 }
 
+/// (source uid, cell index) -> (bytes, last use tick).
+type CellMap = HashMap<(u64, u64), (Arc<Vec<u8>>, u64)>;
+
 #[derive(Default)]
 struct CacheInner {
-    map: HashMap<(u64, u64), (Arc<Vec<u8>>, u64)>,
+    map: CellMap,
     bytes: u64,
     tick: u64,
 }
@@ -284,9 +287,13 @@ impl CellSource for ChunkStore {
                 .file
                 .read_exact_at(&mut raw, loc.addr)
                 .map_err(|e| Error::from_io(format!("reading chunk {index}"), e))?;
-            if let Some(out) =
-                decode_chunk(raw, &self.filters, loc.filter_mask, self.elem as usize, expect)
-            {
+            if let Some(out) = decode_chunk(
+                raw,
+                &self.filters,
+                loc.filter_mask,
+                self.elem as usize,
+                expect,
+            ) {
                 return Ok(out);
             }
             tracing::debug!(index, "chunk not decodable in Rust, using HDF5");

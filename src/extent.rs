@@ -89,13 +89,31 @@ impl Extent {
         }
         let ok = match (&self.src, &next.src) {
             (Src::Fill { .. }, Src::Fill { .. }) => true,
-            (Src::File { file: a, offset: oa }, Src::File { file: b, offset: ob }) => {
+            (
+                Src::File {
+                    file: a,
+                    offset: oa,
+                },
+                Src::File {
+                    file: b,
+                    offset: ob,
+                },
+            ) => {
                 self.is_contiguous()
                     && next.is_contiguous()
                     && Arc::ptr_eq(a, b)
                     && *oa + self.len == *ob
             }
-            (Src::Cell { cell: a, offset: oa }, Src::Cell { cell: b, offset: ob }) => {
+            (
+                Src::Cell {
+                    cell: a,
+                    offset: oa,
+                },
+                Src::Cell {
+                    cell: b,
+                    offset: ob,
+                },
+            ) => {
                 self.is_contiguous()
                     && next.is_contiguous()
                     && Arc::ptr_eq(&a.source, &b.source)
@@ -115,7 +133,10 @@ impl Extent {
 #[derive(Clone, Debug)]
 pub enum BlockSrc {
     /// C-order over `layout` dims, starting at `offset` of a backing file.
-    File { file: Arc<BackingFile>, offset: u64 },
+    File {
+        file: Arc<BackingFile>,
+        offset: u64,
+    },
     /// C-order over `layout` dims inside a decoded cell.
     Cell(CellRef),
     Fill(Arc<[u8]>),
@@ -378,7 +399,8 @@ mod tests {
             count: 5,
             step: 3,
         }; // 1 4 7 10 13
-        assert_eq!(dim_overlap(&d, 0, 4), (0, 2));
+        assert_eq!(dim_overlap(&d, 0, 4), (0, 1));
+        assert_eq!(dim_overlap(&d, 0, 5), (0, 2));
         assert_eq!(dim_overlap(&d, 5, 5), (2, 3));
         assert_eq!(dim_overlap(&d, 14, 5), (5, 5));
         assert_eq!(dim_overlap(&d, 8, 2), (3, 3));

@@ -27,14 +27,40 @@ pub enum Node {
     Dir(PathBuf),
     Control,
     /// A group; `path == "/"` is the HDF5 file's own directory.
-    Group { file: PathBuf, path: String },
-    Dataset { file: PathBuf, path: String },
-    Meta { file: PathBuf, path: String },
-    Data { file: PathBuf, path: String },
-    Tiles { file: PathBuf, path: String },
-    Tile { file: PathBuf, path: String, idx: Vec<u64> },
-    Slices { file: PathBuf, path: String },
-    Slice { file: PathBuf, path: String, sel: String },
+    Group {
+        file: PathBuf,
+        path: String,
+    },
+    Dataset {
+        file: PathBuf,
+        path: String,
+    },
+    Meta {
+        file: PathBuf,
+        path: String,
+    },
+    Data {
+        file: PathBuf,
+        path: String,
+    },
+    Tiles {
+        file: PathBuf,
+        path: String,
+    },
+    Tile {
+        file: PathBuf,
+        path: String,
+        idx: Vec<u64>,
+    },
+    Slices {
+        file: PathBuf,
+        path: String,
+    },
+    Slice {
+        file: PathBuf,
+        path: String,
+        sel: String,
+    },
 }
 
 impl Node {
@@ -310,13 +336,17 @@ impl Fs {
             Node::Dir(rel) => {
                 let m = self.ns.stat(rel)?;
                 if !m.is_dir() {
-                    return Err(Error::not_found(format!("{} is not a directory", rel.display())));
+                    return Err(Error::not_found(format!(
+                        "{} is not a directory",
+                        rel.display()
+                    )));
                 }
                 Ok(self.file_attr(ino, Kind::Dir, 0, &m, self.opts.read_only))
             }
             Node::Control => {
                 let m = self.ns.stat(Path::new(""))?;
-                let mut a = self.file_attr(ino, Kind::File, self.control_json().len() as u64, &m, true);
+                let mut a =
+                    self.file_attr(ino, Kind::File, self.control_json().len() as u64, &m, true);
                 a.perm = 0o444;
                 Ok(a)
             }
@@ -389,7 +419,10 @@ impl Fs {
                         file: file.clone(),
                         path: cpath,
                     }),
-                    None => Err(Error::not_found(format!("no {cpath} in {}", file.display()))),
+                    None => Err(Error::not_found(format!(
+                        "no {cpath} in {}",
+                        file.display()
+                    ))),
                 }
             }
             Node::Dataset { file, path } => {
@@ -578,7 +611,9 @@ impl Fs {
                 let md = self.model(&f, path)?;
                 (Handle::Bytes(md.meta_json()), Some(f.generation))
             }
-            Node::Data { file, path } | Node::Tile { file, path, .. } | Node::Slice { file, path, .. } => {
+            Node::Data { file, path }
+            | Node::Tile { file, path, .. }
+            | Node::Slice { file, path, .. } => {
                 let f = self.ns.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 let sel = self.selection(&node, &md)?;

@@ -3,9 +3,9 @@
 
 use crate::fs::{Attr, Fs, Kind, ROOT_INO};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -95,8 +95,8 @@ impl Filesystem for FuseFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = debug_span!("open", ino = ino.0).entered();
-        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
-            || flags.0 & libc::O_TRUNC != 0;
+        let write =
+            !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
             Ok((fh, keep)) => {
                 let f = if keep {

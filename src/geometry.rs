@@ -77,10 +77,7 @@ pub fn tile_name(idx: &[u64]) -> String {
     if idx.is_empty() {
         return "0".to_string();
     }
-    idx.iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(".")
+    idx.iter().map(u64::to_string).collect::<Vec<_>>().join(".")
 }
 
 /// Parses a tile file name against a grid; only canonical names are accepted.

@@ -95,7 +95,10 @@ pub fn layout(dcpl: &Hid) -> Result<Layout> {
 }
 
 /// Current and maximum dimensions of a simple dataspace; `None` for a null dataspace.
-pub fn space_dims(space: &Hid) -> Result<Option<(Vec<u64>, Vec<Option<u64>>)>> {
+/// Current dimensions and maximum dimensions (`None` = unlimited).
+pub type Dims = (Vec<u64>, Vec<Option<u64>>);
+
+pub fn space_dims(space: &Hid) -> Result<Option<Dims>> {
     sync(|| {
         // SAFETY: space is a valid dataspace id; buffers are sized by the reported rank.
         unsafe {
@@ -131,8 +134,14 @@ pub fn space_dims(space: &Hid) -> Result<Option<(Vec<u64>, Vec<Option<u64>>)>> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum DType {
     /// A NumPy `dtype.str` and the element size in bytes.
-    Numeric { descr: String, itemsize: u64 },
-    Unsupported { reason: String, itemsize: u64 },
+    Numeric {
+        descr: String,
+        itemsize: u64,
+    },
+    Unsupported {
+        reason: String,
+        itemsize: u64,
+    },
 }
 
 fn order_char(t: hid_t, size: usize) -> char {
@@ -344,9 +353,8 @@ pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
 pub fn chunk_shape(dcpl: &Hid, rank: usize) -> Result<Vec<u64>> {
     let mut dims = vec![0 as hsize_t; rank.max(1)];
     // SAFETY: dims has room for `rank` entries.
-    let r = sync(|| unsafe {
-        hdf5_sys::h5p::H5Pget_chunk(dcpl.id(), rank as i32, dims.as_mut_ptr())
-    });
+    let r =
+        sync(|| unsafe { hdf5_sys::h5p::H5Pget_chunk(dcpl.id(), rank as i32, dims.as_mut_ptr()) });
     if r < 0 || r as usize != rank {
         return Err(Error::io("H5Pget_chunk failed"));
     }
@@ -443,7 +451,9 @@ unsafe fn space_sel(space: hid_t) -> SpaceSel {
     let rank = rank as usize;
     let mut dims = vec![0 as hsize_t; rank];
     let mut maxd = vec![0 as hsize_t; rank];
-    if rank > 0 && hdf5_sys::h5s::H5Sget_simple_extent_dims(space, dims.as_mut_ptr(), maxd.as_mut_ptr()) < 0 {
+    if rank > 0
+        && hdf5_sys::h5s::H5Sget_simple_extent_dims(space, dims.as_mut_ptr(), maxd.as_mut_ptr()) < 0
+    {
         return SpaceSel::Other;
     }
     match hdf5_sys::h5s::H5Sget_select_type(space) {
@@ -472,7 +482,9 @@ unsafe fn space_sel(space: hid_t) -> SpaceSel {
             // One block per dimension, or blocks that touch (stride == block).
             let mut total = Vec::with_capacity(rank);
             for d in 0..rank {
-                if count[d] == hdf5_sys::h5s::H5S_UNLIMITED || block[d] == hdf5_sys::h5s::H5S_UNLIMITED {
+                if count[d] == hdf5_sys::h5s::H5S_UNLIMITED
+                    || block[d] == hdf5_sys::h5s::H5S_UNLIMITED
+                {
                     return SpaceSel::Other;
                 }
                 if count[d] > 1 && stride[d] != block[d] {
@@ -480,7 +492,10 @@ unsafe fn space_sel(space: hid_t) -> SpaceSel {
                 }
                 total.push(count[d] * block[d]);
             }
-            SpaceSel::Block { start, count: total }
+            SpaceSel::Block {
+                start,
+                count: total,
+            }
         }
         _ => SpaceSel::Other,
     }

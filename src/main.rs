@@ -31,9 +31,7 @@ enum Cmd {
     /// prints why it failed (exit 1).
     Mount(MountArgs),
     /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
-    Umount {
-        mountpoint: PathBuf,
-    },
+    Umount { mountpoint: PathBuf },
 }
 
 #[derive(clap::Args)]
@@ -142,7 +140,7 @@ fn is_mounted(mnt: &Path) -> bool {
 }
 
 /// Everything that can be checked before forking, with messages a user can act on.
-fn preflight(args: &MountArgs) -> Result<PathBuf, String> {
+fn preflight(args: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
     let b = &args.backing_dir;
     match std::fs::metadata(b) {
         Ok(m) if m.is_dir() => {}
@@ -171,7 +169,10 @@ fn preflight(args: &MountArgs) -> Result<PathBuf, String> {
             "/dev/fuse: {e} (is the fuse module loaded and /dev/fuse accessible?)"
         ));
     }
-    Ok(mnt)
+    let backing = b
+        .canonicalize()
+        .map_err(|e| format!("backing dir {}: {e}", b.display()))?;
+    Ok((backing, mnt))
 }
 
 fn init_logging(log_file: Option<&Path>, foreground: bool) {
@@ -179,7 +180,11 @@ fn init_logging(log_file: Option<&Path>, foreground: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("h5tilefs=info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if let Some(p) = log_file {
-        if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
             builder.with_ansi(false).with_writer(Arc::new(f)).init();
             return;
         }
@@ -190,7 +195,7 @@ fn init_logging(log_file: Option<&Path>, foreground: bool) {
 }
 
 fn mount(args: MountArgs) -> Result<(), String> {
-    let mnt = preflight(&args)?;
+    let (backing, mnt) = preflight(&args)?;
     let read_only = args.read_only || args.options.iter().any(|o| o == "ro");
     let allow_other = args.allow_other || args.options.iter().any(|o| o == "allow_other");
     let threads = args.threads.unwrap_or_else(|| {
@@ -208,7 +213,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);
-        let session = start(&args.backing_dir, &mnt, opts)?;
+        let session = start(&backing, &mnt, opts)?;
         tracing::info!(mountpoint = %mnt.display(), "mounted");
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
@@ -252,7 +257,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
     }
     let _ = std::env::set_current_dir("/");
     init_logging(args.log_file.as_deref(), false);
-    match start(&args.backing_dir, &mnt, opts) {
+    match start(&backing, &mnt, opts) {
         Ok(session) => {
             tracing::info!(mountpoint = %mnt.display(), "mounted");
             let _ = wr.write_all(b"OK");

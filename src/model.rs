@@ -26,7 +26,10 @@ pub enum Storage {
     /// Nothing allocated: every element is the fill value.
     Fill,
     /// One run of the backing file, C order.
-    Contiguous { file: Arc<BackingFile>, offset: u64 },
+    Contiguous {
+        file: Arc<BackingFile>,
+        offset: u64,
+    },
     Chunked(Arc<ChunkStore>),
     /// Read in cells through the HDF5 library.
     Cells(Arc<HdfCells>),
@@ -328,7 +331,10 @@ impl DatasetModel {
             }
             Storage::Virtual(blocks) => {
                 if depth > MAX_VDS_DEPTH {
-                    return Err(Error::io(format!("{}: virtual nesting too deep", self.name)));
+                    return Err(Error::io(format!(
+                        "{}: virtual nesting too deep",
+                        self.name
+                    )));
                 }
                 let covered: u64 = blocks.iter().map(|b| b.count.iter().product::<u64>()).sum();
                 if covered < self.shape.iter().product::<u64>() {
@@ -352,9 +358,16 @@ impl DatasetModel {
                         strides: dst.strides,
                     };
                     match &b.source {
-                        None => {
-                            emit_block(&part, &b.vstart, &b.count, &b.count, &fill(), es, &sub_dst, out)
-                        }
+                        None => emit_block(
+                            &part,
+                            &b.vstart,
+                            &b.count,
+                            &b.count,
+                            &fill(),
+                            es,
+                            &sub_dst,
+                            out,
+                        ),
                         Some(src) => {
                             let mut ssel = part.clone();
                             for (d, ds) in ssel.dims.iter_mut().enumerate() {
@@ -373,7 +386,7 @@ impl DatasetModel {
     pub fn meta_json(&self) -> Arc<Vec<u8>> {
         self.meta
             .get_or_init(|| {
-                let mut v = serde_json::to_vec_pretty(&self.meta_value()).unwrap_or_default();
+                let mut v = serde_json::to_vec(&self.meta_value()).unwrap_or_default();
                 v.push(b'\n');
                 Arc::new(v)
             })
@@ -453,11 +466,10 @@ fn for_each_cell(
     let rank = sel.rank();
     let mut lo = Vec::with_capacity(rank);
     let mut hi = Vec::with_capacity(rank);
-    for d in 0..rank {
-        let s = &sel.dims[d];
+    for (s, c) in sel.dims.iter().zip(cell) {
         let last = s.start + (s.count - 1) * s.step;
-        lo.push(s.start / cell[d]);
-        hi.push(last / cell[d] + 1);
+        lo.push(s.start / c);
+        hi.push(last / c + 1);
     }
     let mut idx = lo.clone();
     let mut start = vec![0u64; rank];
@@ -502,22 +514,39 @@ fn map_virtual(
     let mut blocks = Vec::with_capacity(maps.len());
     let mut missing = Vec::new();
     for m in maps {
-        let (SpaceSel::Block { start: vstart, count }, SpaceSel::Block { start: sstart, count: scount }) =
-            (&m.vsel, &m.ssel)
+        let (
+            SpaceSel::Block {
+                start: vstart,
+                count,
+            },
+            SpaceSel::Block {
+                start: sstart,
+                count: scount,
+            },
+        ) = (&m.vsel, &m.ssel)
         else {
             return Err("mapping is not a single block".into());
         };
         if count != scount || vstart.len() != shape.len() {
             return Err("mapping source and destination differ in shape".into());
         }
-        if vstart.iter().zip(count).zip(shape).any(|((s, c), n)| s + c > *n) {
+        if vstart
+            .iter()
+            .zip(count)
+            .zip(shape)
+            .any(|((s, c), n)| s + c > *n)
+        {
             return Err("mapping exceeds the dataset".into());
         }
         let src_file: Option<Arc<crate::h5file::H5File>> = if m.file == "." {
             None
         } else {
             let p = Path::new(&m.file);
-            let abs = if p.is_absolute() { p.to_path_buf() } else { dir.join(p) };
+            let abs = if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                dir.join(p)
+            };
             match abs.canonicalize() {
                 Ok(c) if c.starts_with(&opts.root) => match opener.open_source(&c) {
                     Ok(f) => Some(f),
@@ -579,7 +608,11 @@ fn map_virtual(
             return Err("source type differs (HDF5 converts)".into());
         }
         if model.shape.len() != shape.len()
-            || sstart.iter().zip(count).zip(&model.shape).any(|((s, c), n)| s + c > *n)
+            || sstart
+                .iter()
+                .zip(count)
+                .zip(&model.shape)
+                .any(|((s, c), n)| s + c > *n)
         {
             return Err("mapping reaches past the source's extent".into());
         }

@@ -43,10 +43,7 @@ impl Namespace {
 
     /// The absolute path of `rel`, refusing names that could climb out of the root.
     pub fn abs(&self, rel: &Path) -> Result<PathBuf> {
-        if rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_)))
-        {
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return Err(Error::not_found(format!("bad name {}", rel.display())));
         }
         Ok(self.root.join(rel))
@@ -190,6 +187,9 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["inside".to_string(), "sub".to_string()]);
         assert!(ns.abs(Path::new("../etc")).is_err());
-        assert_eq!(ns.classify(Path::new("escape")).unwrap_err().errno, libc::ENOENT);
+        assert_eq!(
+            ns.classify(Path::new("escape")).unwrap_err().errno,
+            libc::ENOENT
+        );
     }
 }

@@ -154,8 +154,7 @@ pub fn parse_slice(name: &str, shape: &[u64]) -> Result<Hyperslab> {
     }
     let items: Vec<&str> = name.split(',').collect();
     // A trailing comma (as in `5,`) is allowed, like in Python.
-    let items: Vec<&str> = if items.len() > 1 && items.last().is_some_and(|s| s.trim().is_empty())
-    {
+    let items: Vec<&str> = if items.len() > 1 && items.last().is_some_and(|s| s.trim().is_empty()) {
         items[..items.len() - 1].to_vec()
     } else {
         items
@@ -197,7 +196,10 @@ mod tests {
 
     #[test]
     fn basic_forms() {
-        assert_eq!(sel("100:200,::2", &[4096, 10]), vec![(100, 100, 1), (0, 5, 2)]);
+        assert_eq!(
+            sel("100:200,::2", &[4096, 10]),
+            vec![(100, 100, 1), (0, 5, 2)]
+        );
         assert_eq!(sel("3", &[10, 4]), vec![(3, 1, 1), (0, 4, 1)]);
         assert_eq!(sel("-1", &[10]), vec![(9, 1, 1)]);
         assert_eq!(sel(":", &[7]), vec![(0, 7, 1)]);
