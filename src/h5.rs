@@ -437,6 +437,8 @@ pub fn chunk_by_coord(dset: hid_t, coord: &[u64]) -> Result<Option<ChunkLoc>> {
 pub enum SpaceSel {
     /// A single block: start and count per dimension.
     Block { start: Vec<u64>, count: Vec<u64> },
+    /// The whole source dataset, whose extent the mapping may not record.
+    All,
     /// Anything else (strided, unlimited, point lists): read through HDF5.
     Other,
 }
@@ -457,6 +459,7 @@ unsafe fn space_sel(space: hid_t) -> SpaceSel {
         return SpaceSel::Other;
     }
     match hdf5_sys::h5s::H5Sget_select_type(space) {
+        H5S_sel_type::H5S_SEL_ALL if rank == 0 => SpaceSel::All,
         H5S_sel_type::H5S_SEL_ALL => SpaceSel::Block {
             start: vec![0; rank],
             count: dims,

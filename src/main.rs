@@ -63,9 +63,33 @@ struct MountArgs {
     /// Write logs to this file (appended). Without it a detached daemon logs nowhere.
     #[arg(long)]
     log_file: Option<PathBuf>,
-    /// Extra mount options, comma separated (as from fstab); known: ro, allow_other.
+    /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
+    /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH.
+    /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
+}
+
+/// Folds `-o` options into the flags they stand for.
+fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
+    for o in std::mem::take(&mut args.options) {
+        let (k, v) = match o.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (o.as_str(), None),
+        };
+        match (k, v) {
+            ("ro", None) => args.read_only = true,
+            ("allow_other", None) => args.allow_other = true,
+            ("threads", Some(v)) => {
+                args.threads = Some(v.parse().map_err(|_| format!("bad threads={v}"))?)
+            }
+            ("tile_bytes", Some(v)) => args.tile_bytes = parse_bytes(v)?,
+            ("cache_bytes", Some(v)) => args.cache_bytes = parse_bytes(v)?,
+            ("log_file", Some(v)) => args.log_file = Some(PathBuf::from(v)),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -196,8 +220,10 @@ fn init_logging(log_file: Option<&Path>, foreground: bool) {
 
 fn mount(args: MountArgs) -> Result<(), String> {
     let (backing, mnt) = preflight(&args)?;
-    let read_only = args.read_only || args.options.iter().any(|o| o == "ro");
-    let allow_other = args.allow_other || args.options.iter().any(|o| o == "allow_other");
+    let mut args = args;
+    apply_mount_options(&mut args)?;
+    let read_only = args.read_only;
+    let allow_other = args.allow_other;
     let threads = args.threads.unwrap_or_else(|| {
         let n = std::thread::available_parallelism()
             .map(|n| n.get())

@@ -514,21 +514,24 @@ fn map_virtual(
     let mut blocks = Vec::with_capacity(maps.len());
     let mut missing = Vec::new();
     for m in maps {
-        let (
-            SpaceSel::Block {
-                start: vstart,
-                count,
-            },
-            SpaceSel::Block {
-                start: sstart,
-                count: scount,
-            },
-        ) = (&m.vsel, &m.ssel)
+        let SpaceSel::Block {
+            start: vstart,
+            count,
+        } = &m.vsel
         else {
             return Err("mapping is not a single block".into());
         };
+        // `whole`: the mapping takes the entire source, whose shape must then match.
+        let (sstart, scount, whole) = match &m.ssel {
+            SpaceSel::Block { start, count } => (start.clone(), count.clone(), false),
+            SpaceSel::All => (vec![0; count.len()], count.clone(), true),
+            SpaceSel::Other => return Err("source selection is not a single block".into()),
+        };
+        let (sstart, scount) = (&sstart, &scount);
         if count != scount || vstart.len() != shape.len() {
-            return Err("mapping source and destination differ in shape".into());
+            return Err(format!(
+                "mapping source {scount:?} and destination {count:?} differ in shape"
+            ));
         }
         if vstart
             .iter()
@@ -586,7 +589,12 @@ fn map_virtual(
             }
         };
         let target = src_file.as_deref().unwrap_or(file);
-        let model = match target.model_at_depth(&m.dset, opts, opener, depth + 1) {
+        let dname = if m.dset.starts_with('/') {
+            m.dset.clone()
+        } else {
+            format!("/{}", m.dset)
+        };
+        let model = match target.model_at_depth(&dname, opts, opener, depth + 1) {
             Ok(md) => md,
             Err(e) if e.errno == libc::ENOENT => {
                 missing.push(format!("{}:{}", m.file, m.dset));
@@ -608,6 +616,7 @@ fn map_virtual(
             return Err("source type differs (HDF5 converts)".into());
         }
         if model.shape.len() != shape.len()
+            || (whole && &model.shape != count)
             || sstart
                 .iter()
                 .zip(count)
