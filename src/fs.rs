@@ -224,6 +224,7 @@ pub struct Fs {
     opened_gen: DashMap<u64, u64>,
     pub cache: CellCache,
     pub bytes_served: AtomicU64,
+    pub read_requests: AtomicU64,
     started: SystemTime,
 }
 
@@ -249,6 +250,7 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             opened_gen: DashMap::new(),
             bytes_served: AtomicU64::new(0),
+            read_requests: AtomicU64::new(0),
             started: SystemTime::now(),
         })
     }
@@ -272,6 +274,7 @@ impl Fs {
                 "open_handles": self.handles.len(),
                 "open_hdf5_files": self.ns.open_files(),
                 "bytes_served": self.bytes_served.load(Ordering::Relaxed),
+                "read_requests": self.read_requests.load(Ordering::Relaxed),
                 "cell_cache_bytes": self.cache.bytes(),
                 "cell_cache_hits": self.cache.hits.load(Ordering::Relaxed),
                 "cell_cache_misses": self.cache.misses.load(Ordering::Relaxed),
@@ -657,6 +660,7 @@ impl Fs {
         };
         self.bytes_served
             .fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.read_requests.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
 
