@@ -17,3 +17,4 @@ pub mod h5file;
 pub mod model;
 pub mod namespace;
 pub mod selection;
+pub mod staging;

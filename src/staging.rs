@@ -1,0 +1,327 @@
+//! Pure pieces of the write path: validating a pending dataset's meta.json, and the
+//! sets of byte ranges written to each tile (kept in append-only logs on the backing
+//! file system, so any daemon, or a restarted one, can tell what is complete).
+
+use crate::error::{Error, Result};
+use crate::geometry::TileGrid;
+use serde_json::{json, Map, Value};
+
+/// NumPy dtype strings a pending dataset may use, normalized to `dtype.str`.
+pub fn normalize_dtype(s: &str) -> Option<String> {
+    let named = match s {
+        "bool" | "?" => Some("|b1"),
+        "int8" | "i1" => Some("|i1"),
+        "uint8" | "u1" => Some("|u1"),
+        "int16" => Some("<i2"),
+        "uint16" => Some("<u2"),
+        "int32" => Some("<i4"),
+        "uint32" => Some("<u4"),
+        "int64" => Some("<i8"),
+        "uint64" => Some("<u8"),
+        "float16" => Some("<f2"),
+        "float32" => Some("<f4"),
+        "float64" => Some("<f8"),
+        "complex64" => Some("<c8"),
+        "complex128" => Some("<c16"),
+        _ => None,
+    };
+    if let Some(n) = named {
+        return Some(n.to_string());
+    }
+    let mut c = s.chars();
+    let order = c.next()?;
+    let kind = c.next()?;
+    let size: u64 = c.as_str().parse().ok()?;
+    let ok = match kind {
+        'b' => size == 1,
+        'i' | 'u' => [1, 2, 4, 8].contains(&size),
+        'f' => [2, 4, 8].contains(&size),
+        'c' => [8, 16].contains(&size),
+        _ => false,
+    };
+    if !ok {
+        return None;
+    }
+    let order = match (order, size) {
+        (_, 1) => '|',
+        ('<' | '=', _) => '<',
+        ('>', _) => '>',
+        ('|', _) => return None,
+        _ => return None,
+    };
+    if !matches!(order, '<' | '>' | '|') {
+        return None;
+    }
+    Some(format!("{order}{kind}{size}"))
+}
+
+/// The accepted description of a pending dataset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingMeta {
+    pub shape: Vec<u64>,
+    pub dtype: String,
+    pub itemsize: u64,
+    pub tile_shape: Vec<u64>,
+    pub fill_value: Value,
+    pub attrs: Map<String, Value>,
+}
+
+fn u64_list(v: &Value, what: &str) -> Result<Vec<u64>> {
+    v.as_array()
+        .ok_or_else(|| Error::invalid(format!("{what} must be a list of integers")))?
+        .iter()
+        .map(|x| {
+            x.as_u64()
+                .ok_or_else(|| Error::invalid(format!("{what}: {x} is not a non-negative integer")))
+        })
+        .collect()
+}
+
+impl PendingMeta {
+    /// Parses what a user wrote into a pending dataset's meta.json.
+    pub fn parse(bytes: &[u8]) -> Result<PendingMeta> {
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| Error::invalid(format!("meta.json is not valid JSON: {e}")))?;
+        let o = v
+            .as_object()
+            .ok_or_else(|| Error::invalid("meta.json must be a JSON object"))?;
+        let shape = u64_list(
+            o.get("shape")
+                .ok_or_else(|| Error::invalid("meta.json needs \"shape\""))?,
+            "shape",
+        )?;
+        if shape.len() > 32 {
+            return Err(Error::invalid("rank above 32 is not supported by HDF5"));
+        }
+        let dstr = o
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::invalid("meta.json needs \"dtype\" (a NumPy dtype string)"))?;
+        let dtype = normalize_dtype(dstr)
+            .ok_or_else(|| Error::invalid(format!("unknown or unsupported dtype {dstr:?}")))?;
+        let itemsize: u64 = dtype[2..].parse().unwrap_or(0);
+        let tile_shape = match o.get("tile_shape") {
+            Some(t) => u64_list(t, "tile_shape")?,
+            None => shape.iter().map(|&s| s.max(1)).collect(),
+        };
+        if tile_shape.len() != shape.len() {
+            return Err(Error::invalid(format!(
+                "tile_shape has rank {} but shape has rank {}",
+                tile_shape.len(),
+                shape.len()
+            )));
+        }
+        if tile_shape.contains(&0) {
+            return Err(Error::invalid("tile_shape entries must be > 0"));
+        }
+        let total = shape
+            .iter()
+            .try_fold(itemsize, |a, &d| a.checked_mul(d))
+            .filter(|&b| b < (1u64 << 62))
+            .ok_or_else(|| Error::invalid("dataset size overflows"))?;
+        let _ = total;
+        tile_shape
+            .iter()
+            .try_fold(itemsize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::invalid("tile size overflows"))?;
+        let fill_value = o.get("fill_value").cloned().unwrap_or(Value::Null);
+        if !(fill_value.is_null() || fill_value.is_number() || fill_value.is_boolean())
+            && !(dtype.as_bytes()[1] == b'c'
+                && fill_value.as_array().is_some_and(|a| a.len() == 2))
+        {
+            return Err(Error::invalid("fill_value must be a number, a bool or [re, im]"));
+        }
+        let attrs = match o.get("attrs") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => return Err(Error::invalid("attrs must be a JSON object")),
+        };
+        Ok(PendingMeta {
+            shape,
+            dtype,
+            itemsize,
+            tile_shape,
+            fill_value,
+            attrs,
+        })
+    }
+
+    pub fn grid(&self) -> TileGrid {
+        TileGrid::new(self.shape.clone(), self.tile_shape.clone())
+    }
+
+    pub fn nbytes(&self) -> u64 {
+        self.shape.iter().product::<u64>() * self.itemsize
+    }
+
+    /// Bytes of tile `idx` (edge tiles clipped).
+    pub fn tile_bytes(&self, idx: &[u64]) -> Option<u64> {
+        Some(self.grid().tile_slab(idx)?.num_elements() * self.itemsize)
+    }
+
+    /// The JSON we store and serve back.
+    pub fn to_json(&self) -> Value {
+        let g = self.grid();
+        json!({
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "itemsize": self.itemsize,
+            "layout": "virtual",
+            "state": "pending",
+            "tile_shape": self.tile_shape,
+            "tile_grid": g.grid(),
+            "nbytes": self.nbytes(),
+            "fill_value": self.fill_value,
+            "attrs": self.attrs,
+            "order": "C",
+        })
+    }
+}
+
+/// Disjoint, sorted half-open byte ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl RangeSet {
+    pub fn insert(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        let mut out = Vec::with_capacity(self.ranges.len() + 1);
+        let mut placed = false;
+        for &(a, b) in &self.ranges {
+            if b < s {
+                out.push((a, b));
+            } else if a > e {
+                if !placed {
+                    out.push((s, e));
+                    placed = true;
+                }
+                out.push((a, b));
+            } else {
+                s = s.min(a);
+                e = e.max(b);
+            }
+        }
+        if !placed {
+            out.push((s, e));
+        }
+        self.ranges = out;
+    }
+
+    /// The ranges of `[0, total)` not covered.
+    pub fn missing(&self, total: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &(a, b) in &self.ranges {
+            if a >= total {
+                break;
+            }
+            if a > at {
+                out.push((at, a));
+            }
+            at = at.max(b);
+        }
+        if at < total {
+            out.push((at, total));
+        }
+        out
+    }
+
+    pub fn covered(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// Decodes an append-only log of 16-byte records (start, len as little-endian u64).
+    /// A torn last record (a crash mid-append) is ignored: its write was never
+    /// acknowledged.
+    pub fn from_log(bytes: &[u8]) -> RangeSet {
+        let mut rs = RangeSet::default();
+        for rec in bytes.chunks_exact(16) {
+            let mut a = [0u8; 8];
+            let mut b = [0u8; 8];
+            a.copy_from_slice(&rec[..8]);
+            b.copy_from_slice(&rec[8..]);
+            let s = u64::from_le_bytes(a);
+            let l = u64::from_le_bytes(b);
+            rs.insert(s, s.saturating_add(l));
+        }
+        rs
+    }
+
+    pub fn log_record(start: u64, len: u64) -> [u8; 16] {
+        let mut r = [0u8; 16];
+        r[..8].copy_from_slice(&start.to_le_bytes());
+        r[8..].copy_from_slice(&len.to_le_bytes());
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn meta_accepts_and_rejects() {
+        let m = PendingMeta::parse(br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4]}"#)
+            .unwrap();
+        assert_eq!(m.grid().grid(), vec![3, 2]);
+        assert_eq!(m.tile_bytes(&[2, 1]), Some(2 * 3 * 4));
+        assert_eq!(
+            PendingMeta::parse(br#"{"shape":[4],"dtype":"float64"}"#)
+                .unwrap()
+                .dtype,
+            "<f8"
+        );
+        for bad in [
+            &br#"{"shape":[4],"dtype":"<f4""#[..],
+            br#"[1]"#,
+            br#"{"shape":[4],"dtype":"S5"}"#,
+            br#"{"shape":[4],"dtype":"<f4","tile_shape":[2,2]}"#,
+            br#"{"shape":[4],"dtype":"<f4","tile_shape":[0]}"#,
+            br#"{"shape":[4294967296,4294967296,16],"dtype":"<f8"}"#,
+            br#"{"shape":[-1],"dtype":"<f4"}"#,
+            br#"{"dtype":"<f4"}"#,
+        ] {
+            let e = PendingMeta::parse(bad).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn ranges_merge_and_report_missing() {
+        let mut r = RangeSet::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        r.insert(20, 30);
+        assert_eq!(r.missing(50), vec![(0, 10), (40, 50)]);
+        r.insert(0, 10);
+        r.insert(40, 50);
+        assert!(r.missing(50).is_empty());
+        let mut log = Vec::new();
+        log.extend(RangeSet::log_record(0, 5));
+        log.extend(RangeSet::log_record(5, 5));
+        log.extend([1, 2, 3]); // torn record
+        assert_eq!(RangeSet::from_log(&log).missing(10), vec![]);
+    }
+
+    proptest! {
+        #[test]
+        fn ranges_match_bitmap(ops in proptest::collection::vec((0u64..64, 0u64..16), 0..20)) {
+            let mut r = RangeSet::default();
+            let mut bits = [false; 80];
+            for (s, l) in ops {
+                r.insert(s, s + l);
+                for b in &mut bits[s as usize..(s + l) as usize] { *b = true; }
+            }
+            let missing = r.missing(80);
+            let mut m2 = [false; 80];
+            for (a, b) in missing { for x in &mut m2[a as usize..b as usize] { *x = true; } }
+            for i in 0..80 { prop_assert_eq!(bits[i], !m2[i]); }
+        }
+    }
+}
