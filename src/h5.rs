@@ -29,6 +29,11 @@ impl Hid {
     pub fn id(&self) -> hid_t {
         self.id
     }
+
+    /// Takes ownership of an id the caller checked to be valid.
+    pub fn from_raw(id: hid_t, close: unsafe extern "C" fn(hid_t) -> herr_t) -> Hid {
+        Hid { id, close }
+    }
 }
 
 impl Drop for Hid {

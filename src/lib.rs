@@ -18,3 +18,4 @@ pub mod model;
 pub mod namespace;
 pub mod selection;
 pub mod staging;
+pub mod writer;

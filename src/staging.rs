@@ -126,10 +126,11 @@ impl PendingMeta {
             .ok_or_else(|| Error::invalid("tile size overflows"))?;
         let fill_value = o.get("fill_value").cloned().unwrap_or(Value::Null);
         if !(fill_value.is_null() || fill_value.is_number() || fill_value.is_boolean())
-            && !(dtype.as_bytes()[1] == b'c'
-                && fill_value.as_array().is_some_and(|a| a.len() == 2))
+            && !(dtype.as_bytes()[1] == b'c' && fill_value.as_array().is_some_and(|a| a.len() == 2))
         {
-            return Err(Error::invalid("fill_value must be a number, a bool or [re, im]"));
+            return Err(Error::invalid(
+                "fill_value must be a number, a bool or [re, im]",
+            ));
         }
         let attrs = match o.get("attrs") {
             None | Some(Value::Null) => Map::new(),
@@ -267,8 +268,8 @@ mod tests {
 
     #[test]
     fn meta_accepts_and_rejects() {
-        let m = PendingMeta::parse(br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4]}"#)
-            .unwrap();
+        let m =
+            PendingMeta::parse(br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4]}"#).unwrap();
         assert_eq!(m.grid().grid(), vec![3, 2]);
         assert_eq!(m.tile_bytes(&[2, 1]), Some(2 * 3 * 4));
         assert_eq!(
