@@ -16,6 +16,7 @@ pub mod h5;
 pub mod h5file;
 pub mod model;
 pub mod namespace;
+pub mod pending;
 pub mod selection;
 pub mod staging;
 pub mod writer;

@@ -232,6 +232,10 @@ impl RangeSet {
         out
     }
 
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges
+    }
+
     pub fn covered(&self) -> u64 {
         self.ranges.iter().map(|(a, b)| b - a).sum()
     }

@@ -259,7 +259,12 @@ pub struct VdsSpec {
 /// Writes `specs` into the HDF5 file `path`: created fresh, or, when `base` is given,
 /// starting from a copy of it (other datasets kept, same-named ones replaced).
 /// The file is flushed and fsync-ed before returning.
-pub fn write_vds_file(path: &Path, base: Option<&Path>, specs: &[VdsSpec]) -> Result<()> {
+pub fn write_vds_file(
+    path: &Path,
+    base: Option<&Path>,
+    specs: &[VdsSpec],
+    groups: &[String],
+) -> Result<()> {
     if let Some(b) = base {
         std::fs::copy(b, path)
             .map_err(|e| Error::from_io(format!("copying {}", b.display()), e))?;
@@ -366,6 +371,25 @@ pub fn write_vds_file(path: &Path, base: Option<&Path>, specs: &[VdsSpec]) -> Re
                     "H5Dcreate2 (virtual)",
                 )?;
                 drop(d);
+            }
+            for g in groups {
+                let gname = cstr(g)?;
+                if hdf5_sys::h5l::H5Lexists(f.id(), gname.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT) > 0
+                {
+                    continue;
+                }
+                let gid = hid(
+                    hdf5_sys::h5g::H5Gcreate2(
+                        f.id(),
+                        gname.as_ptr(),
+                        lcpl.id(),
+                        hdf5_sys::h5p::H5P_DEFAULT,
+                        hdf5_sys::h5p::H5P_DEFAULT,
+                    ),
+                    hdf5_sys::h5g::H5Gclose,
+                    "H5Gcreate2",
+                )?;
+                drop(gid);
             }
             check(
                 hdf5_sys::h5f::H5Fflush(f.id(), hdf5_sys::h5f::H5F_scope_t::H5F_SCOPE_GLOBAL),
@@ -546,7 +570,7 @@ mod tests {
             attrs,
         };
         let vds = dir.path().join("out.h5");
-        write_vds_file(&vds, None, &[spec.clone()]).unwrap();
+        write_vds_file(&vds, None, &[spec.clone()], &[]).unwrap();
         let f = hdf5::File::open(&vds).unwrap();
         let got: Vec<f32> = f.dataset("/g/x").unwrap().read_raw().unwrap();
         assert_eq!(got, full);
@@ -554,7 +578,7 @@ mod tests {
         let tmp = dir.path().join("out.h5.tmp");
         let mut spec2 = spec;
         spec2.path = "/y".into();
-        write_vds_file(&tmp, Some(&vds), &[spec2]).unwrap();
+        write_vds_file(&tmp, Some(&vds), &[spec2], &["/grp/sub".into()]).unwrap();
         let f = hdf5::File::open(&tmp).unwrap();
         let a: Vec<f32> = f.dataset("/g/x").unwrap().read_raw().unwrap();
         let b: Vec<f32> = f.dataset("/y").unwrap().read_raw().unwrap();

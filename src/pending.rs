@@ -1,0 +1,766 @@
+//! Pending (not yet committed) files and datasets, kept entirely in the backing
+//! directory so that every daemon mounting it, and a restarted one, sees the same
+//! state:
+//!
+//! ```text
+//! D/.h5tilefs/<name>/                 staging dir of pending file D/<name>
+//!     nodes/<enc>/path                the HDF5 path of a pending node (group or dataset)
+//!     nodes/<enc>/meta.json           accepted meta (present = dataset)
+//!     nodes/<enc>/gen                 generation of its tile sources
+//!     nodes/<enc>/ranges/<tile>.<w>   append-only log of byte ranges written by writer w
+//!     commit.lock                     flock()ed while a commit runs
+//!     status.json                     result of the last commit
+//! D/<stem>_h5tilefs_vds/<enc>/<gen>/<tile>.h5   tile sources (final location)
+//! ```
+
+use crate::error::{Error, Result};
+use crate::extent::BackingFile;
+use crate::geometry::{tile_name, TileGrid};
+use crate::staging::{PendingMeta, RangeSet};
+use crate::writer::{self, VdsSpec, VdsTile};
+use dashmap::DashMap;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Name of the hidden per-directory staging area.
+pub const STAGE_DIR: &str = ".h5tilefs";
+
+/// FNV-1a: a hash that every daemon computes the same way.
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// A file-name-safe, collision-free encoding of an HDF5 path.
+pub fn encode(h5path: &str) -> String {
+    let clean: String = h5path
+        .trim_start_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    format!("{clean}-{:016x}", fnv(h5path))
+}
+
+/// Where a tile's bytes go: its source file and the offset of its data.
+pub struct TileTarget {
+    pub file: Arc<BackingFile>,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// A pending node of a file.
+#[derive(Clone, Debug)]
+pub struct PendingNode {
+    pub path: String,
+    pub meta: Option<PendingMeta>,
+}
+
+pub struct Pending {
+    root: PathBuf,
+    /// Distinguishes this daemon's range logs from other daemons'.
+    writer_id: String,
+    targets: DashMap<PathBuf, Arc<TileTarget>>,
+    logs: DashMap<PathBuf, Arc<std::fs::File>>,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |e| Error::from_io(what, e)
+}
+
+impl Pending {
+    pub fn new(root: &Path) -> Pending {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        Pending {
+            root: root.to_path_buf(),
+            writer_id: format!("w-{host}-{}-{nanos:x}", std::process::id()),
+            targets: DashMap::new(),
+            logs: DashMap::new(),
+        }
+    }
+
+    fn split(file_rel: &Path) -> Result<(PathBuf, String)> {
+        let name = file_rel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::invalid("bad file name"))?
+            .to_string();
+        let parent = file_rel.parent().unwrap_or(Path::new("")).to_path_buf();
+        Ok((parent, name))
+    }
+
+    pub fn stage_dir(&self, file_rel: &Path) -> Result<PathBuf> {
+        let (parent, name) = Self::split(file_rel)?;
+        Ok(self.root.join(parent).join(STAGE_DIR).join(name))
+    }
+
+    /// `<stem>_h5tilefs_vds`, relative to the file's directory.
+    pub fn sources_rel(file_rel: &Path) -> Result<String> {
+        let (_, name) = Self::split(file_rel)?;
+        let stem = name
+            .strip_suffix(".h5")
+            .or_else(|| name.strip_suffix(".hdf5"))
+            .unwrap_or(&name);
+        Ok(format!("{stem}_h5tilefs_vds"))
+    }
+
+    fn node_dir(&self, file_rel: &Path, h5path: &str) -> Result<PathBuf> {
+        Ok(self.stage_dir(file_rel)?.join("nodes").join(encode(h5path)))
+    }
+
+    /// True when `file_rel` has pending nodes (or was created and not yet committed).
+    pub fn is_pending(&self, file_rel: &Path) -> bool {
+        self.stage_dir(file_rel)
+            .map(|d| d.join("nodes").is_dir())
+            .unwrap_or(false)
+    }
+
+    /// Starts a pending file (mkdir of `name.h5` in the mount).
+    pub fn create_file(&self, file_rel: &Path) -> Result<()> {
+        let d = self.stage_dir(file_rel)?.join("nodes");
+        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))
+    }
+
+    /// Adds a pending node (a directory made inside a file).
+    pub fn create_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))?;
+        write_atomic(&d.join("path"), h5path.as_bytes())
+    }
+
+    pub fn remove_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
+            let src = self.sources_dir(file_rel, h5path, g.trim())?;
+            let _ = std::fs::remove_dir_all(src);
+        }
+        std::fs::remove_dir_all(&d).map_err(io(format!("removing {}", d.display())))
+    }
+
+    /// Drops the whole pending state of a file (its uncommitted tile sources too).
+    pub fn remove_file(&self, file_rel: &Path) -> Result<()> {
+        for n in self.nodes(file_rel)? {
+            self.remove_node(file_rel, &n.path)?;
+        }
+        let d = self.stage_dir(file_rel)?;
+        let _ = std::fs::remove_dir_all(&d);
+        Ok(())
+    }
+
+    /// Every pending node of a file.
+    pub fn nodes(&self, file_rel: &Path) -> Result<Vec<PendingNode>> {
+        let d = self.stage_dir(file_rel)?.join("nodes");
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            return Ok(vec![]);
+        };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let Ok(path) = std::fs::read_to_string(e.path().join("path")) else {
+                continue;
+            };
+            let meta = std::fs::read(e.path().join("meta.json"))
+                .ok()
+                .and_then(|b| PendingMeta::parse(&b).ok());
+            out.push(PendingNode { path, meta });
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    pub fn node(&self, file_rel: &Path, h5path: &str) -> Option<PendingNode> {
+        let d = self.node_dir(file_rel, h5path).ok()?;
+        let path = std::fs::read_to_string(d.join("path")).ok()?;
+        let meta = std::fs::read(d.join("meta.json"))
+            .ok()
+            .and_then(|b| PendingMeta::parse(&b).ok());
+        Some(PendingNode { path, meta })
+    }
+
+    fn sources_dir(&self, file_rel: &Path, h5path: &str, gen: &str) -> Result<PathBuf> {
+        let (parent, _) = Self::split(file_rel)?;
+        Ok(self
+            .root
+            .join(parent)
+            .join(Self::sources_rel(file_rel)?)
+            .join(encode(h5path))
+            .join(gen))
+    }
+
+    /// Accepts a dataset description. Writing the same meta again is a no-op (every rank
+    /// may write it); a different one replaces it only while no tile has been written.
+    pub fn accept_meta(&self, file_rel: &Path, h5path: &str, meta: &PendingMeta) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        if !d.join("path").exists() {
+            self.create_node(file_rel, h5path)?;
+        }
+        let stored = serde_json::to_vec(&meta.to_json()).map_err(|e| Error::io(e.to_string()))?;
+        if let Ok(old) = std::fs::read(d.join("meta.json")) {
+            if PendingMeta::parse(&old).ok().as_ref() == Some(meta) {
+                return Ok(());
+            }
+            let written = std::fs::read_dir(d.join("ranges"))
+                .map(|mut r| r.next().is_some())
+                .unwrap_or(false);
+            if written {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    format!("{h5path}: tiles were already written with another meta.json; rmdir the dataset to start over"),
+                ));
+            }
+            let _ = std::fs::remove_file(d.join("gen"));
+        }
+        write_atomic(&d.join("meta.json"), &stored)?;
+        let gen = format!(
+            "g{:x}",
+            fnv(&format!(
+                "{}{:?}",
+                self.writer_id,
+                std::time::SystemTime::now()
+            ))
+        );
+        // The first writer of `gen` wins; others adopt it.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(d.join("gen"))
+        {
+            Ok(mut f) => f.write_all(gen.as_bytes()).map_err(io("writing gen"))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::from_io("creating gen", e)),
+        }
+        Ok(())
+    }
+
+    fn gen(&self, file_rel: &Path, h5path: &str) -> Result<String> {
+        let d = self.node_dir(file_rel, h5path)?;
+        std::fs::read_to_string(d.join("gen"))
+            .map(|s| s.trim().to_string())
+            .map_err(|_| Error::not_found(format!("{h5path} is not a pending dataset")))
+    }
+
+    /// The tile's source file, created on first use (race-free across daemons).
+    pub fn tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        create: bool,
+    ) -> Result<Option<Arc<TileTarget>>> {
+        let gen = self.gen(file_rel, h5path)?;
+        let dir = self.sources_dir(file_rel, h5path, &gen)?;
+        let name = tile_name(idx);
+        let path = dir.join(format!("{name}.h5"));
+        if let Some(t) = self.targets.get(&path) {
+            return Ok(Some(t.clone()));
+        }
+        let slab = meta
+            .grid()
+            .tile_slab(idx)
+            .ok_or_else(|| Error::not_found(format!("no tile {name}")))?;
+        let count = slab.counts();
+        let size = slab.num_elements() * meta.itemsize;
+        if !path.exists() {
+            if !create {
+                return Ok(None);
+            }
+            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            let tmp = dir.join(format!(".{name}.{}.tmp", self.writer_id));
+            writer::create_tile_source(&tmp, &meta.dtype, &count)?;
+            match std::fs::hard_link(&tmp, &path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(Error::from_io("publishing tile source", e));
+                }
+            }
+            let _ = std::fs::remove_file(&tmp);
+        }
+        let offset = source_offset(&path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        let t = Arc::new(TileTarget {
+            file: Arc::new(BackingFile {
+                path: path.clone(),
+                file,
+            }),
+            offset,
+            size,
+        });
+        self.targets.insert(path, t.clone());
+        Ok(Some(t))
+    }
+
+    /// Writes `data` at `off` of a tile and logs the range; the write is acknowledged
+    /// (and recoverable after a daemon crash) once this returns.
+    pub fn write_tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let t = self
+            .tile(file_rel, h5path, meta, idx, true)?
+            .ok_or_else(|| Error::io("tile source missing"))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::new(libc::EFBIG, "offset overflow"))?;
+        if end > t.size {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!(
+                    "{h5path} tile {}: write of [{off}, {end}) past the tile's end ({} bytes)",
+                    tile_name(idx),
+                    t.size
+                ),
+            ));
+        }
+        t.file
+            .file
+            .write_all_at(data, t.offset + off)
+            .map_err(io("writing tile source"))?;
+        self.log_range(file_rel, h5path, idx, off, data.len() as u64)
+    }
+
+    fn log_range(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?.join("ranges");
+        let p = d.join(format!("{}.{}", tile_name(idx), self.writer_id));
+        let f = match self.logs.get(&p) {
+            Some(f) => f.clone(),
+            None => {
+                std::fs::create_dir_all(&d).map_err(io("creating range log dir"))?;
+                let f = Arc::new(
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&p)
+                        .map_err(io("opening range log"))?,
+                );
+                self.logs.insert(p, f.clone());
+                f
+            }
+        };
+        (&*f)
+            .write_all(&RangeSet::log_record(off, len))
+            .map_err(io("appending range log"))
+    }
+
+    /// Written ranges of every tile of a pending dataset (all writers).
+    pub fn written(&self, file_rel: &Path, h5path: &str) -> Result<HashMap<String, RangeSet>> {
+        let d = self.node_dir(file_rel, h5path)?.join("ranges");
+        let mut out: HashMap<String, RangeSet> = HashMap::new();
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            return Ok(out);
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // "<tile>.<host>.<pid>.<nanos>": the tile name is everything before the
+            // first component that is not a number.
+            let tile: Vec<&str> = name
+                .split('.')
+                .take_while(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .collect();
+            let Ok(bytes) = std::fs::read(e.path()) else {
+                continue;
+            };
+            let rs = RangeSet::from_log(&bytes);
+            let entry = out.entry(tile.join(".")).or_default();
+            for (a, b) in rs.ranges() {
+                entry.insert(*a, *b);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tiles (and byte ranges) not yet written, per pending dataset.
+    pub fn missing(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+    ) -> Result<Vec<(String, Vec<(u64, u64)>)>> {
+        let written = self.written(file_rel, h5path)?;
+        let mut out = Vec::new();
+        for idx in meta.grid().indices() {
+            let name = tile_name(&idx);
+            let size = meta.tile_bytes(&idx).unwrap_or(0);
+            let miss = written
+                .get(&name)
+                .map(|r| r.missing(size))
+                .unwrap_or_else(|| if size > 0 { vec![(0, size)] } else { vec![] });
+            if !miss.is_empty() {
+                out.push((name, miss));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `.status` of a file: pending datasets, tile completeness, last commit.
+    pub fn status(&self, file_rel: &Path) -> Result<Value> {
+        let mut ds = serde_json::Map::new();
+        let mut groups = Vec::new();
+        for n in self.nodes(file_rel)? {
+            match &n.meta {
+                Some(m) => {
+                    let miss = self.missing(file_rel, &n.path, m)?;
+                    let total = m.grid().num_tiles();
+                    let shown: Vec<Value> = miss
+                        .iter()
+                        .take(100)
+                        .map(|(t, r)| json!({"tile": t, "missing": r}))
+                        .collect();
+                    ds.insert(
+                        n.path.clone(),
+                        json!({
+                            "tiles": total,
+                            "complete": total - miss.len() as u64,
+                            "missing": miss.len(),
+                            "missing_detail": shown,
+                        }),
+                    );
+                }
+                None => groups.push(n.path.clone()),
+            }
+        }
+        let last = std::fs::read(self.stage_dir(file_rel)?.join("status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .unwrap_or(Value::Null);
+        Ok(json!({
+            "pending": self.is_pending(file_rel),
+            "datasets": ds,
+            "groups": groups,
+            "last_commit": last,
+        }))
+    }
+
+    /// Records a problem (bad meta.json, failed commit) for `.status`.
+    pub fn record_status(&self, file_rel: &Path, v: Value) {
+        if let Ok(d) = self.stage_dir(file_rel) {
+            let _ = std::fs::create_dir_all(&d);
+            let _ = write_atomic(
+                &d.join("status.json"),
+                &serde_json::to_vec(&v).unwrap_or_default(),
+            );
+        }
+    }
+
+    /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
+    pub fn commit(&self, file_rel: &Path) -> Result<Value> {
+        let t0 = std::time::Instant::now();
+        let stage = self.stage_dir(file_rel)?;
+        std::fs::create_dir_all(&stage).map_err(io("creating staging dir"))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(stage.join("commit.lock"))
+            .map_err(io("opening commit lock"))?;
+        // SAFETY: flock on an fd we own; released when `lock` is dropped or we die.
+        if unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&lock),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } != 0
+        {
+            return Err(Error::new(
+                libc::EBUSY,
+                "another commit of this file is in progress",
+            ));
+        }
+        let result = self.commit_locked(file_rel, &stage);
+        let v = match &result {
+            Ok(v) => json!({"ok": true, "seconds": t0.elapsed().as_secs_f64(), "result": v}),
+            Err(e) => {
+                json!({"ok": false, "error": e.to_string(), "seconds": t0.elapsed().as_secs_f64()})
+            }
+        };
+        self.record_status(file_rel, v.clone());
+        drop(lock);
+        result.map(|_| v)
+    }
+
+    fn commit_locked(&self, file_rel: &Path, stage: &Path) -> Result<Value> {
+        let nodes = self.nodes(file_rel)?;
+        let (parent, name) = Self::split(file_rel)?;
+        let dir = self.root.join(&parent);
+        let target = dir.join(&name);
+        let mut specs = Vec::new();
+        let mut groups = Vec::new();
+        let mut problems = Vec::new();
+        let mut sources = Vec::new();
+        for n in &nodes {
+            let Some(m) = &n.meta else {
+                groups.push(n.path.clone());
+                continue;
+            };
+            let miss = self.missing(file_rel, &n.path, m)?;
+            if !miss.is_empty() {
+                let first: Vec<String> = miss
+                    .iter()
+                    .take(10)
+                    .map(|(t, r)| format!("{t} {r:?}"))
+                    .collect();
+                problems.push(format!(
+                    "{}: {} of {} tiles incomplete (first: {})",
+                    n.path,
+                    miss.len(),
+                    m.grid().num_tiles(),
+                    first.join(", ")
+                ));
+                continue;
+            }
+            let gen = self.gen(file_rel, &n.path)?;
+            let rel_dir = format!("{}/{}/{gen}", Self::sources_rel(file_rel)?, encode(&n.path));
+            let grid: TileGrid = m.grid();
+            let mut tiles = Vec::new();
+            for idx in grid.indices() {
+                let slab = grid
+                    .tile_slab(&idx)
+                    .ok_or_else(|| Error::io("tile geometry"))?;
+                let tname = tile_name(&idx);
+                sources.push(dir.join(&rel_dir).join(format!("{tname}.h5")));
+                tiles.push(VdsTile {
+                    start: slab.dims.iter().map(|d| d.start).collect(),
+                    count: slab.counts(),
+                    source: format!("{rel_dir}/{tname}.h5"),
+                });
+            }
+            specs.push(VdsSpec {
+                path: n.path.clone(),
+                dtype: m.dtype.clone(),
+                shape: m.shape.clone(),
+                tiles,
+                fill_value: m.fill_value.clone(),
+                attrs: m.attrs.clone(),
+            });
+        }
+        if !problems.is_empty() {
+            return Err(Error::io(format!(
+                "commit refused: {}",
+                problems.join("; ")
+            )));
+        }
+        // Tile bytes must be durable before the file that points at them appears.
+        fsync_all(&sources)?;
+        let tmp = stage.join("commit.tmp.h5");
+        let _ = std::fs::remove_file(&tmp);
+        let base = (target.is_file()).then_some(target.as_path());
+        writer::write_vds_file(&tmp, base, &specs, &groups)?;
+        std::fs::rename(&tmp, &target)
+            .map_err(io(format!("renaming into {}", target.display())))?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        // Committed: drop the pending state, and older generations of replaced datasets.
+        for n in &nodes {
+            let gen = self.gen(file_rel, &n.path).ok();
+            let nd = self.node_dir(file_rel, &n.path)?;
+            let _ = std::fs::remove_dir_all(&nd);
+            if let Some(gen) = gen {
+                let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));
+                if let Ok(rd) = std::fs::read_dir(&parent_src) {
+                    for e in rd.flatten() {
+                        if e.file_name().to_string_lossy() != gen {
+                            let _ = std::fs::remove_dir_all(e.path());
+                        }
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(stage.join("nodes"));
+        self.targets.retain(|p, _| !sources.contains(p));
+        Ok(json!({
+            "file": target,
+            "datasets": specs.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            "groups": groups,
+            "tiles": sources.len(),
+        }))
+    }
+}
+
+/// fsyncs files in parallel (commit time grows with tiles, so spread the syscalls).
+fn fsync_all(paths: &[PathBuf]) -> Result<()> {
+    let threads = 8.min(paths.len().max(1));
+    let chunk = paths.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || -> Result<()> {
+                    for p in part {
+                        std::fs::File::open(p)
+                            .and_then(|f| f.sync_all())
+                            .map_err(io(format!("fsync {}", p.display())))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| Error::io("fsync thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    dirs.dedup();
+    for d in dirs {
+        if let Ok(f) = std::fs::File::open(d) {
+            let _ = f.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// The data offset of an existing tile source file.
+fn source_offset(path: &Path) -> Result<u64> {
+    let f = hdf5::File::open(path)
+        .map_err(|e| Error::from_h5(format!("opening {}", path.display()), e))?;
+    let d = f
+        .dataset(writer::SOURCE_DSET)
+        .map_err(|e| Error::from_h5("opening tile dataset", e))?;
+    crate::h5::contiguous_offset(d.id())
+        .ok_or_else(|| Error::io(format!("{}: tile source has no data", path.display())))
+}
+
+/// Replaces `path` with `data` atomically (write a temporary, fsync, rename).
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!(
+        "tmp.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let mut f = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    f.write_all(data).map_err(io("writing"))?;
+    f.sync_all().map_err(io("fsync"))?;
+    std::fs::rename(&tmp, path).map_err(io(format!("renaming {}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> PendingMeta {
+        PendingMeta::parse(br#"{"shape":[5,7],"dtype":"<f8","tile_shape":[2,3],"fill_value":-1,"attrs":{"units":"m"}}"#).unwrap()
+    }
+
+    #[test]
+    fn two_writers_then_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("run/out.h5");
+        std::fs::create_dir_all(dir.path().join("run")).unwrap();
+        let a = Pending::new(dir.path());
+        let b = Pending::new(dir.path()); // a second daemon on the same backing dir
+        a.create_file(file).unwrap();
+        let m = meta();
+        a.accept_meta(file, "/fields/u", &m).unwrap();
+        b.accept_meta(file, "/fields/u", &m).unwrap(); // idempotent
+        let full: Vec<f64> = (0..35).map(|v| v as f64).collect();
+        let grid = m.grid();
+        for (i, idx) in grid.indices().enumerate() {
+            let slab = grid.tile_slab(&idx).unwrap();
+            let mut bytes = Vec::new();
+            for r in 0..slab.dims[0].count {
+                for c in 0..slab.dims[1].count {
+                    let v = full[((slab.dims[0].start + r) * 7 + slab.dims[1].start + c) as usize];
+                    bytes.extend(v.to_le_bytes());
+                }
+            }
+            let w = if i % 2 == 0 { &a } else { &b };
+            // Two halves, second half first.
+            let h = bytes.len() / 2;
+            w.write_tile(file, "/fields/u", &m, &idx, h as u64, &bytes[h..])
+                .unwrap();
+            if idx == vec![2, 2] {
+                continue; // leave one half missing
+            }
+            w.write_tile(file, "/fields/u", &m, &idx, 0, &bytes[..h])
+                .unwrap();
+        }
+        let e = a
+            .write_tile(file, "/fields/u", &m, &[2, 2], 0, &[0u8; 100])
+            .unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG);
+        let e = b.commit(file).unwrap_err();
+        assert!(e.message.contains("2.2"), "{}", e.message);
+        assert!(!dir.path().join("run/out.h5").exists());
+        let st = a.status(file).unwrap();
+        assert_eq!(st["datasets"]["/fields/u"]["missing"], 1);
+        // Finish the last half and commit from the other daemon.
+        let last = grid.tile_slab(&[2, 2]).unwrap();
+        let mut bytes = Vec::new();
+        for r in 0..last.dims[0].count {
+            for c in 0..last.dims[1].count {
+                bytes.extend(
+                    full[((last.dims[0].start + r) * 7 + last.dims[1].start + c) as usize]
+                        .to_le_bytes(),
+                );
+            }
+        }
+        a.write_tile(file, "/fields/u", &m, &[2, 2], 0, &bytes[..bytes.len() / 2])
+            .unwrap();
+        b.commit(file).unwrap();
+        let f = hdf5::File::open(dir.path().join("run/out.h5")).unwrap();
+        let got: Vec<f64> = f.dataset("/fields/u").unwrap().read_raw().unwrap();
+        assert_eq!(got, full);
+        assert!(!a.is_pending(file));
+        assert_eq!(a.status(file).unwrap()["last_commit"]["ok"], true);
+    }
+
+    #[test]
+    fn commit_lock_excludes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("x.h5");
+        let p = Pending::new(dir.path());
+        p.create_file(file).unwrap();
+        let stage = p.stage_dir(file).unwrap();
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(stage.join("commit.lock"))
+            .unwrap();
+        // SAFETY: flock on an fd we own.
+        assert_eq!(
+            unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) },
+            0
+        );
+        assert_eq!(p.commit(file).unwrap_err().errno, libc::EBUSY);
+    }
+}
