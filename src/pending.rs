@@ -56,6 +56,9 @@ pub fn encode(h5path: &str) -> String {
     format!("{clean}-{:016x}", fnv(h5path))
 }
 
+/// A tile name and the byte ranges of it never written.
+pub type MissingTile = (String, Vec<(u64, u64)>);
+
 /// Where a tile's bytes go: its source file and the offset of its data.
 pub struct TileTarget {
     pub file: Arc<BackingFile>,
@@ -413,7 +416,7 @@ impl Pending {
         file_rel: &Path,
         h5path: &str,
         meta: &PendingMeta,
-    ) -> Result<Vec<(String, Vec<(u64, u64)>)>> {
+    ) -> Result<Vec<MissingTile>> {
         let written = self.written(file_rel, h5path)?;
         let mut out = Vec::new();
         for idx in meta.grid().indices() {

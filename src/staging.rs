@@ -125,8 +125,12 @@ impl PendingMeta {
             .try_fold(itemsize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| Error::invalid("tile size overflows"))?;
         let fill_value = o.get("fill_value").cloned().unwrap_or(Value::Null);
-        if !(fill_value.is_null() || fill_value.is_number() || fill_value.is_boolean())
-            && !(dtype.as_bytes()[1] == b'c' && fill_value.as_array().is_some_and(|a| a.len() == 2))
+        let complex_pair =
+            dtype.as_bytes()[1] == b'c' && fill_value.as_array().is_some_and(|a| a.len() == 2);
+        if !(fill_value.is_null()
+            || fill_value.is_number()
+            || fill_value.is_boolean()
+            || complex_pair)
         {
             return Err(Error::invalid(
                 "fill_value must be a number, a bool or [re, im]",

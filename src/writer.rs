@@ -570,7 +570,7 @@ mod tests {
             attrs,
         };
         let vds = dir.path().join("out.h5");
-        write_vds_file(&vds, None, &[spec.clone()], &[]).unwrap();
+        write_vds_file(&vds, None, std::slice::from_ref(&spec), &[]).unwrap();
         let f = hdf5::File::open(&vds).unwrap();
         let got: Vec<f32> = f.dataset("/g/x").unwrap().read_raw().unwrap();
         assert_eq!(got, full);
