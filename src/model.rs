@@ -775,3 +775,96 @@ pub fn read_selection(
     buf.drain(..head);
     Ok(buf)
 }
+
+impl DatasetModel {
+    /// A model built without HDF5, for datasets that exist only as pending tiles.
+    pub fn raw(
+        name: &str,
+        shape: Vec<u64>,
+        dtype: &str,
+        itemsize: u64,
+        tile_shape: Vec<u64>,
+        fill: Vec<u8>,
+        storage: Storage,
+    ) -> DatasetModel {
+        DatasetModel {
+            name: name.to_string(),
+            maxshape: shape.iter().map(|&s| Some(s)).collect(),
+            shape,
+            dtype: DType::Numeric {
+                descr: dtype.to_string(),
+                itemsize,
+            },
+            layout: Layout::Virtual,
+            chunks: None,
+            filters: vec![],
+            fill_defined: true,
+            fill: fill.into(),
+            attrs: serde_json::Map::new(),
+            tile_shape,
+            storage,
+            virtual_count: 0,
+            missing_sources: vec![],
+            meta: OnceLock::new(),
+        }
+    }
+
+    /// The view of a pending dataset: each tile that has a source file is a contiguous
+    /// block of it; tiles not created yet read as the fill value.
+    pub fn pending(
+        name: &str,
+        meta: &crate::staging::PendingMeta,
+        tiles: &[(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)],
+    ) -> DatasetModel {
+        let fill = crate::writer::fill_bytes(&meta.dtype, &meta.fill_value)
+            .unwrap_or_else(|| vec![0; meta.itemsize as usize]);
+        let grid = meta.grid();
+        let mut blocks = Vec::with_capacity(tiles.len());
+        for (idx, target) in tiles {
+            let Some(slab) = grid.tile_slab(idx) else {
+                continue;
+            };
+            let count = slab.counts();
+            let source = target.as_ref().map(|t| {
+                Arc::new(DatasetModel::raw(
+                    name,
+                    count.clone(),
+                    &meta.dtype,
+                    meta.itemsize,
+                    count.clone(),
+                    fill.clone(),
+                    Storage::Contiguous {
+                        file: t.file.clone(),
+                        offset: t.offset,
+                    },
+                ))
+            });
+            blocks.push(VBlock {
+                vstart: slab.dims.iter().map(|d| d.start).collect(),
+                sstart: vec![0; count.len()],
+                count,
+                source,
+            });
+        }
+        let storage = if meta.shape.is_empty() {
+            match tiles.first().and_then(|t| t.1.as_ref()) {
+                Some(t) => Storage::Contiguous {
+                    file: t.file.clone(),
+                    offset: t.offset,
+                },
+                None => Storage::Fill,
+            }
+        } else {
+            Storage::Virtual(blocks)
+        };
+        DatasetModel::raw(
+            name,
+            meta.shape.clone(),
+            &meta.dtype,
+            meta.itemsize,
+            meta.tile_shape.clone(),
+            fill,
+            storage,
+        )
+    }
+}
