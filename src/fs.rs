@@ -7,7 +7,9 @@ use crate::geometry::{parse_tile_name, tile_name};
 use crate::h5file::{join, ChildKind, H5File};
 use crate::model::{read_selection, DatasetModel, ModelOptions};
 use crate::namespace::{EntryKind, Namespace};
+use crate::pending::Pending;
 use crate::selection::{parse_slice, Hyperslab};
+use crate::staging::PendingMeta;
 use dashmap::DashMap;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
@@ -19,6 +21,8 @@ use std::time::SystemTime;
 /// Name of the control file at the mount root.
 pub const CONTROL_NAME: &str = ".h5tilefs";
 pub const ROOT_INO: u64 = 1;
+
+mod write;
 
 /// Every object the mount shows, by path: stable across lookups and forgets.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +65,35 @@ pub enum Node {
         path: String,
         sel: String,
     },
+    /// `.commit` and `.status` in an HDF5 file's directory.
+    Commit {
+        file: PathBuf,
+    },
+    Status {
+        file: PathBuf,
+    },
+    /// A pending node (a directory made in a file): a dataset once it has a meta.json.
+    PNode {
+        file: PathBuf,
+        path: String,
+    },
+    PMeta {
+        file: PathBuf,
+        path: String,
+    },
+    PData {
+        file: PathBuf,
+        path: String,
+    },
+    PTiles {
+        file: PathBuf,
+        path: String,
+    },
+    PTile {
+        file: PathBuf,
+        path: String,
+        idx: Vec<u64>,
+    },
 }
 
 impl Node {
@@ -73,7 +106,13 @@ impl Node {
             | Node::Tiles { file, path }
             | Node::Tile { file, path, .. }
             | Node::Slices { file, path }
-            | Node::Slice { file, path, .. } => Some((file, path)),
+            | Node::Slice { file, path, .. }
+            | Node::PNode { file, path }
+            | Node::PMeta { file, path }
+            | Node::PData { file, path }
+            | Node::PTiles { file, path }
+            | Node::PTile { file, path, .. } => Some((file, path)),
+            Node::Commit { file } | Node::Status { file } => Some((file, "/")),
             Node::Dir(_) | Node::Control => None,
         }
     }
@@ -97,6 +136,8 @@ pub struct Attr {
     pub mtime: SystemTime,
     pub ctime: SystemTime,
     pub atime: SystemTime,
+    /// The node can change state at any time (pending data, commit): no kernel caching.
+    pub volatile: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -128,7 +169,11 @@ impl Default for FsOptions {
     }
 }
 
-/// An open file: fixed bytes (meta.json, the control file) or a selection of a dataset.
+/// Tile source file -> (tile index, data offset in it).
+type TileMap = std::collections::HashMap<PathBuf, (Vec<u64>, u64)>;
+
+/// An open file: fixed bytes (meta.json, the control file) or a selection of a dataset,
+/// or one of the writable files of the write path.
 enum Handle {
     Bytes(Arc<Vec<u8>>),
     View {
@@ -136,6 +181,26 @@ enum Handle {
         sel: Hyperslab,
         /// Keeps the file (and its HDF5 handles) alive while open.
         _file: Arc<H5File>,
+    },
+    /// A pending node's meta.json being written: bytes gather until they parse.
+    MetaWrite {
+        file: PathBuf,
+        path: String,
+        buf: parking_lot::Mutex<Vec<u8>>,
+        accepted: std::sync::atomic::AtomicBool,
+    },
+    /// A pending tile, or the pending `data` (then `tiles` maps source files to tiles).
+    PendingIo {
+        file: PathBuf,
+        path: String,
+        meta: Box<PendingMeta>,
+        /// Some(idx) for a tile file; None for `data`.
+        tile: Option<Vec<u64>>,
+        model: Arc<DatasetModel>,
+        tiles: TileMap,
+    },
+    Commit {
+        file: PathBuf,
     },
 }
 
@@ -225,6 +290,7 @@ pub struct Fs {
     pub cache: CellCache,
     pub bytes_served: AtomicU64,
     pub read_requests: AtomicU64,
+    pub pending: Pending,
     started: SystemTime,
 }
 
@@ -236,6 +302,7 @@ fn dir_perm(mode: u32) -> u16 {
 impl Fs {
     pub fn new(backing: &Path, opts: FsOptions) -> Result<Fs> {
         let ns = Namespace::new(backing)?;
+        let ns_root = ns.root.clone();
         let model_opts = ModelOptions {
             tile_bytes: opts.tile_bytes.max(1),
             root: ns.root.clone(),
@@ -251,6 +318,7 @@ impl Fs {
             opened_gen: DashMap::new(),
             bytes_served: AtomicU64::new(0),
             read_requests: AtomicU64::new(0),
+            pending: Pending::new(&ns_root),
             started: SystemTime::now(),
         })
     }
@@ -261,7 +329,7 @@ impl Fs {
             "name": "h5tilefs",
             "version": env!("CARGO_PKG_VERSION"),
             "backing_dir": self.ns.root,
-            "features": ["read", "extent-map"],
+            "features": ["read", "extent-map", "write", "commit"],
             "options": {
                 "read_only": self.opts.read_only,
                 "allow_other": self.opts.allow_other,
@@ -306,7 +374,8 @@ impl Fs {
         let perm = match kind {
             Kind::Dir if ro => dir_perm(m.mode()) & !0o222,
             Kind::Dir => dir_perm(m.mode()),
-            Kind::File => (m.mode() & 0o444) as u16,
+            Kind::File if ro => (m.mode() & 0o444) as u16,
+            Kind::File => (m.mode() & 0o666) as u16,
         };
         Attr {
             ino,
@@ -318,6 +387,7 @@ impl Fs {
             mtime: t(m.mtime(), m.mtime_nsec()),
             ctime: t(m.ctime(), m.ctime_nsec()),
             atime: t(m.atime(), m.atime_nsec()),
+            volatile: false,
         }
     }
 
@@ -334,7 +404,60 @@ impl Fs {
         }
     }
 
+    /// Metadata standing for a pending file (its staging dir).
+    fn pending_meta_fs(&self, file: &Path) -> Result<std::fs::Metadata> {
+        let d = self.pending.stage_dir(file)?;
+        std::fs::metadata(&d).map_err(|e| Error::from_io(format!("stat {}", d.display()), e))
+    }
+
+    /// The backing metadata that attributes of nodes in `file` mirror.
+    fn file_meta(&self, file: &Path) -> Result<std::fs::Metadata> {
+        match self.ns.file(file) {
+            Ok(f) => Ok(f.meta.clone()),
+            Err(e) if self.pending.is_pending(file) => {
+                tracing::trace!(error = %e, "file not committed yet");
+                self.pending_meta_fs(file)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn pending_meta(&self, file: &Path, path: &str) -> Result<PendingMeta> {
+        self.pending
+            .node(file, path)
+            .and_then(|n| n.meta)
+            .ok_or_else(|| Error::not_found(format!("{path} is not a pending dataset")))
+    }
+
+    fn status_json(&self, file: &Path) -> Vec<u8> {
+        let v = self
+            .pending
+            .status(file)
+            .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}));
+        let mut out = serde_json::to_vec(&v).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
     fn attr_of(&self, ino: u64, node: &Node) -> Result<Attr> {
+        let mut a = self.attr_of_inner(ino, node)?;
+        a.volatile = match node {
+            Node::Commit { .. }
+            | Node::Status { .. }
+            | Node::PNode { .. }
+            | Node::PMeta { .. }
+            | Node::PData { .. }
+            | Node::PTiles { .. }
+            | Node::PTile { .. }
+            | Node::Control => true,
+            Node::Group { file, path } => path == "/" && self.pending.is_pending(file),
+            _ => false,
+        };
+        Ok(a)
+    }
+
+    fn attr_of_inner(&self, ino: u64, node: &Node) -> Result<Attr> {
+        let ro = self.opts.read_only;
         match node {
             Node::Dir(rel) => {
                 let m = self.ns.stat(rel)?;
@@ -344,7 +467,7 @@ impl Fs {
                         rel.display()
                     )));
                 }
-                Ok(self.file_attr(ino, Kind::Dir, 0, &m, self.opts.read_only))
+                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
             }
             Node::Control => {
                 let m = self.ns.stat(Path::new(""))?;
@@ -353,23 +476,76 @@ impl Fs {
                 a.perm = 0o444;
                 Ok(a)
             }
+            Node::Commit { file } => {
+                let m = self.file_meta(file)?;
+                let mut a = self.file_attr(ino, Kind::File, 0, &m, ro);
+                a.perm = if ro { 0 } else { (m.mode() & 0o222) as u16 };
+                Ok(a)
+            }
+            Node::Status { file } => {
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(
+                    ino,
+                    Kind::File,
+                    self.status_json(file).len() as u64,
+                    &m,
+                    true,
+                ))
+            }
+            Node::PNode { file, path } => {
+                self.pending
+                    .node(file, path)
+                    .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            }
+            Node::PMeta { file, path } => {
+                let n = self
+                    .pending
+                    .node(file, path)
+                    .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
+                let size = n.meta.map(|m| meta_bytes(&m).len() as u64).unwrap_or(0);
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::File, size, &m, ro))
+            }
+            Node::PTiles { file, path } => {
+                self.pending_meta(file, path)?;
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            }
+            Node::PData { file, path } => {
+                let pm = self.pending_meta(file, path)?;
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::File, pm.nbytes(), &m, ro))
+            }
+            Node::PTile { file, path, idx } => {
+                let pm = self.pending_meta(file, path)?;
+                let size = pm
+                    .tile_bytes(idx)
+                    .ok_or_else(|| Error::not_found(format!("no tile {}", tile_name(idx))))?;
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::File, size, &m, ro))
+            }
+            Node::Group { file, path } if path == "/" => {
+                let m = self.file_meta(file)?;
+                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            }
             _ => {
                 let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
                 let f = self.ns.file(file)?;
                 let m = &f.meta;
-                let dir = |a: Attr| Ok(a);
                 match node {
                     Node::Group { .. } => {
                         if f.kind_of(path)? != ChildKind::Group {
                             return Err(Error::not_found(format!("{path} is not a group")));
                         }
-                        dir(self.file_attr(ino, Kind::Dir, 0, m, true))
+                        Ok(self.file_attr(ino, Kind::Dir, 0, m, ro))
                     }
                     Node::Dataset { .. } => {
                         if f.kind_of(path)? != ChildKind::Dataset {
                             return Err(Error::not_found(format!("{path} is not a dataset")));
                         }
-                        dir(self.file_attr(ino, Kind::Dir, 0, m, true))
+                        Ok(self.file_attr(ino, Kind::Dir, 0, m, true))
                     }
                     Node::Meta { .. } => {
                         let md = self.model(&f, path)?;
@@ -377,7 +553,7 @@ impl Fs {
                     }
                     Node::Tiles { .. } | Node::Slices { .. } => {
                         self.supported_model(&f, path)?;
-                        dir(self.file_attr(ino, Kind::Dir, 0, m, true))
+                        Ok(self.file_attr(ino, Kind::Dir, 0, m, true))
                     }
                     Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } => {
                         let md = self.supported_model(&f, path)?;
@@ -385,7 +561,7 @@ impl Fs {
                         let size = sel.num_elements() * md.itemsize();
                         Ok(self.file_attr(ino, Kind::File, size, m, true))
                     }
-                    Node::Dir(_) | Node::Control => Err(Error::io("unreachable node")),
+                    _ => Err(Error::io("unreachable node")),
                 }
             }
         }
@@ -401,18 +577,60 @@ impl Fs {
                 if rel.as_os_str().is_empty() && name == CONTROL_NAME {
                     return Ok(Node::Control);
                 }
+                if name == crate::pending::STAGE_DIR {
+                    return Err(Error::not_found("staging area is hidden"));
+                }
                 let crel = rel.join(name);
-                match self.ns.classify(&crel)? {
-                    EntryKind::Dir => Ok(Node::Dir(crel)),
-                    EntryKind::H5File => Ok(Node::Group {
+                match self.ns.classify(&crel) {
+                    Ok(EntryKind::Dir) => Ok(Node::Dir(crel)),
+                    Ok(EntryKind::H5File) => Ok(Node::Group {
                         file: crel,
                         path: "/".into(),
                     }),
+                    Err(_) if self.pending.is_pending(&crel) => Ok(Node::Group {
+                        file: crel,
+                        path: "/".into(),
+                    }),
+                    Err(e) => Err(e),
                 }
             }
-            Node::Group { file, path } => {
-                let f = self.ns.file(file)?;
+            Node::Group { file, path } | Node::PNode { file, path } => {
                 let cpath = join(path, name);
+                if path == "/" && name == ".commit" {
+                    return Ok(Node::Commit { file: file.clone() });
+                }
+                if path == "/" && name == ".status" {
+                    return Ok(Node::Status { file: file.clone() });
+                }
+                if let Some(n) = self.pending.node(file, &cpath) {
+                    let _ = n;
+                    return Ok(Node::PNode {
+                        file: file.clone(),
+                        path: cpath,
+                    });
+                }
+                if let Node::PNode { .. } = parent {
+                    let n = self
+                        .pending
+                        .node(file, path)
+                        .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
+                    return match (name, n.meta.is_some()) {
+                        ("meta.json", true) => Ok(Node::PMeta {
+                            file: file.clone(),
+                            path: path.clone(),
+                        }),
+                        ("data", true) => Ok(Node::PData {
+                            file: file.clone(),
+                            path: path.clone(),
+                        }),
+                        ("tiles", true) => Ok(Node::PTiles {
+                            file: file.clone(),
+                            path: path.clone(),
+                        }),
+                        _ => Err(Error::not_found(format!("no {name} in pending {path}"))),
+                    };
+                }
+                let f = self.ns.file(file)?;
                 match f.listing(path)?.get(name) {
                     Some(ChildKind::Group) => Ok(Node::Group {
                         file: file.clone(),
@@ -455,6 +673,16 @@ impl Fs {
                     idx,
                 })
             }
+            Node::PTiles { file, path } => {
+                let pm = self.pending_meta(file, path)?;
+                let idx = parse_tile_name(name, &pm.grid().grid())
+                    .ok_or_else(|| Error::not_found(format!("{path}: no tile {name:?}")))?;
+                Ok(Node::PTile {
+                    file: file.clone(),
+                    path: path.clone(),
+                    idx,
+                })
+            }
             Node::Slices { file, path } => {
                 let f = self.ns.file(file)?;
                 let md = self.supported_model(&f, path)?;
@@ -478,6 +706,13 @@ impl Fs {
         // Attributes first: a node that fails them is not registered.
         let a = self.attr_of(0, &node)?;
         let ino = self.inodes.lookup(&node);
+        Ok(Attr { ino, ..a })
+    }
+
+    /// Registers `node` (one kernel lookup) and returns its attributes.
+    fn register(&self, node: &Node) -> Result<Attr> {
+        let a = self.attr_of(0, node)?;
+        let ino = self.inodes.lookup(node);
         Ok(Attr { ino, ..a })
     }
 
@@ -506,8 +741,10 @@ impl Fs {
                 if rel.as_os_str().is_empty() {
                     add(Node::Control, Kind::File, CONTROL_NAME.into());
                 }
+                let mut seen = std::collections::HashSet::new();
                 for (name, k) in self.ns.list_dir(rel)? {
                     let crel = rel.join(&name);
+                    seen.insert(name.clone());
                     match k {
                         EntryKind::Dir => add(Node::Dir(crel), Kind::Dir, name),
                         EntryKind::H5File => add(
@@ -520,22 +757,115 @@ impl Fs {
                         ),
                     }
                 }
+                let stage = self.ns.abs(rel)?.join(crate::pending::STAGE_DIR);
+                if let Ok(rd) = std::fs::read_dir(stage) {
+                    for e in rd.flatten() {
+                        let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                            continue;
+                        };
+                        let crel = rel.join(&name);
+                        if !seen.contains(&name) && self.pending.is_pending(&crel) {
+                            add(
+                                Node::Group {
+                                    file: crel,
+                                    path: "/".into(),
+                                },
+                                Kind::Dir,
+                                name,
+                            );
+                        }
+                    }
+                }
             }
-            Node::Group { file, path } => {
-                let f = self.ns.file(file)?;
-                for (name, k) in &f.listing(path)?.children {
-                    let cpath = join(path, name);
-                    let n = match k {
-                        ChildKind::Group => Node::Group {
-                            file: file.clone(),
-                            path: cpath,
-                        },
-                        ChildKind::Dataset => Node::Dataset {
-                            file: file.clone(),
-                            path: cpath,
-                        },
+            Node::Group { file, path } | Node::PNode { file, path } => {
+                let mut seen = std::collections::HashSet::new();
+                if path == "/" {
+                    add(
+                        Node::Commit { file: file.clone() },
+                        Kind::File,
+                        ".commit".into(),
+                    );
+                    add(
+                        Node::Status { file: file.clone() },
+                        Kind::File,
+                        ".status".into(),
+                    );
+                }
+                if let Node::PNode { .. } = &node {
+                    if self.pending.node(file, path).and_then(|n| n.meta).is_some() {
+                        for (n, k, name) in [
+                            (
+                                Node::PMeta {
+                                    file: file.clone(),
+                                    path: path.clone(),
+                                },
+                                Kind::File,
+                                "meta.json",
+                            ),
+                            (
+                                Node::PData {
+                                    file: file.clone(),
+                                    path: path.clone(),
+                                },
+                                Kind::File,
+                                "data",
+                            ),
+                            (
+                                Node::PTiles {
+                                    file: file.clone(),
+                                    path: path.clone(),
+                                },
+                                Kind::Dir,
+                                "tiles",
+                            ),
+                        ] {
+                            add(n, k, name.into());
+                        }
+                    }
+                }
+                for n in self.pending.nodes(file)? {
+                    let Some(rest) = n.path.strip_prefix(path.as_str()) else {
+                        continue;
                     };
-                    add(n, Kind::Dir, name.clone());
+                    let rest = rest.trim_start_matches('/');
+                    if rest.is_empty()
+                        || rest.contains('/')
+                        || (path != "/" && !n.path[path.len()..].starts_with('/'))
+                    {
+                        continue;
+                    }
+                    seen.insert(rest.to_string());
+                    add(
+                        Node::PNode {
+                            file: file.clone(),
+                            path: n.path.clone(),
+                        },
+                        Kind::Dir,
+                        rest.to_string(),
+                    );
+                }
+                if let Node::Group { .. } = &node {
+                    if let Ok(f) = self.ns.file(file) {
+                        for (name, k) in &f.listing(path)?.children {
+                            if seen.contains(name) {
+                                continue;
+                            }
+                            let cpath = join(path, name);
+                            let n = match k {
+                                ChildKind::Group => Node::Group {
+                                    file: file.clone(),
+                                    path: cpath,
+                                },
+                                ChildKind::Dataset => Node::Dataset {
+                                    file: file.clone(),
+                                    path: cpath,
+                                },
+                            };
+                            add(n, Kind::Dir, name.clone());
+                        }
+                    } else if !self.pending.is_pending(file) {
+                        return Err(Error::not_found(format!("{} is gone", file.display())));
+                    }
                 }
             }
             Node::Dataset { file, path } => {
@@ -586,6 +916,21 @@ impl Fs {
                     );
                 }
             }
+            Node::PTiles { file, path } => {
+                let pm = self.pending_meta(file, path)?;
+                for idx in pm.grid().indices() {
+                    let name = tile_name(&idx);
+                    add(
+                        Node::PTile {
+                            file: file.clone(),
+                            path: path.clone(),
+                            idx,
+                        },
+                        Kind::File,
+                        name,
+                    );
+                }
+            }
             Node::Slices { .. } => {}
             _ => return Err(Error::new(libc::ENOTDIR, "not a directory")),
         }
@@ -601,14 +946,96 @@ impl Fs {
         Ok(())
     }
 
-    /// Opens a file; returns the handle and whether the kernel may keep cached pages.
-    pub fn open(&self, ino: u64, write: bool) -> Result<(u64, bool)> {
+    /// The view (model, source-file → tile map) of a pending dataset; with `create`,
+    /// every tile's source file is made first (needed before writing `data`).
+    fn pending_view(
+        &self,
+        file: &Path,
+        path: &str,
+        meta: &PendingMeta,
+        create: bool,
+    ) -> Result<(Arc<DatasetModel>, TileMap)> {
+        let mut tiles = Vec::new();
+        let mut map = std::collections::HashMap::new();
+        for idx in meta.grid().indices() {
+            let t = self.pending.tile(file, path, meta, &idx, create)?;
+            if let Some(t) = &t {
+                map.insert(t.file.path.clone(), (idx.clone(), t.offset));
+            }
+            tiles.push((idx, t));
+        }
+        Ok((Arc::new(DatasetModel::pending(path, meta, &tiles)), map))
+    }
+
+    /// Opens a file; returns the handle, whether the kernel may keep cached pages, and
+    /// whether it must bypass the page cache (files whose bytes change under it).
+    pub fn open(&self, ino: u64, write: bool) -> Result<(u64, bool, bool)> {
         let node = self.inodes.node(ino)?;
-        if write {
-            return Err(Error::new(libc::EROFS, "the read view is read-only"));
+        if write && self.opts.read_only {
+            return Err(Error::new(libc::EROFS, "mounted read-only"));
         }
         let (handle, generation) = match &node {
             Node::Control => (Handle::Bytes(Arc::new(self.control_json())), None),
+            Node::Status { file } => (Handle::Bytes(Arc::new(self.status_json(file))), None),
+            Node::Commit { file } => (Handle::Commit { file: file.clone() }, None),
+            Node::PMeta { file, path } if write => (
+                Handle::MetaWrite {
+                    file: file.clone(),
+                    path: path.clone(),
+                    buf: parking_lot::Mutex::new(Vec::new()),
+                    accepted: std::sync::atomic::AtomicBool::new(false),
+                },
+                None,
+            ),
+            Node::PMeta { file, path } => {
+                let pm = self.pending_meta(file, path)?;
+                (Handle::Bytes(Arc::new(meta_bytes(&pm))), None)
+            }
+            Node::PData { file, path } | Node::PTile { file, path, .. } => {
+                let pm = self.pending_meta(file, path)?;
+                let tile = match &node {
+                    Node::PTile { idx, .. } => Some(idx.clone()),
+                    _ => None,
+                };
+                let (model, tiles) = match &tile {
+                    // A tile reads and writes its own source; no need to map them all.
+                    Some(idx) => {
+                        let t = self.pending.tile(file, path, &pm, idx, write)?;
+                        let one: Vec<(Vec<u64>, _)> = vec![(idx.clone(), t)];
+                        let mut sub = pm.clone();
+                        let slab = pm
+                            .grid()
+                            .tile_slab(idx)
+                            .ok_or_else(|| Error::not_found("no such tile"))?;
+                        sub.shape = slab.counts();
+                        sub.tile_shape = sub.shape.clone();
+                        let mut zero = one;
+                        zero[0].0 = vec![0; sub.shape.len()];
+                        (
+                            Arc::new(DatasetModel::pending(path, &sub, &zero)),
+                            Default::default(),
+                        )
+                    }
+                    None => self.pending_view(file, path, &pm, write)?,
+                };
+                (
+                    Handle::PendingIo {
+                        file: file.clone(),
+                        path: path.clone(),
+                        meta: Box::new(pm),
+                        tile,
+                        model,
+                        tiles,
+                    },
+                    None,
+                )
+            }
+            _ if write => {
+                return Err(Error::new(
+                    libc::EROFS,
+                    "committed data is read-only; write a new dataset and commit",
+                ))
+            }
             Node::Meta { file, path } => {
                 let f = self.ns.file(file)?;
                 let md = self.model(&f, path)?;
@@ -636,9 +1063,10 @@ impl Fs {
             Some(g) => self.opened_gen.insert(ino, g) == Some(g),
             None => false,
         };
+        let direct = !matches!(handle, Handle::View { .. });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.insert(fh, handle);
-        Ok((fh, keep))
+        Ok((fh, keep, direct))
     }
 
     pub fn read(&self, fh: u64, off: u64, size: u32) -> Result<Vec<u8>> {
@@ -657,6 +1085,13 @@ impl Fs {
                 drop(h);
                 read_selection(&model, &sel, off, size as u64, &self.cache)?
             }
+            Handle::PendingIo { model, .. } => {
+                let model = model.clone();
+                drop(h);
+                let sel = Hyperslab::full(&model.shape);
+                read_selection(&model, &sel, off, size as u64, &self.cache)?
+            }
+            Handle::MetaWrite { .. } | Handle::Commit { .. } => vec![],
         };
         self.bytes_served
             .fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -672,8 +1107,18 @@ impl Fs {
     pub fn handle_view(&self, fh: u64) -> Result<(Arc<DatasetModel>, Hyperslab)> {
         match self.handles.get(&fh).as_deref() {
             Some(Handle::View { model, sel, .. }) => Ok((model.clone(), sel.clone())),
+            Some(Handle::PendingIo { model, .. }) => {
+                Ok((model.clone(), Hyperslab::full(&model.shape)))
+            }
             Some(_) => Err(Error::new(libc::ENOTTY, "not a data file")),
             None => Err(Error::new(libc::EBADF, format!("unknown handle {fh}"))),
         }
     }
+}
+
+/// The meta.json served for a pending dataset.
+fn meta_bytes(m: &PendingMeta) -> Vec<u8> {
+    let mut v = serde_json::to_vec(&m.to_json()).unwrap_or_default();
+    v.push(b'\n');
+    v
 }

@@ -4,12 +4,13 @@
 use crate::fs::{Attr, Fs, Kind, ROOT_INO};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::Duration;
+use std::time::SystemTime;
 use tracing::{debug_span, warn};
 
 /// Attribute and entry cache lifetime: short enough that a rewritten backing file is
@@ -31,6 +32,14 @@ macro_rules! fail {
         }
         $reply.error(Errno::from_i32(e.errno));
     }};
+}
+
+fn ttl(a: &Attr) -> Duration {
+    if a.volatile {
+        Duration::ZERO
+    } else {
+        TTL
+    }
 }
 
 fn to_attr(a: &Attr) -> FileAttr {
@@ -76,7 +85,7 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::ENOENT);
         };
         match self.core.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &to_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&ttl(&a), &to_attr(&a), Generation(0)),
             Err(e) => fail!(reply, e),
         }
     }
@@ -88,7 +97,7 @@ impl Filesystem for FuseFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _s = debug_span!("getattr", ino = ino.0).entered();
         match self.core.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &to_attr(&a)),
+            Ok(a) => reply.attr(&ttl(&a), &to_attr(&a)),
             Err(e) => fail!(reply, e),
         }
     }
@@ -98,12 +107,14 @@ impl Filesystem for FuseFs {
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
-            Ok((fh, keep)) => {
-                let f = if keep {
-                    FopenFlags::FOPEN_KEEP_CACHE
-                } else {
-                    FopenFlags::empty()
-                };
+            Ok((fh, keep, direct)) => {
+                let mut f = FopenFlags::empty();
+                if keep {
+                    f |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                if direct {
+                    f |= FopenFlags::FOPEN_DIRECT_IO;
+                }
                 reply.opened(FileHandle(fh), f)
             }
             Err(e) => fail!(reply, e),
@@ -200,5 +211,151 @@ impl Filesystem for FuseFs {
             255,
             st.f_frsize as u32,
         );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let _s = debug_span!("mkdir", parent = parent.0, ?name).entered();
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self
+            .core
+            .mkdir(parent.0, name, mode & !umask, req.uid(), req.gid())
+        {
+            Ok(a) => reply.entry(&ttl(&a), &to_attr(&a), Generation(0)),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let _s = debug_span!("create", parent = parent.0, ?name).entered();
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.core.create(parent.0, name) {
+            Ok((a, fh)) => reply.created(
+                &ttl(&a),
+                &to_attr(&a),
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let _s = debug_span!("write", ino = ino.0, offset, len = data.len()).entered();
+        match self.core.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.flush(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Tile bytes are fsync-ed by commit; an fsync of a tile before that has nothing
+        // more to promise than the page cache already holds.
+        reply.ok();
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let _s = debug_span!("setattr", ino = ino.0, ?size).entered();
+        let r = match size {
+            Some(sz) => self.core.setattr_size(ino.0, sz),
+            // Times and modes mirror the backing files; changes are ignored.
+            None => self.core.getattr(ino.0),
+        };
+        match r {
+            Ok(a) => reply.attr(&ttl(&a), &to_attr(&a)),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("rmdir", parent = parent.0, ?name).entered();
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.core.rmdir(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("unlink", parent = parent.0, ?name).entered();
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.core.unlink(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => fail!(reply, e),
+        }
     }
 }

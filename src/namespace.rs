@@ -138,7 +138,8 @@ impl Namespace {
             let Some(name) = ent.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if rel.as_os_str().is_empty() && name == crate::fs::CONTROL_NAME {
+            // The control file at the root, the staging areas everywhere.
+            if name == crate::fs::CONTROL_NAME || name == crate::pending::STAGE_DIR {
                 continue;
             }
             if let Ok(k) = self.classify(&rel.join(&name)) {

@@ -521,6 +521,41 @@ fn write_attrs(path: &Path, specs: &[VdsSpec]) -> Result<()> {
     Ok(())
 }
 
+/// Copies `base` to `path` without the objects `names` (links unlinked), fsync-ed.
+pub fn delete_objects(path: &Path, base: &Path, names: &[String]) -> Result<()> {
+    std::fs::copy(base, path)
+        .map_err(|e| Error::from_io(format!("copying {}", base.display()), e))?;
+    let name = path_cstr(path)?;
+    sync(|| -> Result<()> {
+        // SAFETY: valid ids owned by guards; NUL-terminated names.
+        unsafe {
+            let f = hid(
+                hdf5_sys::h5f::H5Fopen(
+                    name.as_ptr(),
+                    hdf5_sys::h5f::H5F_ACC_RDWR,
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                ),
+                hdf5_sys::h5f::H5Fclose,
+                "H5Fopen",
+            )?;
+            for n in names {
+                let c = cstr(n)?;
+                check(
+                    hdf5_sys::h5l::H5Ldelete(f.id(), c.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT),
+                    "H5Ldelete",
+                )?;
+            }
+            check(
+                hdf5_sys::h5f::H5Fflush(f.id(), hdf5_sys::h5f::H5F_scope_t::H5F_SCOPE_GLOBAL),
+                "H5Fflush",
+            )
+        }
+    })?;
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::from_io("fsync", e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

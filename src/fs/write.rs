@@ -1,0 +1,331 @@
+//! The write half of the filesystem core: creating pending files, nodes and datasets,
+//! tile and data writes, commit, and removal. Still fuser-free.
+
+use super::{Attr, Fs, Handle, Node};
+use crate::error::{Error, Result};
+use crate::h5file::join;
+use crate::namespace::EntryKind;
+use crate::pending::Pending;
+use crate::staging::PendingMeta;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// Whether a directory name made outside any HDF5 file starts a new HDF5 file.
+pub fn is_h5_name(name: &str) -> bool {
+    name.ends_with(".h5") || name.ends_with(".hdf5")
+}
+
+impl Fs {
+    fn writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(Error::new(libc::EROFS, "mounted read-only"));
+        }
+        Ok(())
+    }
+
+    /// mkdir: a new backing directory, a new pending HDF5 file, or a pending node.
+    pub fn mkdir(&self, parent: u64, name: &str, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.writable()?;
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Error::invalid(format!("bad name {name:?}")));
+        }
+        let pnode = self.inodes.node(parent)?;
+        if self.child(&pnode, name).is_ok() {
+            return Err(Error::new(libc::EEXIST, format!("{name} exists")));
+        }
+        let node = match &pnode {
+            Node::Dir(rel) => {
+                if name == crate::pending::STAGE_DIR {
+                    return Err(Error::new(libc::EPERM, "reserved name"));
+                }
+                let crel = rel.join(name);
+                if is_h5_name(name) {
+                    self.pending.create_file(&crel)?;
+                    let stage = self.pending.stage_dir(&crel)?;
+                    chown(&stage, uid, gid);
+                    Node::Group {
+                        file: crel,
+                        path: "/".into(),
+                    }
+                } else {
+                    let abs = self.ns.abs(&crel)?;
+                    std::fs::create_dir(&abs)
+                        .map_err(|e| Error::from_io(format!("mkdir {}", abs.display()), e))?;
+                    use std::os::unix::fs::PermissionsExt;
+                    let _ = std::fs::set_permissions(
+                        &abs,
+                        std::fs::Permissions::from_mode(mode & 0o7777),
+                    );
+                    chown(&abs, uid, gid);
+                    Node::Dir(crel)
+                }
+            }
+            Node::Group { file, path } | Node::PNode { file, path } => {
+                if let Node::PNode { .. } = &pnode {
+                    if self.pending.node(file, path).and_then(|n| n.meta).is_some() {
+                        return Err(Error::new(libc::ENOTDIR, format!("{path} is a dataset")));
+                    }
+                }
+                if name.starts_with('.') && path == "/" {
+                    return Err(Error::new(
+                        libc::EPERM,
+                        "names starting with '.' are reserved here",
+                    ));
+                }
+                let cpath = join(path, name);
+                self.pending.create_node(file, &cpath)?;
+                Node::PNode {
+                    file: file.clone(),
+                    path: cpath,
+                }
+            }
+            _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
+        };
+        self.register(&node)
+    }
+
+    /// create: only `meta.json` of a pending node can be created.
+    pub fn create(&self, parent: u64, name: &str) -> Result<(Attr, u64)> {
+        self.writable()?;
+        let pnode = self.inodes.node(parent)?;
+        match (&pnode, name) {
+            (Node::PNode { file, path }, "meta.json") => {
+                let node = Node::PMeta {
+                    file: file.clone(),
+                    path: path.clone(),
+                };
+                let a = self.register(&node)?;
+                let (fh, _, _) = self.open(a.ino, true)?;
+                Ok((a, fh))
+            }
+            _ => Err(Error::new(
+                libc::EPERM,
+                format!("cannot create {name:?} here: only meta.json of a new dataset"),
+            )),
+        }
+    }
+
+    /// write: meta.json of a pending node, pending tiles and data, `.commit`.
+    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
+        self.writable()?;
+        let h = self
+            .handles
+            .get(&fh)
+            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown handle {fh}")))?;
+        match &*h {
+            Handle::MetaWrite {
+                file,
+                path,
+                buf,
+                accepted,
+            } => {
+                let mut b = buf.lock();
+                let end = off as usize + data.len();
+                if end > 1 << 20 {
+                    return Err(Error::new(libc::EFBIG, "meta.json larger than 1 MiB"));
+                }
+                if b.len() < end {
+                    b.resize(end, 0);
+                }
+                b[off as usize..end].copy_from_slice(data);
+                match serde_json::from_slice::<serde_json::Value>(&b) {
+                    Err(e) if e.is_eof() => return Ok(data.len() as u32),
+                    _ => {}
+                }
+                match PendingMeta::parse(&b) {
+                    Ok(m) => {
+                        self.pending.accept_meta(file, path, &m)?;
+                        accepted.store(true, Ordering::Relaxed);
+                        Ok(data.len() as u32)
+                    }
+                    Err(e) => {
+                        self.pending.record_status(
+                            file,
+                            serde_json::json!({"ok": false, "error": format!("{path}/meta.json: {}", e.message)}),
+                        );
+                        Err(e)
+                    }
+                }
+            }
+            Handle::PendingIo {
+                file,
+                path,
+                meta,
+                tile: Some(idx),
+                ..
+            } => {
+                self.pending.write_tile(file, path, meta, idx, off, data)?;
+                Ok(data.len() as u32)
+            }
+            Handle::PendingIo {
+                file,
+                path,
+                meta,
+                tile: None,
+                model,
+                tiles,
+            } => {
+                let end = off + data.len() as u64;
+                if end > meta.nbytes() {
+                    return Err(Error::new(
+                        libc::EFBIG,
+                        format!("{path}/data: write past the end ({} bytes)", meta.nbytes()),
+                    ));
+                }
+                let sel = crate::selection::Hyperslab::full(&model.shape);
+                let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
+                for e in extents {
+                    let crate::extent::Src::File { file: bf, offset } = &e.src else {
+                        return Err(Error::io("pending data maps to a missing tile"));
+                    };
+                    let (s, t) = (base + e.dst, base + e.dst + e.len);
+                    let (cs, ct) = (s.max(off), t.min(end));
+                    if cs >= ct {
+                        continue;
+                    }
+                    let (idx, doff) = tiles
+                        .get(&bf.path)
+                        .ok_or_else(|| Error::io("unknown tile source"))?;
+                    let tile_off = offset + (cs - s) - doff;
+                    let bytes = &data[(cs - off) as usize..(ct - off) as usize];
+                    self.pending
+                        .write_tile(file, path, meta, idx, tile_off, bytes)?;
+                }
+                Ok(data.len() as u32)
+            }
+            Handle::Commit { file } => {
+                let file = file.clone();
+                drop(h);
+                match self.pending.commit(&file) {
+                    Ok(v) => {
+                        tracing::info!(file = %file.display(), result = %v, "committed");
+                        Ok(data.len() as u32)
+                    }
+                    Err(e) if e.errno == libc::EBUSY => Err(e),
+                    Err(e) => Err(Error::new(
+                        libc::EIO,
+                        format!("commit of {} failed: {}", file.display(), e),
+                    )),
+                }
+            }
+            _ => Err(Error::new(libc::EBADF, "not open for writing")),
+        }
+    }
+
+    /// flush (close): a meta.json that never became valid JSON is an error now.
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        if let Some(h) = self.handles.get(&fh) {
+            if let Handle::MetaWrite {
+                file,
+                path,
+                buf,
+                accepted,
+            } = &*h
+            {
+                let b = buf.lock();
+                if !b.is_empty() && !accepted.load(Ordering::Relaxed) {
+                    let e = PendingMeta::parse(&b)
+                        .err()
+                        .unwrap_or_else(|| Error::invalid("meta.json incomplete"));
+                    self.pending.record_status(
+                        file,
+                        serde_json::json!({"ok": false, "error": format!("{path}/meta.json: {}", e.message)}),
+                    );
+                    return Err(Error::invalid(e.message));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// setattr: tiles and data have their final size from the start, so truncating to
+    /// 0 (as `cp` and `>` do) or to that size is accepted and changes nothing.
+    pub fn setattr_size(&self, ino: u64, size: u64) -> Result<Attr> {
+        let node = self.inodes.node(ino)?;
+        let a = self.attr_of(ino, &node)?;
+        match node {
+            Node::PTile { .. } | Node::PData { .. } if size == 0 || size == a.size => Ok(a),
+            Node::PTile { .. } | Node::PData { .. } => Err(Error::invalid(format!(
+                "tiles and data have a fixed size of {} bytes",
+                a.size
+            ))),
+            Node::PMeta { .. } | Node::Commit { .. } => Ok(a),
+            _ if self.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
+            _ => Err(Error::new(libc::EPERM, "committed data is read-only")),
+        }
+    }
+
+    /// rmdir: removes a pending node, a committed dataset, a whole HDF5 file (with its
+    /// tile sources) or an empty backing directory. `tiles/` and `slice/` are views:
+    /// removing them succeeds and does nothing, so `rm -r` works.
+    pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
+        self.writable()?;
+        let pnode = self.inodes.node(parent)?;
+        let node = self.child(&pnode, name)?;
+        match &node {
+            Node::PNode { file, path } => self.pending.remove_node(file, path),
+            Node::Tiles { .. } | Node::Slices { .. } | Node::PTiles { .. } => Ok(()),
+            Node::Group { file, path } if path == "/" => self.remove_file(file),
+            Node::Dataset { file, path } | Node::Group { file, path } => {
+                self.remove_object(file, path)
+            }
+            Node::Dir(rel) => {
+                let abs = self.ns.abs(rel)?;
+                std::fs::remove_dir(&abs)
+                    .map_err(|e| Error::from_io(format!("rmdir {}", abs.display()), e))
+            }
+            _ => Err(Error::new(libc::ENOTDIR, "not a directory")),
+        }
+    }
+
+    /// unlink: files inside datasets are views of the dataset; unlinking them succeeds
+    /// and does nothing (so `rm -r` of a dataset works).
+    pub fn unlink(&self, parent: u64, name: &str) -> Result<()> {
+        self.writable()?;
+        let pnode = self.inodes.node(parent)?;
+        match self.child(&pnode, name)? {
+            Node::Meta { .. }
+            | Node::Data { .. }
+            | Node::Tile { .. }
+            | Node::Slice { .. }
+            | Node::PMeta { .. }
+            | Node::PData { .. }
+            | Node::PTile { .. } => Ok(()),
+            _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
+        }
+    }
+
+    /// Deletes an HDF5 file, the tile sources we made for it and its pending state.
+    fn remove_file(&self, file: &Path) -> Result<()> {
+        let abs = self.ns.abs(file)?;
+        if let Ok(EntryKind::H5File) = self.ns.classify(file) {
+            std::fs::remove_file(&abs)
+                .map_err(|e| Error::from_io(format!("removing {}", abs.display()), e))?;
+        }
+        let dir = abs.parent().unwrap_or(Path::new("/"));
+        let _ = std::fs::remove_dir_all(dir.join(Pending::sources_rel(file)?));
+        self.pending.remove_file(file)?;
+        Ok(())
+    }
+
+    /// Deletes one dataset or group of a committed file: the file is rewritten (copy,
+    /// unlink, fsync, rename) so readers never see a half-edited file.
+    fn remove_object(&self, file: &Path, path: &str) -> Result<()> {
+        let abs = self.ns.abs(file)?;
+        let stage = self.pending.stage_dir(file)?;
+        std::fs::create_dir_all(&stage).map_err(|e| Error::from_io("creating staging dir", e))?;
+        let tmp = stage.join("remove.tmp.h5");
+        crate::writer::delete_objects(&tmp, &abs, &[path.to_string()])?;
+        std::fs::rename(&tmp, &abs).map_err(|e| Error::from_io("renaming", e))?;
+        let dir = abs.parent().unwrap_or(Path::new("/"));
+        let _ = std::fs::remove_dir_all(
+            dir.join(Pending::sources_rel(file)?)
+                .join(crate::pending::encode(path)),
+        );
+        Ok(())
+    }
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
+}
