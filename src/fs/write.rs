@@ -278,8 +278,8 @@ impl Fs {
         }
     }
 
-    /// unlink: files inside datasets are views of the dataset; unlinking them succeeds
-    /// and does nothing (so `rm -r` of a dataset works).
+    /// unlink: files inside datasets (and `.commit`/`.status`) are views; unlinking them
+    /// succeeds and does nothing, so `rm -r` of a dataset or file works.
     pub fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         self.writable()?;
         let pnode = self.inodes.node(parent)?;
@@ -290,7 +290,9 @@ impl Fs {
             | Node::Slice { .. }
             | Node::PMeta { .. }
             | Node::PData { .. }
-            | Node::PTile { .. } => Ok(()),
+            | Node::PTile { .. }
+            | Node::Commit { .. }
+            | Node::Status { .. } => Ok(()),
             _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
         }
     }

@@ -1,0 +1,379 @@
+"""Write path: pending datasets written through real mounts, committed into one HDF5
+file of virtual datasets, checked with h5py, h5dump and the read view."""
+import errno
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from h5t_helpers import BIN, mount, unmount
+
+
+# ----------------------------------------------------------------------------- fixtures
+class Env:
+    def __init__(self, root):
+        self.root = root
+        self.backing = os.path.join(root, "backing")
+        self.mnts = []
+        os.makedirs(self.backing)
+
+    def mount(self, name="mnt"):
+        m = os.path.join(self.root, name)
+        os.makedirs(m, exist_ok=True)
+        mount(self.backing, m, log=os.path.join(self.root, name + ".log"))
+        self.mnts.append(m)
+        return m
+
+    def pid(self, mnt):
+        out = subprocess.run(["pgrep", "-f", f"h5tilefs mount {self.backing} {mnt}"],
+                             capture_output=True, text=True).stdout.split()
+        return int(out[0])
+
+    def close(self):
+        for m in self.mnts:
+            if os.path.ismount(m):
+                unmount(m)
+
+
+@pytest.fixture
+def env():
+    root = tempfile.mkdtemp(prefix="h5tilefs-w-")
+    e = Env(root)
+    yield e
+    e.close()
+    if not os.environ.get("H5TILEFS_KEEP_TMP"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def tiles_of(shape, tile):
+    grid = [-(-s // t) for s, t in zip(shape, tile)]
+    for idx in np.ndindex(*grid):
+        yield idx, tuple(slice(i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile, shape))
+
+
+def tname(idx):
+    return ".".join(map(str, idx)) if idx else "0"
+
+
+def create(mnt, rel, dsname, shape, dtype, tile, **extra):
+    d = os.path.join(mnt, rel, dsname.lstrip("/"))
+    os.makedirs(d, exist_ok=True)
+    meta = {"shape": list(shape), "dtype": np.dtype(dtype).str, "tile_shape": list(tile), **extra}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        f.write(json.dumps(meta))
+    return d
+
+
+def write_tile(d, idx, block, halves=False):
+    p = os.path.join(d, "tiles", tname(idx))
+    b = np.ascontiguousarray(block).tobytes()
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        if halves:
+            h = len(b) // 2
+            os.pwrite(fd, b[h:], h)
+            os.pwrite(fd, b[:h], 0)
+        else:
+            os.pwrite(fd, b, 0)
+    finally:
+        os.close(fd)
+
+
+def commit(mnt, rel):
+    with open(os.path.join(mnt, rel, ".commit"), "w") as f:
+        f.write("commit\n")
+
+
+def status(mnt, rel):
+    with open(os.path.join(mnt, rel, ".status")) as f:
+        return json.load(f)
+
+
+def read_other_cwd(path, ds):
+    """h5py in a fresh process whose working directory is elsewhere."""
+    code = ("import h5py,sys,numpy as np; f=h5py.File(sys.argv[1],'r'); d=f[sys.argv[2]];"
+            "assert d.is_virtual; sys.stdout.buffer.write(d[()].tobytes())")
+    return subprocess.run([os.sys.executable, "-c", code, path, ds], cwd="/", check=True,
+                          capture_output=True).stdout
+
+
+# ----------------------------------------------------------------------------- tests
+def _writer(args):
+    mnt, d, shape, tile, dtype, idxs, seed = args
+    a = np.random.default_rng(seed).random(shape).astype(dtype)
+    for idx, sl in tiles_of(shape, tile):
+        if idx in idxs:
+            write_tile(d.replace("@MNT@", mnt), idx, a[sl], halves=True)
+    return len(idxs)
+
+
+def test_sixteen_writers_two_mounts_one_commit(env):
+    a_mnt, b_mnt = env.mount("a"), env.mount("b")
+    shape, tile, dtype = (24, 20, 18), (8, 10, 6), "<f8"
+    d = create(a_mnt, "run/out.h5", "/fields/u", shape, dtype, tile)
+    rel = os.path.relpath(d, a_mnt)
+    # The second daemon sees the pending dataset through the shared backing dir.
+    meta = json.load(open(os.path.join(b_mnt, rel, "meta.json")))
+    assert meta["tile_grid"] == [3, 2, 3] and meta["state"] == "pending"
+    all_idx = [idx for idx, _ in tiles_of(shape, tile)]
+    jobs = []
+    for w in range(16):
+        mnt = a_mnt if w % 2 == 0 else b_mnt
+        jobs.append((mnt, "@MNT@/" + rel, shape, tile, dtype, set(all_idx[w::16]), 7))
+    with mp.get_context("fork").Pool(16) as pool:
+        assert sum(pool.map(_writer, jobs)) == len(all_idx)
+    st = status(b_mnt, "run/out.h5")
+    assert st["datasets"]["/fields/u"]["missing"] == 0, st
+    commit(b_mnt, "run/out.h5")
+    expect = np.random.default_rng(7).random(shape).astype(dtype)
+    path = os.path.join(env.backing, "run", "out.h5")
+    got = np.frombuffer(read_other_cwd(path, "/fields/u"), dtype).reshape(shape)
+    assert np.array_equal(got, expect)
+    dump = subprocess.run(["h5dump", "-d", "/fields/u", "-s", "23,19,17", "-c", "1,1,1", path],
+                          capture_output=True, text=True, cwd="/")
+    assert dump.returncode == 0, dump.stderr
+    assert "DATASET \"/fields/u\"" in dump.stdout
+    assert repr(round(float(expect[23, 19, 17]), 6))[:6] in dump.stdout
+    # The pair moves together: relative source paths.
+    moved = os.path.join(env.root, "moved")
+    os.makedirs(moved)
+    shutil.copy(path, moved)
+    shutil.copytree(os.path.join(env.backing, "run", "out_h5tilefs_vds"), os.path.join(moved, "out_h5tilefs_vds"))
+    got2 = np.frombuffer(read_other_cwd(os.path.join(moved, "out.h5"), "/fields/u"), dtype).reshape(shape)
+    assert np.array_equal(got2, expect)
+    # Read view of the committed file, on both mounts.
+    time.sleep(1.1)
+    for m in (a_mnt, b_mnt):
+        base = os.path.join(m, "run/out.h5/fields/u")
+        meta = json.load(open(os.path.join(base, "meta.json")))
+        assert meta["layout"] == "virtual" and meta["tile_shape"] == list(tile)
+        assert meta["virtual_sources"]["served_by"] == "extent-map"
+        assert open(os.path.join(base, "data"), "rb").read() == expect.tobytes()
+        for idx, sl in tiles_of(shape, tile):
+            assert open(os.path.join(base, "tiles", tname(idx)), "rb").read() == expect[sl].tobytes()
+    # Tile sources hold 4 KiB-aligned data.
+    with h5py.File(path) as f:
+        for i in range(f["fields/u"].id.get_create_plist().get_virtual_count()):
+            src = f["fields/u"].id.get_create_plist().get_virtual_filename(i)
+            with h5py.File(os.path.join(env.backing, "run", src)) as s:
+                assert s["data"].id.get_offset() % 4096 == 0
+
+
+@pytest.mark.parametrize("shape,tile,dtype", [
+    ((100,), (30,), "<i4"),                 # 1-D, uneven edge
+    ((10, 7), (4, 4), "<f4"),               # 2-D, uneven edges
+    ((5, 4, 3, 6), (2, 3, 2, 4), "<u2"),    # 4-D, uneven edges
+    ((6, 5), (8, 8), "<c16"),               # a single tile larger than the array
+    ((9, 9), (3, 3), "|b1"),
+    ((), (), "<f8"),                        # scalar
+])
+def test_layouts_round_trip(env, shape, tile, dtype):
+    m = env.mount()
+    rng = np.random.default_rng(1)
+    a = (rng.random(shape) * 100).astype(dtype) if np.dtype(dtype).kind != "b" else rng.random(shape) > 0.5
+    d = create(m, "out.h5", "/x", shape, dtype, tile, attrs={"units": "m", "n": 3})
+    n = 0
+    for idx, sl in tiles_of(shape, tile):
+        write_tile(d, idx, a[sl] if shape else a)
+        n += 1
+    assert len(os.listdir(os.path.join(d, "tiles"))) == n
+    commit(m, "out.h5")
+    with h5py.File(os.path.join(env.backing, "out.h5")) as f:
+        assert f["x"].dtype == np.dtype(dtype)
+        assert np.array_equal(f["x"][()], a)
+        assert f["x"].attrs["units"] == "m" and f["x"].attrs["n"] == 3
+    time.sleep(1.1)
+    assert open(os.path.join(m, "out.h5/x/data"), "rb").read() == np.ascontiguousarray(a).tobytes()
+
+
+def test_data_file_written_by_cat(env):
+    m = env.mount()
+    shape, tile = (33, 17), (8, 5)
+    a = np.arange(33 * 17, dtype="<f4").reshape(shape)
+    d = create(m, "out.h5", "/g/x", shape, "<f4", tile)
+    raw = os.path.join(env.root, "a.raw")
+    a.tofile(raw)
+    subprocess.run(f"cat {raw} > {os.path.join(d, 'data')}", shell=True, check=True)
+    assert open(os.path.join(d, "data"), "rb").read() == a.tobytes()
+    commit(m, "out.h5")
+    with h5py.File(os.path.join(env.backing, "out.h5")) as f:
+        assert np.array_equal(f["g/x"][()], a)
+
+
+def test_add_replace_and_delete(env):
+    m = env.mount()
+    a = np.arange(12, dtype="<i8").reshape(3, 4)
+    d = create(m, "f.h5", "/a", a.shape, a.dtype, (2, 2))
+    for idx, sl in tiles_of(a.shape, (2, 2)):
+        write_tile(d, idx, a[sl])
+    commit(m, "f.h5")
+    # add a second dataset to the committed file
+    time.sleep(1.1)
+    d2 = create(m, "f.h5", "/b", (5,), "<f4", (5,))
+    write_tile(d2, (0,), np.ones(5, "<f4"))
+    commit(m, "f.h5")
+    path = os.path.join(env.backing, "f.h5")
+    with h5py.File(path) as f:
+        assert np.array_equal(f["a"][()], a) and np.array_equal(f["b"][()], np.ones(5, "<f4"))
+    # replace /a: rmdir, then create it again
+    time.sleep(1.1)
+    os.rmdir(os.path.join(m, "f.h5", "a"))
+    with h5py.File(path) as f:
+        assert "a" not in f and "b" in f
+    d3 = create(m, "f.h5", "/a", (2,), "<i2", (2,))
+    write_tile(d3, (0,), np.array([5, 6], "<i2"))
+    commit(m, "f.h5")
+    with h5py.File(path) as f:
+        assert list(f["a"][()]) == [5, 6]
+    # whole-file overwrite with plain tools: rm -r, then mkdir again
+    time.sleep(1.1)
+    subprocess.run(["rm", "-r", os.path.join(m, "f.h5")], check=True)
+    assert not os.path.exists(path)
+    assert not os.path.exists(os.path.join(env.backing, "f_h5tilefs_vds"))
+    d4 = create(m, "f.h5", "/z", (3,), "<u1", (3,))
+    write_tile(d4, (0,), np.array([1, 2, 3], "<u1"))
+    commit(m, "f.h5")
+    with h5py.File(path) as f:
+        assert list(f.keys()) == ["z"]
+
+
+def _oserr(fn):
+    try:
+        fn()
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def test_bad_input(env):
+    m = env.mount()
+    base = os.path.join(m, "bad.h5")
+    os.makedirs(os.path.join(base, "d"))
+
+    def put_meta(text):
+        def f():
+            with open(os.path.join(base, "d", "meta.json"), "w") as fh:
+                fh.write(text)
+        return f
+
+    for text, why in [
+        ("{not json}", "JSON"),
+        ('{"shape":[4],"dtype":"S7"}', "dtype"),
+        ('{"shape":[4,4],"dtype":"<f4","tile_shape":[2]}', "rank"),
+        ('{"shape":[4],"dtype":"<f4","tile_shape":[0]}', "> 0"),
+        ('{"shape":[4294967296,4294967296,8],"dtype":"<f8"}', "overflow"),
+        ('{"shape":[4],"dtype":"<f4"', "JSON"),  # truncated: fails at close
+    ]:
+        assert _oserr(put_meta(text)) == errno.EINVAL, text
+        assert why in json.dumps(status(m, "bad.h5")["last_commit"]), (text, status(m, "bad.h5"))
+    # the node is still not a dataset
+    assert not os.path.exists(os.path.join(base, "d", "tiles"))
+    d = create(m, "bad.h5", "/d", (10,), "<f8", (4,))
+    # a write past a tile's end
+    def past_end():
+        with open(os.path.join(d, "tiles", "2"), "r+b") as f:
+            f.seek(8)
+            f.write(b"x" * 9)
+    assert _oserr(past_end) == errno.EFBIG
+    # truncate to another size
+    assert _oserr(lambda: os.truncate(os.path.join(d, "tiles", "0"), 5)) == errno.EINVAL
+    assert _oserr(lambda: os.truncate(os.path.join(d, "tiles", "0"), 0)) == 0
+    # tile names outside the grid
+    assert _oserr(lambda: open(os.path.join(d, "tiles", "3"), "r+b")) == errno.ENOENT
+    # a commit with missing tiles fails, names them and their byte ranges, writes nothing
+    write_tile(d, (0,), np.zeros(4))
+    with open(os.path.join(d, "tiles", "1"), "r+b") as f:
+        f.write(b"\0" * 8)
+    assert _oserr(lambda: commit(m, "bad.h5")) == errno.EIO
+    st = status(m, "bad.h5")
+    assert st["last_commit"]["ok"] is False
+    assert "1 [(8, 32)]" in st["last_commit"]["error"] and "2 [(0, 16)]" in st["last_commit"]["error"]
+    detail = {t["tile"]: t["missing"] for t in st["datasets"]["/d"]["missing_detail"]}
+    assert detail == {"1": [[8, 32]], "2": [[0, 16]]}
+    assert not os.path.exists(os.path.join(env.backing, "bad.h5"))
+    # a concurrent commit is refused while another holds the commit lock
+    lock = os.path.join(env.backing, ".h5tilefs", "bad.h5", "commit.lock")
+    with open(lock, "a") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        assert _oserr(lambda: commit(m, "bad.h5")) == errno.EBUSY
+    # mkdir over an existing name, and writes to committed data
+    assert _oserr(lambda: os.mkdir(os.path.join(base, "d"))) == errno.EEXIST
+
+
+def test_committed_data_is_read_only(mounted):
+    p = os.path.join(mounted.mnt, "basic.h5", "chunked", "plain", "tiles", "0.0")
+    assert _oserr(lambda: open(p, "r+b")) in (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _expect(shape, seed):
+    return np.random.default_rng(seed).random(shape)
+
+
+def test_sigkill_during_writes_then_recover(env):
+    m = env.mount()
+    shape, tile = (40, 30), (10, 10)
+    a = _expect(shape, 3)
+    d = create(m, "k.h5", "/x", shape, "<f8", tile)
+    tiles = list(tiles_of(shape, tile))
+    for idx, sl in tiles[:5]:
+        write_tile(d, idx, a[sl])
+    # half of tile 5: the acknowledged half must survive
+    b = a[tiles[5][1]].tobytes()
+    with open(os.path.join(d, "tiles", tname(tiles[5][0])), "r+b") as f:
+        f.write(b[: len(b) // 2])
+    os.kill(env.pid(m), signal.SIGKILL)
+    time.sleep(0.3)
+    unmount(m)
+    env.mount(os.path.basename(m))
+    st = status(m, "k.h5")["datasets"]["/x"]
+    assert st["complete"] == 5, st
+    detail = {t["tile"]: t["missing"] for t in st["missing_detail"]}
+    assert detail[tname(tiles[5][0])] == [[len(b) // 2, len(b)]]
+    with open(os.path.join(d, "tiles", tname(tiles[5][0])), "r+b") as f:
+        f.seek(len(b) // 2)
+        f.write(b[len(b) // 2:])
+    for idx, sl in tiles[6:]:
+        write_tile(d, idx, a[sl])
+    commit(m, "k.h5")
+    with h5py.File(os.path.join(env.backing, "k.h5")) as f:
+        assert np.array_equal(f["x"][()], a)
+
+
+def test_sigkill_during_commit_keeps_old_file(env):
+    m = env.mount()
+    shape, tile = (60, 60), (3, 3)    # 400 tiles: a commit that takes a moment
+    old = np.full((4,), 9.0)
+    d0 = create(m, "c.h5", "/old", (4,), "<f8", (4,))
+    write_tile(d0, (0,), old)
+    commit(m, "c.h5")
+    a = _expect(shape, 5)
+    d = create(m, "c.h5", "/x", shape, "<f8", tile)
+    for idx, sl in tiles_of(shape, tile):
+        write_tile(d, idx, a[sl])
+    t = threading.Thread(target=lambda: _oserr(lambda: commit(m, "c.h5")))
+    t.start()
+    time.sleep(0.02)
+    os.kill(env.pid(m), signal.SIGKILL)
+    t.join(10)
+    time.sleep(0.3)
+    path = os.path.join(env.backing, "c.h5")
+    with h5py.File(path) as f:          # old or new, never half-written
+        assert np.array_equal(f["old"][()], old)
+        if "x" in f:
+            assert np.array_equal(f["x"][()], a)
+    unmount(m)
+    env.mount(os.path.basename(m))
+    commit(m, "c.h5")
+    with h5py.File(path) as f:
+        assert np.array_equal(f["old"][()], old)
+        assert np.array_equal(f["x"][()], a)
