@@ -330,7 +330,21 @@ fn mount(args: MountArgs) -> Result<(), String> {
     }
 }
 
+/// Lifts the soft open-file limit to the hard one: many clients, tiles and backing
+/// files can be open at once.
+fn raise_nofile() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 fn start(backing: &Path, mnt: &Path, opts: FsOptions) -> Result<fuser::Session<FuseFs>, String> {
+    raise_nofile();
     // Writers (h5py, other daemons) may hold the files open; HDF5's advisory locks would
     // make them unreadable to us.
     // SAFETY: called before any thread is spawned.

@@ -77,9 +77,13 @@ pub struct Pending {
     root: PathBuf,
     /// Distinguishes this daemon's range logs from other daemons'.
     writer_id: String,
+    /// Open tile sources, bounded by [`MAX_OPEN_TARGETS`].
     targets: DashMap<PathBuf, Arc<TileTarget>>,
-    logs: DashMap<PathBuf, Arc<std::fs::File>>,
 }
+
+/// Open tile source files kept per daemon; beyond this the cache is dropped and files
+/// reopen on demand.
+const MAX_OPEN_TARGETS: usize = 1024;
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let what = what.into();
@@ -99,7 +103,6 @@ impl Pending {
             root: root.to_path_buf(),
             writer_id: format!("w-{host}-{}-{nanos:x}", std::process::id()),
             targets: DashMap::new(),
-            logs: DashMap::new(),
         }
     }
 
@@ -284,15 +287,18 @@ impl Pending {
             .ok_or_else(|| Error::not_found(format!("no tile {name}")))?;
         let count = slab.counts();
         let size = slab.num_elements() * meta.itemsize;
+        let mut known = None;
         if !path.exists() {
             if !create {
                 return Ok(None);
             }
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
             let tmp = dir.join(format!(".{name}.{}.tmp", self.writer_id));
-            writer::create_tile_source(&tmp, &meta.dtype, &count)?;
+            let off = writer::create_tile_source(&tmp, &meta.dtype, &count)?;
             match std::fs::hard_link(&tmp, &path) {
-                Ok(()) => {}
+                // Ours won: we know where its data starts.
+                Ok(()) => known = Some(off),
+                // Another writer (or daemon) published it first: read its offset.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     let _ = std::fs::remove_file(&tmp);
@@ -301,7 +307,10 @@ impl Pending {
             }
             let _ = std::fs::remove_file(&tmp);
         }
-        let offset = source_offset(&path)?;
+        let offset = match known {
+            Some(o) => o,
+            None => source_offset(&path)?,
+        };
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -315,6 +324,9 @@ impl Pending {
             offset,
             size,
         });
+        if self.targets.len() >= MAX_OPEN_TARGETS {
+            self.targets.clear();
+        }
         self.targets.insert(path, t.clone());
         Ok(Some(t))
     }
@@ -361,25 +373,25 @@ impl Pending {
         off: u64,
         len: u64,
     ) -> Result<()> {
+        // Opened per write: tiles can number in the tens of thousands, more than the fds
+        // a daemon should hold; one open+append+close is small next to a tile write.
         let d = self.node_dir(file_rel, h5path)?.join("ranges");
         let p = d.join(format!("{}.{}", tile_name(idx), self.writer_id));
-        let f = match self.logs.get(&p) {
-            Some(f) => f.clone(),
-            None => {
-                std::fs::create_dir_all(&d).map_err(io("creating range log dir"))?;
-                let f = Arc::new(
-                    std::fs::OpenOptions::new()
-                        .append(true)
-                        .create(true)
-                        .open(&p)
-                        .map_err(io("opening range log"))?,
-                );
-                self.logs.insert(p, f.clone());
-                f
-            }
+        let open = || {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&p)
         };
-        (&*f)
-            .write_all(&RangeSet::log_record(off, len))
+        let mut f = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(&d).map_err(io("creating range log dir"))?;
+                open().map_err(io("opening range log"))?
+            }
+            Err(e) => return Err(Error::from_io("opening range log", e)),
+        };
+        f.write_all(&RangeSet::log_record(off, len))
             .map_err(io("appending range log"))
     }
 
@@ -520,10 +532,16 @@ impl Pending {
     }
 
     fn commit_locked(&self, file_rel: &Path, stage: &Path) -> Result<Value> {
+        let t0 = std::time::Instant::now();
         let nodes = self.nodes(file_rel)?;
         let (parent, name) = Self::split(file_rel)?;
         let dir = self.root.join(&parent);
         let target = dir.join(&name);
+        if nodes.is_empty() && target.is_file() {
+            return Ok(
+                json!({"file": target, "datasets": [], "note": "nothing pending; file unchanged"}),
+            );
+        }
         let mut specs = Vec::new();
         let mut groups = Vec::new();
         let mut problems = Vec::new();
@@ -580,35 +598,58 @@ impl Pending {
                 problems.join("; ")
             )));
         }
+        let t_check = t0.elapsed();
         // Tile bytes must be durable before the file that points at them appears.
         fsync_all(&sources)?;
+        let t_fsync = t0.elapsed();
         let tmp = stage.join("commit.tmp.h5");
         let _ = std::fs::remove_file(&tmp);
         let base = (target.is_file()).then_some(target.as_path());
         writer::write_vds_file(&tmp, base, &specs, &groups)?;
+        let t_vds = t0.elapsed();
         std::fs::rename(&tmp, &target)
             .map_err(io(format!("renaming into {}", target.display())))?;
         if let Ok(d) = std::fs::File::open(&dir) {
             let _ = d.sync_all();
         }
-        // Committed: drop the pending state, and older generations of replaced datasets.
+        // Committed. The pending state (range logs: one file per tile and writer) and older
+        // generations of replaced datasets go: renamed out of the way now, so a dataset
+        // created again at once starts clean, and deleted in the background.
+        let trash = stage.join(format!("trash.{}", self.writer_id));
+        let _ = std::fs::create_dir_all(&trash);
+        let mut k = 0;
+        let mut to_trash = |p: &Path| {
+            k += 1;
+            let _ = std::fs::rename(p, trash.join(format!("{k}")));
+        };
         for n in &nodes {
             let gen = self.gen(file_rel, &n.path).ok();
-            let nd = self.node_dir(file_rel, &n.path)?;
-            let _ = std::fs::remove_dir_all(&nd);
+            to_trash(&self.node_dir(file_rel, &n.path)?);
             if let Some(gen) = gen {
                 let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));
                 if let Ok(rd) = std::fs::read_dir(&parent_src) {
                     for e in rd.flatten() {
                         if e.file_name().to_string_lossy() != gen {
-                            let _ = std::fs::remove_dir_all(e.path());
+                            to_trash(&e.path());
                         }
                     }
                 }
             }
         }
         let _ = std::fs::remove_dir(stage.join("nodes"));
-        self.targets.retain(|p, _| !sources.contains(p));
+        std::thread::spawn(move || {
+            let _ = std::fs::remove_dir_all(trash);
+        });
+        let committed: std::collections::HashSet<&PathBuf> = sources.iter().collect();
+        self.targets.retain(|p, _| !committed.contains(p));
+        tracing::info!(
+            tiles = sources.len(),
+            check_s = t_check.as_secs_f64(),
+            fsync_s = (t_fsync - t_check).as_secs_f64(),
+            vds_s = (t_vds - t_fsync).as_secs_f64(),
+            total_s = t0.elapsed().as_secs_f64(),
+            "commit phases"
+        );
         Ok(json!({
             "file": target,
             "datasets": specs.iter().map(|s| &s.path).collect::<Vec<_>>(),
