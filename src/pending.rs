@@ -79,6 +79,18 @@ pub struct Pending {
     writer_id: String,
     /// Open tile sources, bounded by [`MAX_OPEN_TARGETS`].
     targets: DashMap<PathBuf, Arc<TileTarget>>,
+    /// One HDF5-made tile source per (dtype, tile shape), copied for every further tile.
+    templates: DashMap<(String, Vec<u64>), Arc<Template>>,
+}
+
+/// The bytes of an empty tile source file around its data region: every tile of a
+/// shape is this file, so new tiles are made with two `pwrite`s, no HDF5 call.
+struct Template {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    offset: u64,
+    nbytes: u64,
+    len: u64,
 }
 
 /// Open tile source files kept per daemon; beyond this the cache is dropped and files
@@ -103,6 +115,7 @@ impl Pending {
             root: root.to_path_buf(),
             writer_id: format!("w-{host}-{}-{nanos:x}", std::process::id()),
             targets: DashMap::new(),
+            templates: DashMap::new(),
         }
     }
 
@@ -294,7 +307,7 @@ impl Pending {
             }
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
             let tmp = dir.join(format!(".{name}.{}.tmp", self.writer_id));
-            let off = writer::create_tile_source(&tmp, &meta.dtype, &count)?;
+            let off = self.make_tile_file(&tmp, &dir, &meta.dtype, &count, size)?;
             match std::fs::hard_link(&tmp, &path) {
                 // Ours won: we know where its data starts.
                 Ok(()) => known = Some(off),
@@ -329,6 +342,54 @@ impl Pending {
         }
         self.targets.insert(path, t.clone());
         Ok(Some(t))
+    }
+
+    /// Writes a new, empty tile source at `tmp` from the shape's template (made once
+    /// through HDF5); returns the data offset.
+    fn make_tile_file(
+        &self,
+        tmp: &Path,
+        dir: &Path,
+        dtype: &str,
+        count: &[u64],
+        nbytes: u64,
+    ) -> Result<u64> {
+        let key = (dtype.to_string(), count.to_vec());
+        let t = match self.templates.get(&key) {
+            Some(t) => t.clone(),
+            None => {
+                let tpl = dir.join(format!(".template.{}.tmp", self.writer_id));
+                let offset = writer::create_tile_source(&tpl, dtype, count)?;
+                let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
+                let len = f.metadata().map_err(io("stat template"))?.len();
+                let data_end = if nbytes == 0 { 0 } else { offset + nbytes };
+                let head_len = if nbytes == 0 { len } else { offset };
+                let mut head = vec![0u8; head_len as usize];
+                f.read_exact_at(&mut head, 0).map_err(io("reading template"))?;
+                let mut tail = vec![0u8; len.saturating_sub(data_end) as usize];
+                if !tail.is_empty() {
+                    f.read_exact_at(&mut tail, data_end).map_err(io("reading template"))?;
+                }
+                let _ = std::fs::remove_file(&tpl);
+                let t = Arc::new(Template {
+                    head,
+                    tail,
+                    offset,
+                    nbytes,
+                    len,
+                });
+                self.templates.insert(key, t.clone());
+                t
+            }
+        };
+        let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        f.write_all_at(&t.head, 0).map_err(io("writing tile source"))?;
+        if !t.tail.is_empty() {
+            f.write_all_at(&t.tail, t.offset + t.nbytes)
+                .map_err(io("writing tile source"))?;
+        }
+        f.set_len(t.len).map_err(io("sizing tile source"))?;
+        Ok(if t.nbytes == 0 { 0 } else { t.offset })
     }
 
     /// Writes `data` at `off` of a tile and logs the range; the write is acknowledged
