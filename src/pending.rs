@@ -365,10 +365,12 @@ impl Pending {
                 let data_end = if nbytes == 0 { 0 } else { offset + nbytes };
                 let head_len = if nbytes == 0 { len } else { offset };
                 let mut head = vec![0u8; head_len as usize];
-                f.read_exact_at(&mut head, 0).map_err(io("reading template"))?;
+                f.read_exact_at(&mut head, 0)
+                    .map_err(io("reading template"))?;
                 let mut tail = vec![0u8; len.saturating_sub(data_end) as usize];
                 if !tail.is_empty() {
-                    f.read_exact_at(&mut tail, data_end).map_err(io("reading template"))?;
+                    f.read_exact_at(&mut tail, data_end)
+                        .map_err(io("reading template"))?;
                 }
                 let _ = std::fs::remove_file(&tpl);
                 let t = Arc::new(Template {
@@ -383,7 +385,8 @@ impl Pending {
             }
         };
         let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        f.write_all_at(&t.head, 0).map_err(io("writing tile source"))?;
+        f.write_all_at(&t.head, 0)
+            .map_err(io("writing tile source"))?;
         if !t.tail.is_empty() {
             f.write_all_at(&t.tail, t.offset + t.nbytes)
                 .map_err(io("writing tile source"))?;
