@@ -377,3 +377,24 @@ def test_sigkill_during_commit_keeps_old_file(env):
     with h5py.File(path) as f:
         assert np.array_equal(f["old"][()], old)
         assert np.array_equal(f["x"][()], a)
+
+
+def test_commits_of_different_files_run_in_parallel(env):
+    m = env.mount()
+    arrays = {}
+    for k in range(4):
+        a = np.arange(20 * 20, dtype="<f4").reshape(20, 20) + k
+        d = create(m, f"p{k}.h5", "/x", a.shape, a.dtype, (5, 5))
+        for idx, sl in tiles_of(a.shape, (5, 5)):
+            write_tile(d, idx, a[sl])
+        arrays[k] = a
+    errs = []
+    ts = [threading.Thread(target=lambda k=k: errs.append(_oserr(lambda: commit(m, f"p{k}.h5")))) for k in arrays]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert errs == [0, 0, 0, 0]
+    for k, a in arrays.items():
+        with h5py.File(os.path.join(env.backing, f"p{k}.h5")) as f:
+            assert np.array_equal(f["x"][()], a)
