@@ -44,6 +44,139 @@ pub struct VBlock {
     pub count: Vec<u64>,
     pub source: Option<Arc<DatasetModel>>,
     pub sstart: Vec<u64>,
+    /// A source in another file, opened on the first read that touches it: a VDS of
+    /// 10 000 tiles must not open 10 000 files to answer `ls` or meta.json.
+    pub lazy: Option<Arc<LazySource>>,
+}
+
+/// A virtual source resolved on first use.
+pub struct LazySource {
+    pub path: PathBuf,
+    pub dset: String,
+    pub descr: String,
+    pub count: Vec<u64>,
+    pub sstart: Vec<u64>,
+    /// The mapping takes the entire source dataset.
+    pub whole: bool,
+    pub opts: ModelOptions,
+    pub depth: usize,
+    /// Reads the block through HDF5 (on the virtual dataset) when the source cannot be
+    /// served from its bytes: missing dataset, other type, ...
+    pub fallback: Arc<HdfCells>,
+    resolved: OnceLock<std::result::Result<Arc<DatasetModel>, String>>,
+}
+
+/// Opens virtual sources directly (no cache): used when lazy sources resolve.
+struct DirectOpener;
+
+impl SourceOpener for DirectOpener {
+    fn open_source(&self, abs: &Path) -> Result<Arc<crate::h5file::H5File>> {
+        Ok(Arc::new(crate::h5file::H5File::open(abs)?))
+    }
+}
+
+/// `<tile>.h5 -> (data offset, file length)` of one directory of tile sources.
+type SourceIndex = std::collections::HashMap<String, (u64, u64)>;
+
+fn source_index(dir: &Path) -> Option<Arc<SourceIndex>> {
+    static CACHE: OnceLock<dashmap::DashMap<PathBuf, Option<Arc<SourceIndex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(dashmap::DashMap::new);
+    if let Some(v) = cache.get(dir) {
+        return v.clone();
+    }
+    let v = std::fs::read_to_string(dir.join(crate::writer::SOURCE_INDEX))
+        .ok()
+        .map(|text| {
+            let mut m = SourceIndex::new();
+            for line in text.lines() {
+                let mut it = line.split(' ');
+                if let (Some(n), Some(o), Some(l)) = (it.next(), it.next(), it.next()) {
+                    if let (Ok(o), Ok(l)) = (o.parse(), l.parse()) {
+                        m.insert(n.to_string(), (o, l));
+                    }
+                }
+            }
+            Arc::new(m)
+        });
+    if cache.len() > 4096 {
+        cache.clear();
+    }
+    cache.insert(dir.to_path_buf(), v.clone());
+    v
+}
+
+impl LazySource {
+    fn resolve(&self) -> std::result::Result<Arc<DatasetModel>, String> {
+        self.resolved.get_or_init(|| self.open()).clone()
+    }
+
+    fn open(&self) -> std::result::Result<Arc<DatasetModel>, String> {
+        let itemsize: u64 = self
+            .descr
+            .get(2..)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        // Our own committed sources: offset and length from the index, checked against
+        // the file, no HDF5 call.
+        if self.whole && self.dset == crate::writer::SOURCE_DSET {
+            let dir = self.path.parent().unwrap_or(Path::new("/"));
+            let name = self
+                .path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if let Some((off, len)) = source_index(dir).and_then(|ix| ix.get(name).copied()) {
+                if let Ok(f) = std::fs::File::open(&self.path) {
+                    let nbytes = self.count.iter().product::<u64>() * itemsize;
+                    if f.metadata().map(|m| m.len()).ok() == Some(len) && off + nbytes <= len {
+                        return Ok(Arc::new(DatasetModel::raw(
+                            &self.dset,
+                            self.count.clone(),
+                            &self.descr,
+                            itemsize,
+                            self.count.clone(),
+                            vec![0; itemsize as usize],
+                            Storage::Contiguous {
+                                file: Arc::new(BackingFile {
+                                    path: self.path.clone(),
+                                    file: f,
+                                }),
+                                offset: off,
+                            },
+                        )));
+                    }
+                }
+            }
+        }
+        let file = crate::h5file::H5File::open(&self.path).map_err(|e| e.to_string())?;
+        let dname = if self.dset.starts_with('/') {
+            self.dset.clone()
+        } else {
+            format!("/{}", self.dset)
+        };
+        let model = file
+            .model_at_depth(&dname, &self.opts, &DirectOpener, self.depth + 1)
+            .map_err(|e| e.to_string())?;
+        let sd = match &model.dtype {
+            DType::Numeric { descr, .. } => descr.as_str(),
+            DType::Unsupported { .. } => "",
+        };
+        if sd != self.descr || !model.supported() {
+            return Err("source type differs (HDF5 converts)".into());
+        }
+        if model.shape.len() != self.count.len()
+            || (self.whole && model.shape != self.count)
+            || self
+                .sstart
+                .iter()
+                .zip(&self.count)
+                .zip(&model.shape)
+                .any(|((s, c), n)| s + c > *n)
+        {
+            return Err("mapping reaches past the source's extent".into());
+        }
+        Ok(model)
+    }
 }
 
 /// Knobs that shape models.
@@ -195,7 +328,7 @@ impl DatasetModel {
                         DType::Numeric { descr, .. } => descr.clone(),
                         DType::Unsupported { .. } => String::new(),
                     };
-                    match map_virtual(file, &maps, &shape, &descr, opts, opener, depth) {
+                    match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
                         Ok((blocks, missing)) => {
                             missing_sources = missing;
                             if let Some(t) = regular_grid(&blocks, &shape) {
@@ -314,20 +447,7 @@ impl DatasetModel {
                     emit_block(sel, &[], &[], &[], &src, es, dst, out);
                     return Ok(());
                 }
-                for_each_cell(sel, &cells.cell, &cells.grid, |cidx, cstart| {
-                    let src = BlockSrc::Cell(CellRef {
-                        source: cells.clone(),
-                        index: cidx,
-                    });
-                    let count: Vec<u64> = cstart
-                        .iter()
-                        .zip(&cells.cell)
-                        .zip(&self.shape)
-                        .map(|((s, c), n)| (*c).min(n - s))
-                        .collect();
-                    emit_block(sel, cstart, &count, &cells.cell, &src, es, dst, out);
-                    Ok(())
-                })
+                emit_cells(cells, sel, &self.shape, es, dst, out)
             }
             Storage::Virtual(blocks) => {
                 if depth > MAX_VDS_DEPTH {
@@ -357,6 +477,22 @@ impl DatasetModel {
                         base: dst.base + base,
                         strides: dst.strides,
                     };
+                    if let (None, Some(lz)) = (&b.source, &b.lazy) {
+                        match lz.resolve() {
+                            Ok(src) => {
+                                let mut ssel = part.clone();
+                                for (d, ds) in ssel.dims.iter_mut().enumerate() {
+                                    ds.start = ds.start - b.vstart[d] + b.sstart[d];
+                                }
+                                src.emit(&ssel, &sub_dst, out, depth + 1)?;
+                            }
+                            Err(why) => {
+                                tracing::debug!(source = %lz.path.display(), %why, "block read through HDF5");
+                                emit_cells(&lz.fallback, &part, &self.shape, es, &sub_dst, out)?;
+                            }
+                        }
+                        continue;
+                    }
                     match &b.source {
                         None => emit_block(
                             &part,
@@ -455,6 +591,46 @@ fn storage_size(dset: hdf5_sys::h5i::hid_t) -> u64 {
     hdf5::sync::sync(|| unsafe { hdf5_sys::h5d::H5Dget_storage_size(dset) })
 }
 
+/// Emits `sel` from cells read through HDF5.
+fn emit_cells(
+    cells: &Arc<HdfCells>,
+    sel: &Hyperslab,
+    shape: &[u64],
+    es: u64,
+    dst: &Dst,
+    out: &mut Vec<Extent>,
+) -> Result<()> {
+    let src_of = |cidx: u64| {
+        BlockSrc::Cell(CellRef {
+            source: cells.clone(),
+            index: cidx,
+        })
+    };
+    if shape.is_empty() {
+        emit_block(sel, &[], &[], &[], &src_of(0), es, dst, out);
+        return Ok(());
+    }
+    for_each_cell(sel, &cells.cell, &cells.grid, |cidx, cstart| {
+        let count: Vec<u64> = cstart
+            .iter()
+            .zip(&cells.cell)
+            .zip(shape)
+            .map(|((s, c), n)| (*c).min(n - s))
+            .collect();
+        emit_block(
+            sel,
+            cstart,
+            &count,
+            &cells.cell,
+            &src_of(cidx),
+            es,
+            dst,
+            out,
+        );
+        Ok(())
+    })
+}
+
 /// Calls `f(cell index, cell start)` for every cell of a regular cell grid that the
 /// selection's bounding box touches.
 fn for_each_cell(
@@ -494,9 +670,12 @@ fn for_each_cell(
 }
 
 /// Resolves the mappings of a virtual dataset into blocks we can serve ourselves, or
-/// says why HDF5 must do it.
+/// says why HDF5 must do it. Sources in other files are only checked for existence
+/// here; they are opened by the first read that needs them (`LazySource`).
+#[allow(clippy::too_many_arguments)]
 fn map_virtual(
     file: &crate::h5file::H5File,
+    ds: &hdf5::Dataset,
     maps: &[h5::VirtualMapping],
     shape: &[u64],
     descr: &str,
@@ -510,9 +689,11 @@ fn map_virtual(
     if shape.is_empty() {
         return Err("scalar virtual dataset".into());
     }
+    let itemsize: u64 = descr.get(2..).and_then(|s| s.parse().ok()).unwrap_or(1);
     let dir = file.abs.parent().unwrap_or(Path::new("/"));
     let mut blocks = Vec::with_capacity(maps.len());
     let mut missing = Vec::new();
+    let mut fallback: Option<Arc<HdfCells>> = None;
     for m in maps {
         let SpaceSel::Block {
             start: vstart,
@@ -527,8 +708,7 @@ fn map_virtual(
             SpaceSel::All => (vec![0; count.len()], count.clone(), true),
             SpaceSel::Other => return Err("source selection is not a single block".into()),
         };
-        let (sstart, scount) = (&sstart, &scount);
-        if count != scount || vstart.len() != shape.len() {
+        if count != &scount || vstart.len() != shape.len() {
             return Err(format!(
                 "mapping source {scount:?} and destination {count:?} differ in shape"
             ));
@@ -541,96 +721,88 @@ fn map_virtual(
         {
             return Err("mapping exceeds the dataset".into());
         }
-        let src_file: Option<Arc<crate::h5file::H5File>> = if m.file == "." {
-            None
-        } else {
-            let p = Path::new(&m.file);
-            let abs = if p.is_absolute() {
-                p.to_path_buf()
-            } else {
-                dir.join(p)
-            };
-            match abs.canonicalize() {
-                Ok(c) if c.starts_with(&opts.root) => match opener.open_source(&c) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::warn!(source = %c.display(), error = %e, "virtual source unreadable");
-                        missing.push(m.file.clone());
-                        blocks.push(VBlock {
-                            vstart: vstart.clone(),
-                            count: count.clone(),
-                            source: None,
-                            sstart: sstart.clone(),
-                        });
-                        continue;
-                    }
-                },
-                Ok(c) => {
-                    tracing::warn!(source = %c.display(), "virtual source outside the backing directory: served as fill");
-                    missing.push(m.file.clone());
-                    blocks.push(VBlock {
-                        vstart: vstart.clone(),
-                        count: count.clone(),
-                        source: None,
-                        sstart: sstart.clone(),
-                    });
-                    continue;
-                }
-                Err(_) => {
-                    missing.push(m.file.clone());
-                    blocks.push(VBlock {
-                        vstart: vstart.clone(),
-                        count: count.clone(),
-                        source: None,
-                        sstart: sstart.clone(),
-                    });
-                    continue;
-                }
-            }
+        let mut block = VBlock {
+            vstart: vstart.clone(),
+            count: count.clone(),
+            source: None,
+            sstart: sstart.clone(),
+            lazy: None,
         };
-        let target = src_file.as_deref().unwrap_or(file);
         let dname = if m.dset.starts_with('/') {
             m.dset.clone()
         } else {
             format!("/{}", m.dset)
         };
-        let model = match target.model_at_depth(&dname, opts, opener, depth + 1) {
-            Ok(md) => md,
-            Err(e) if e.errno == libc::ENOENT => {
-                missing.push(format!("{}:{}", m.file, m.dset));
-                blocks.push(VBlock {
-                    vstart: vstart.clone(),
-                    count: count.clone(),
-                    source: None,
-                    sstart: sstart.clone(),
-                });
-                continue;
+        if m.file == "." {
+            // Same file: cheap, resolve now.
+            let model = match file.model_at_depth(&dname, opts, opener, depth + 1) {
+                Ok(md) => md,
+                Err(e) if e.errno == libc::ENOENT => {
+                    missing.push(format!(".:{}", m.dset));
+                    blocks.push(block);
+                    continue;
+                }
+                Err(e) => return Err(format!("source .:{}: {e}", m.dset)),
+            };
+            let sd = match &model.dtype {
+                DType::Numeric { descr, .. } => descr.as_str(),
+                DType::Unsupported { .. } => "",
+            };
+            if sd != descr || !model.supported() {
+                return Err("source type differs (HDF5 converts)".into());
             }
-            Err(e) => return Err(format!("source {}:{}: {e}", m.file, m.dset)),
-        };
-        let sd = match &model.dtype {
-            DType::Numeric { descr, .. } => descr.as_str(),
-            DType::Unsupported { .. } => "",
-        };
-        if sd != descr || !model.supported() {
-            return Err("source type differs (HDF5 converts)".into());
+            if model.shape.len() != shape.len()
+                || (whole && &model.shape != count)
+                || sstart
+                    .iter()
+                    .zip(count)
+                    .zip(&model.shape)
+                    .any(|((s, c), n)| s + c > *n)
+            {
+                return Err("mapping reaches past the source's extent".into());
+            }
+            block.source = Some(model);
+            blocks.push(block);
+            continue;
         }
-        if model.shape.len() != shape.len()
-            || (whole && &model.shape != count)
-            || sstart
-                .iter()
-                .zip(count)
-                .zip(&model.shape)
-                .any(|((s, c), n)| s + c > *n)
-        {
-            return Err("mapping reaches past the source's extent".into());
+        let p = Path::new(&m.file);
+        let abs = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            dir.join(p)
+        };
+        match abs.canonicalize() {
+            Ok(c) if c.starts_with(&opts.root) && c.is_file() => {
+                let fb = fallback
+                    .get_or_insert_with(|| {
+                        Arc::new(HdfCells::new(
+                            ds.clone(),
+                            shape.to_vec(),
+                            row_block_tile(shape, itemsize, HDF_CELL_BYTES),
+                            itemsize,
+                        ))
+                    })
+                    .clone();
+                block.lazy = Some(Arc::new(LazySource {
+                    path: c,
+                    dset: dname,
+                    descr: descr.to_string(),
+                    count: count.clone(),
+                    sstart,
+                    whole,
+                    opts: opts.clone(),
+                    depth,
+                    fallback: fb,
+                    resolved: OnceLock::new(),
+                }));
+            }
+            Ok(c) if !c.starts_with(&opts.root) => {
+                tracing::warn!(source = %c.display(), "virtual source outside the backing directory: served as fill");
+                missing.push(m.file.clone());
+            }
+            _ => missing.push(m.file.clone()),
         }
-        blocks.push(VBlock {
-            vstart: vstart.clone(),
-            count: count.clone(),
-            source: Some(model),
-            sstart: sstart.clone(),
-        });
+        blocks.push(block);
     }
     Ok((blocks, missing))
 }
@@ -844,6 +1016,7 @@ impl DatasetModel {
                 sstart: vec![0; count.len()],
                 count,
                 source,
+                lazy: None,
             });
         }
         let storage = if meta.shape.is_empty() {

@@ -29,6 +29,13 @@ use std::sync::Arc;
 /// Name of the hidden per-directory staging area.
 pub const STAGE_DIR: &str = ".h5tilefs";
 
+/// A number unique within this daemon, for temporary file names (threads of one
+/// daemon may create files in the same directory at once).
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// FNV-1a: a hash that every daemon computes the same way.
 fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -306,11 +313,24 @@ impl Pending {
                 return Ok(None);
             }
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-            let tmp = dir.join(format!(".{name}.{}.tmp", self.writer_id));
+            let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
             let off = self.make_tile_file(&tmp, &dir, &meta.dtype, &count, size)?;
             match std::fs::hard_link(&tmp, &path) {
-                // Ours won: we know where its data starts.
-                Ok(()) => known = Some(off),
+                // Ours won: we know where its data starts; remember it for the index
+                // that commit leaves next to the sources.
+                Ok(()) => {
+                    known = Some(off);
+                    let log = self
+                        .node_dir(file_rel, h5path)?
+                        .join(format!("offsets.{}", self.writer_id));
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&log)
+                        .map_err(io("opening offsets log"))?;
+                    f.write_all(format!("{name}.h5 {off}\n").as_bytes())
+                        .map_err(io("appending offsets log"))?;
+                }
                 // Another writer (or daemon) published it first: read its offset.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
@@ -358,7 +378,7 @@ impl Pending {
         let t = match self.templates.get(&key) {
             Some(t) => t.clone(),
             None => {
-                let tpl = dir.join(format!(".template.{}.tmp", self.writer_id));
+                let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
                 let offset = writer::create_tile_source(&tpl, dtype, count)?;
                 let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
                 let len = f.metadata().map_err(io("stat template"))?.len();
@@ -661,6 +681,45 @@ impl Pending {
                 "commit refused: {}",
                 problems.join("; ")
             )));
+        }
+        // An index of data offsets next to each dataset's sources lets readers (ours)
+        // serve the committed file without opening every source through HDF5.
+        for spec in &specs {
+            let gen = self.gen(file_rel, &spec.path)?;
+            let rel_dir = format!(
+                "{}/{}/{gen}",
+                Self::sources_rel(file_rel)?,
+                encode(&spec.path)
+            );
+            let src_dir = dir.join(&rel_dir);
+            let mut offsets = HashMap::new();
+            if let Ok(rd) = std::fs::read_dir(self.node_dir(file_rel, &spec.path)?) {
+                for e in rd.flatten() {
+                    if !e.file_name().to_string_lossy().starts_with("offsets.") {
+                        continue;
+                    }
+                    for line in std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .lines()
+                    {
+                        if let Some((n, o)) = line.split_once(' ') {
+                            if let Ok(o) = o.parse::<u64>() {
+                                offsets.insert(n.to_string(), o);
+                            }
+                        }
+                    }
+                }
+            }
+            let mut text = String::new();
+            for t in &spec.tiles {
+                let name = t.source.rsplit('/').next().unwrap_or_default();
+                let len = std::fs::metadata(src_dir.join(name)).map(|m| m.len());
+                if let (Some(o), Ok(len)) = (offsets.get(name), len) {
+                    text.push_str(&format!("{name} {o} {len}\n"));
+                }
+            }
+            let idx = src_dir.join(crate::writer::SOURCE_INDEX);
+            write_atomic(&idx, text.as_bytes())?;
         }
         let t_check = t0.elapsed();
         // Tile bytes must be durable before the file that points at them appears.
