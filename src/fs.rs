@@ -22,7 +22,10 @@ use std::time::SystemTime;
 pub const CONTROL_NAME: &str = ".h5tilefs";
 pub const ROOT_INO: u64 = 1;
 
+mod gpu;
 mod write;
+
+pub use gpu::{query, validate_read, Registration};
 
 /// Every object the mount shows, by path: stable across lookups and forgets.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -155,6 +158,7 @@ pub struct FsOptions {
     pub read_only: bool,
     pub allow_other: bool,
     pub threads: usize,
+    pub gpu: crate::gpu::GpuMode,
 }
 
 impl Default for FsOptions {
@@ -165,6 +169,7 @@ impl Default for FsOptions {
             read_only: false,
             allow_other: false,
             threads: 8,
+            gpu: crate::gpu::GpuMode::Auto,
         }
     }
 }
@@ -176,6 +181,8 @@ type TileMap = std::collections::HashMap<PathBuf, (Vec<u64>, u64)>;
 /// or one of the writable files of the write path.
 enum Handle {
     Bytes(Arc<Vec<u8>>),
+    /// `/.h5tilefs`: its JSON, and the handle GPU buffers are registered on.
+    Control(Arc<Vec<u8>>),
     View {
         model: Arc<DatasetModel>,
         sel: Hyperslab,
@@ -291,6 +298,10 @@ pub struct Fs {
     pub bytes_served: AtomicU64,
     pub read_requests: AtomicU64,
     pub pending: Pending,
+    pub gpu: crate::gpu::Gpu,
+    buffers: DashMap<u64, Registration>,
+    next_buffer: AtomicU64,
+    pub gpu_bytes: AtomicU64,
     started: SystemTime,
 }
 
@@ -303,6 +314,7 @@ impl Fs {
     pub fn new(backing: &Path, opts: FsOptions) -> Result<Fs> {
         let ns = Namespace::new(backing)?;
         let ns_root = ns.root.clone();
+        let gpu_mode = opts.gpu;
         let model_opts = ModelOptions {
             tile_bytes: opts.tile_bytes.max(1),
             root: ns.root.clone(),
@@ -319,6 +331,10 @@ impl Fs {
             bytes_served: AtomicU64::new(0),
             read_requests: AtomicU64::new(0),
             pending: Pending::new(&ns_root),
+            gpu: crate::gpu::Gpu::new(gpu_mode),
+            buffers: DashMap::new(),
+            next_buffer: AtomicU64::new(1),
+            gpu_bytes: AtomicU64::new(0),
             started: SystemTime::now(),
         })
     }
@@ -329,7 +345,9 @@ impl Fs {
             "name": "h5tilefs",
             "version": env!("CARGO_PKG_VERSION"),
             "backing_dir": self.ns.root,
-            "features": ["read", "extent-map", "write", "commit"],
+            "features": ["read", "extent-map", "write", "commit", "gpu-ioctl", "query-extents"],
+            "gpu": self.gpu.describe(),
+            "ioctl_abi": crate::ioctl::ABI_VERSION,
             "options": {
                 "read_only": self.opts.read_only,
                 "allow_other": self.opts.allow_other,
@@ -343,6 +361,8 @@ impl Fs {
                 "open_hdf5_files": self.ns.open_files(),
                 "bytes_served": self.bytes_served.load(Ordering::Relaxed),
                 "read_requests": self.read_requests.load(Ordering::Relaxed),
+                "gpu_buffers": self.buffers.len(),
+                "gpu_bytes": self.gpu_bytes.load(Ordering::Relaxed),
                 "cell_cache_bytes": self.cache.bytes(),
                 "cell_cache_hits": self.cache.hits.load(Ordering::Relaxed),
                 "cell_cache_misses": self.cache.misses.load(Ordering::Relaxed),
@@ -975,7 +995,7 @@ impl Fs {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
         }
         let (handle, generation) = match &node {
-            Node::Control => (Handle::Bytes(Arc::new(self.control_json())), None),
+            Node::Control => (Handle::Control(Arc::new(self.control_json())), None),
             Node::Status { file } => (Handle::Bytes(Arc::new(self.status_json(file))), None),
             Node::Commit { file } => (Handle::Commit { file: file.clone() }, None),
             Node::PMeta { file, path } if write => (
@@ -1075,7 +1095,7 @@ impl Fs {
             .get(&fh)
             .ok_or_else(|| Error::new(libc::EBADF, format!("unknown handle {fh}")))?;
         let out = match &*h {
-            Handle::Bytes(b) => {
+            Handle::Bytes(b) | Handle::Control(b) => {
                 let s = (off.min(b.len() as u64)) as usize;
                 let e = (off.saturating_add(size as u64).min(b.len() as u64)) as usize;
                 b[s..e].to_vec()
@@ -1100,7 +1120,9 @@ impl Fs {
     }
 
     pub fn release(&self, fh: u64) {
-        self.handles.remove(&fh);
+        if let Some((_, Handle::Control(_))) = self.handles.remove(&fh) {
+            self.release_buffers(fh);
+        }
     }
 
     /// The model and selection behind an open handle (for the extent-map consumers).

@@ -4,8 +4,9 @@
 use crate::fs::{Attr, Fs, Kind, ROOT_INO};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ pub struct FuseFs {
 macro_rules! fail {
     ($reply:expr, $e:expr) => {{
         let e = $e;
-        if e.errno == libc::ENOENT {
+        if e.errno == libc::ENOENT || e.errno == libc::ENOTTY {
             tracing::debug!(errno = e.errno, "{e}");
         } else {
             warn!(errno = e.errno, "{e}");
@@ -355,6 +356,24 @@ impl Filesystem for FuseFs {
         };
         match self.core.unlink(parent.0, name) {
             Ok(()) => reply.ok(),
+            Err(e) => fail!(reply, e),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let _s = debug_span!("ioctl", ino = ino.0, cmd, pid = req.pid()).entered();
+        match self.core.ioctl(fh.0, req.pid(), cmd, in_data) {
+            Ok(out) => reply.ioctl(0, &out),
             Err(e) => fail!(reply, e),
         }
     }

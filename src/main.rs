@@ -60,6 +60,10 @@ struct MountArgs {
     /// Memory for decoded (filtered) chunks, in bytes; accepts K/M/G suffixes.
     #[arg(long, default_value = "256M", value_parser = parse_bytes)]
     cache_bytes: u64,
+    /// GPU support: `auto` loads CUDA and cuFile at run time when present (READ_TO_GPU
+    /// ioctl); `off` never touches them.
+    #[arg(long, value_enum, default_value = "auto")]
+    gpu: h5tilefs::gpu::GpuMode,
     /// Kernel readahead for the mount, in KiB (set through sysfs when permitted).
     #[arg(long, default_value_t = 4096)]
     readahead_kb: u32,
@@ -261,6 +265,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         read_only,
         allow_other,
         threads,
+        gpu: args.gpu,
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);

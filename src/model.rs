@@ -1041,3 +1041,77 @@ impl DatasetModel {
         )
     }
 }
+
+/// Fills `out` with bytes `[skip, skip + out.len())` of one extent's destination run.
+pub fn execute_window(
+    e: &Extent,
+    skip: u64,
+    out: &mut [u8],
+    cache: &crate::decode::CellCache,
+) -> Result<()> {
+    let es = e.elem.max(1);
+    let first = skip / es;
+    let last = (skip + out.len() as u64).div_ceil(es).min(e.len / es);
+    let n = last.saturating_sub(first);
+    let adv = first * e.src_stride;
+    let src = match &e.src {
+        Src::File { file, offset } => Src::File {
+            file: file.clone(),
+            offset: offset + adv,
+        },
+        Src::Cell { cell, offset } => Src::Cell {
+            cell: cell.clone(),
+            offset: offset + adv,
+        },
+        Src::Fill { pattern } => Src::Fill {
+            pattern: pattern.clone(),
+        },
+    };
+    let sub = Extent {
+        dst: 0,
+        len: n * es,
+        src,
+        src_stride: e.src_stride,
+        elem: e.elem,
+    };
+    let mut tmp = vec![0u8; (n * es) as usize];
+    execute(std::slice::from_ref(&sub), &mut tmp, cache)?;
+    let h = (skip - first * es) as usize;
+    let avail = tmp.len().saturating_sub(h).min(out.len());
+    out[..avail].copy_from_slice(&tmp[h..h + avail]);
+    out[avail..].fill(0);
+    Ok(())
+}
+
+/// Non-overlapping runs of a plan, later extents winning (a virtual dataset's fill
+/// extent comes first and its blocks overwrite it): `(start, end, extent, skip)` where
+/// `skip` is the byte offset of `start` inside the extent.
+pub fn flatten(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
+    let mut segs: std::collections::BTreeMap<u64, (u64, usize, u64)> = Default::default();
+    for (i, e) in extents.iter().enumerate() {
+        let (s, t) = (e.dst, e.dst + e.len);
+        if s >= t {
+            continue;
+        }
+        // Cut existing segments that overlap [s, t).
+        let overlapping: Vec<u64> = segs
+            .range(..t)
+            .filter(|(_, (end, _, _))| *end > s)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in overlapping {
+            if let Some((end, idx, skip)) = segs.remove(&k) {
+                if k < s {
+                    segs.insert(k, (s, idx, skip));
+                }
+                if end > t {
+                    segs.insert(t, (end, idx, skip + (t - k)));
+                }
+            }
+        }
+        segs.insert(s, (t, i, 0));
+    }
+    segs.into_iter()
+        .map(|(s, (t, i, skip))| (s, t, extents[i].clone(), skip))
+        .collect()
+}

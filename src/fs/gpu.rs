@@ -1,0 +1,478 @@
+//! GPU ioctls of the core: buffer registrations owned by (control handle, process),
+//! READ_TO_GPU through the extent map, QUERY_EXTENTS. Still fuser-free.
+
+use super::{Fs, Handle};
+use crate::error::{Error, Result};
+use crate::gpu::Mapping;
+use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer};
+use crate::model::flatten;
+use crate::selection::Hyperslab;
+
+/// One registered client buffer.
+pub struct Registration {
+    /// Thread-group (process) id of the registering client.
+    pub owner: u32,
+    /// Control-file handle it was made on; closing it releases the registration.
+    pub ctl_fh: u64,
+    pub mapping: Option<Mapping>,
+    /// The buffer inside the mapped allocation.
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// The process (thread group) of a requesting thread: FUSE reports thread ids.
+pub fn tgid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:").map(|v| v.trim().parse().ok()))
+                .flatten()
+        })
+        .unwrap_or(pid)
+}
+
+/// The checks of READ_TO_GPU that need no GPU: ownership and ranges. Returns the
+/// clipped length.
+pub fn validate_read(
+    reg: &Registration,
+    owner: u32,
+    req: &ReadToGpu,
+    file_size: u64,
+) -> Result<u64> {
+    if reg.owner != owner {
+        return Err(Error::new(
+            libc::EPERM,
+            format!("buffer {} belongs to another process", req.buffer_id),
+        ));
+    }
+    let end = req
+        .buf_offset
+        .checked_add(req.length)
+        .ok_or_else(|| Error::invalid("buffer range overflows"))?;
+    if end > reg.length {
+        return Err(Error::invalid(format!(
+            "buffer range [{}, {end}) outside the {}-byte buffer",
+            req.buf_offset, reg.length
+        )));
+    }
+    let fend = req
+        .file_offset
+        .checked_add(req.length)
+        .ok_or_else(|| Error::invalid("file range overflows"))?;
+    if fend > file_size {
+        return Err(Error::invalid(format!(
+            "file range [{}, {fend}) outside the {file_size}-byte file",
+            req.file_offset
+        )));
+    }
+    Ok(req.length)
+}
+
+impl Fs {
+    /// Answers an ioctl on handle `fh` from thread `pid`.
+    pub fn ioctl(&self, fh: u64, pid: u32, cmd: u32, input: &[u8]) -> Result<Vec<u8>> {
+        match cmd {
+            ioctl::REGISTER_BUFFER => self.register_buffer(fh, pid, input),
+            ioctl::UNREGISTER_BUFFER => {
+                let req: UnregisterBuffer = ioctl::decode(input)?;
+                self.unregister_buffer(tgid(pid), req.buffer_id)?;
+                Ok(vec![])
+            }
+            ioctl::READ_TO_GPU => self.read_to_gpu(fh, pid, input),
+            ioctl::QUERY_EXTENTS => self.query_extents(fh, input),
+            _ => Err(Error::new(libc::ENOTTY, format!("unknown ioctl {cmd:#x}"))),
+        }
+    }
+
+    fn register_buffer(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
+        let mut req: RegisterBuffer = ioctl::decode(input)?;
+        if !matches!(self.handles.get(&fh).as_deref(), Some(Handle::Control(_))) {
+            return Err(Error::new(
+                libc::ENOTTY,
+                "REGISTER_BUFFER goes to /.h5tilefs",
+            ));
+        }
+        if req.length == 0
+            || req
+                .offset
+                .checked_add(req.length)
+                .is_none_or(|e| e > req.alloc_size)
+        {
+            return Err(Error::invalid(format!(
+                "buffer [{}, +{}) does not fit the {}-byte allocation",
+                req.offset, req.length, req.alloc_size
+            )));
+        }
+        let mapping = self.gpu.map(req.device, &req.ipc_handle, req.alloc_size)?;
+        let id = self
+            .next_buffer
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.buffers.insert(
+            id,
+            Registration {
+                owner: tgid(pid),
+                ctl_fh: fh,
+                mapping: Some(mapping),
+                offset: req.offset,
+                length: req.length,
+            },
+        );
+        req.buffer_id = id;
+        Ok(ioctl::encode(&req))
+    }
+
+    /// Drops a registration of `owner`; the daemon closes the IPC mapping.
+    pub fn unregister_buffer(&self, owner: u32, id: u64) -> Result<()> {
+        match self.buffers.get(&id).map(|r| r.owner) {
+            None => return Err(Error::not_found(format!("no buffer {id}"))),
+            Some(o) if o != owner => {
+                return Err(Error::new(
+                    libc::EPERM,
+                    format!("buffer {id} belongs to another process"),
+                ))
+            }
+            _ => {}
+        }
+        if let Some((_, r)) = self.buffers.remove(&id) {
+            if let Some(m) = &r.mapping {
+                self.gpu.unmap(m);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every registration made on a control handle (it was closed).
+    pub fn release_buffers(&self, ctl_fh: u64) {
+        let ids: Vec<u64> = self
+            .buffers
+            .iter()
+            .filter(|r| r.ctl_fh == ctl_fh)
+            .map(|r| *r.key())
+            .collect();
+        for id in ids {
+            if let Some((_, r)) = self.buffers.remove(&id) {
+                if let Some(m) = &r.mapping {
+                    self.gpu.unmap(m);
+                }
+            }
+        }
+    }
+
+    fn read_to_gpu(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
+        let mut req: ReadToGpu = ioctl::decode(input)?;
+        let (model, sel) = self.handle_view(fh)?;
+        let size = sel.num_elements() * model.itemsize();
+        let owner = tgid(pid);
+        let (base, offset) = {
+            let reg = self
+                .buffers
+                .get(&req.buffer_id)
+                .ok_or_else(|| Error::not_found(format!("no buffer {}", req.buffer_id)))?;
+            validate_read(&reg, owner, &req, size)?;
+            let m = reg
+                .mapping
+                .as_ref()
+                .ok_or_else(|| Error::new(libc::ENODEV, "buffer has no device mapping"))?;
+            (
+                Mapping {
+                    device: m.device,
+                    base: m.base,
+                    alloc_size: m.alloc_size,
+                    registered_with_cufile: m.registered_with_cufile,
+                },
+                reg.offset,
+            )
+        };
+        // Plan and transfer window by window so a huge read holds a bounded plan.
+        const WINDOW: u64 = 256 << 20;
+        let (mut direct, mut staged) = (0, 0);
+        let mut pos = req.file_offset;
+        let end = req.file_offset + req.length;
+        while pos < end {
+            let n = (end - pos).min(WINDOW);
+            let (b, extents) = model.plan(&sel, pos, n)?;
+            // Extent offsets are relative to `b`; shift them to file offsets.
+            let shifted: Vec<_> = extents
+                .into_iter()
+                .map(|mut e| {
+                    e.dst += b;
+                    e
+                })
+                .collect();
+            let (d, s) = self.gpu.transfer(
+                &base,
+                offset + req.buf_offset + (pos - req.file_offset),
+                &shifted,
+                (pos, pos + n),
+                &self.cache,
+            )?;
+            direct += d;
+            staged += s;
+            pos += n;
+        }
+        req.bytes_read = req.length;
+        req.direct_bytes = direct;
+        req.staged_bytes = staged;
+        self.gpu_bytes
+            .fetch_add(req.length, std::sync::atomic::Ordering::Relaxed);
+        Ok(ioctl::encode(&req))
+    }
+
+    fn query_extents(&self, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
+        let req: QueryExtents = ioctl::decode(input)?;
+        let (model, sel) = self.handle_view(fh)?;
+        query(&model, &sel, req)
+    }
+}
+
+/// QUERY_EXTENTS for a selection of a model (pure: unit-tested without a mount).
+pub fn query(
+    model: &crate::model::DatasetModel,
+    sel: &Hyperslab,
+    mut req: QueryExtents,
+) -> Result<Vec<u8>> {
+    let size = sel.num_elements() * model.itemsize();
+    let start = req.file_offset.min(size);
+    let end = req.file_offset.saturating_add(req.length).min(size);
+    req.nruns = 0;
+    req.nfiles = 0;
+    req.files = [[0; ioctl::PATH_LEN]; ioctl::MAX_FILES];
+    req.runs = [ioctl::ExtentRun::default(); ioctl::MAX_RUNS];
+    req.next_offset = end;
+    if start < end {
+        let (b, extents) = model.plan(sel, start, end - start)?;
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        let mut n = 0usize;
+        for (s, t, e, skip) in flatten(&extents) {
+            // Plan offsets are relative to `b`; clip to the requested range.
+            let (cs, ct) = ((b + s).max(start), (b + t).min(end));
+            if cs >= ct {
+                continue;
+            }
+            let skip = skip + (cs - (b + s));
+            let (s, t) = (cs, ct);
+            let (idx, boff) = match (&e.src, e.is_contiguous()) {
+                (crate::extent::Src::File { file, offset }, true) => {
+                    let i = match files.iter().position(|p| *p == file.path) {
+                        Some(i) => i,
+                        None if files.len() < ioctl::MAX_FILES => {
+                            files.push(file.path.clone());
+                            files.len() - 1
+                        }
+                        None => {
+                            req.next_offset = s;
+                            break;
+                        }
+                    };
+                    (i as i32, offset + skip)
+                }
+                _ => (-1, 0),
+            };
+            // Merge with the previous run when both continue.
+            if n > 0 {
+                let p = &mut req.runs[n - 1];
+                let contiguous = p.file_offset + p.length == s
+                    && p.file_index == idx
+                    && (idx < 0 || p.backing_offset + p.length == boff);
+                if contiguous {
+                    p.length += t - s;
+                    continue;
+                }
+            }
+            if n == ioctl::MAX_RUNS {
+                req.next_offset = s;
+                break;
+            }
+            req.runs[n] = ioctl::ExtentRun {
+                file_offset: s,
+                backing_offset: boff,
+                length: t - s,
+                file_index: idx,
+                reserved: 0,
+            };
+            n += 1;
+        }
+        req.nruns = n as u32;
+        req.nfiles = files.len() as u32;
+        for (slot, p) in req.files.iter_mut().zip(&files) {
+            let b = p.as_os_str().as_encoded_bytes();
+            if b.len() >= ioctl::PATH_LEN {
+                return Err(Error::new(
+                    libc::ENAMETOOLONG,
+                    format!("{} too long for QUERY_EXTENTS", p.display()),
+                ));
+            }
+            slot[..b.len()].copy_from_slice(b);
+        }
+    }
+    Ok(ioctl::encode(&req))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extent::BackingFile;
+    use crate::model::{DatasetModel, Storage};
+    use std::sync::Arc;
+
+    fn contiguous(shape: Vec<u64>, offset: u64) -> (tempfile::NamedTempFile, DatasetModel) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let n: u64 = shape.iter().product::<u64>() * 4 + offset;
+        std::fs::write(
+            f.path(),
+            (0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let bf = Arc::new(BackingFile {
+            path: f.path().to_path_buf(),
+            file: std::fs::File::open(f.path()).unwrap(),
+        });
+        let m = DatasetModel::raw(
+            "/x",
+            shape.clone(),
+            "<f4",
+            4,
+            shape,
+            vec![0; 4],
+            Storage::Contiguous { file: bf, offset },
+        );
+        (f, m)
+    }
+
+    fn runs(bytes: &[u8]) -> QueryExtents {
+        ioctl::decode(bytes).unwrap()
+    }
+
+    #[test]
+    fn query_extents_match_pread() {
+        use std::os::unix::fs::FileExt;
+        let (f, m) = contiguous(vec![10, 12], 100);
+        // A strided slice: rows 2..8 step 3, columns 1..12 step 1.
+        let sel = crate::selection::parse_slice("2:8:3,1:", &m.shape).unwrap();
+        let req = QueryExtents {
+            version: ioctl::ABI_VERSION,
+            file_offset: 3,
+            length: 1000,
+            ..Default::default()
+        };
+        let q = runs(&query(&m, &sel, req).unwrap());
+        let size = sel.num_elements() * 4;
+        assert_eq!(q.next_offset, size);
+        assert_eq!(q.nruns, 2); // one run per selected row, the first clipped at byte 3
+        let cache = crate::decode::CellCache::new(1 << 20);
+        let all = crate::model::read_selection(&m, &sel, 0, size, &cache).unwrap();
+        let file = std::fs::File::open(f.path()).unwrap();
+        let mut pos = 3;
+        for r in &q.runs[..q.nruns as usize] {
+            assert_eq!(r.file_offset, pos);
+            assert_eq!(r.file_index, 0);
+            let mut b = vec![0u8; r.length as usize];
+            file.read_exact_at(&mut b, r.backing_offset).unwrap();
+            assert_eq!(
+                &b[..],
+                &all[r.file_offset as usize..(r.file_offset + r.length) as usize]
+            );
+            pos += r.length;
+        }
+        assert_eq!(pos, size);
+    }
+
+    #[test]
+    fn fill_must_be_decoded() {
+        let m = DatasetModel::raw("/x", vec![8], "<f4", 4, vec![8], vec![0; 4], Storage::Fill);
+        let sel = Hyperslab::full(&m.shape);
+        let q = runs(
+            &query(
+                &m,
+                &sel,
+                QueryExtents {
+                    version: 1,
+                    length: 32,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            (q.nruns, q.runs[0].file_index, q.runs[0].length),
+            (1, -1, 32)
+        );
+    }
+
+    #[test]
+    fn read_checks() {
+        let reg = Registration {
+            owner: 10,
+            ctl_fh: 1,
+            mapping: None,
+            offset: 0,
+            length: 100,
+        };
+        let req = |b, f, l| ReadToGpu {
+            version: 1,
+            buffer_id: 1,
+            buf_offset: b,
+            file_offset: f,
+            length: l,
+            ..Default::default()
+        };
+        assert_eq!(
+            validate_read(&reg, 11, &req(0, 0, 10), 50)
+                .unwrap_err()
+                .errno,
+            libc::EPERM
+        );
+        assert_eq!(
+            validate_read(&reg, 10, &req(95, 0, 10), 50)
+                .unwrap_err()
+                .errno,
+            libc::EINVAL
+        );
+        assert_eq!(
+            validate_read(&reg, 10, &req(0, 45, 10), 50)
+                .unwrap_err()
+                .errno,
+            libc::EINVAL
+        );
+        assert_eq!(
+            validate_read(&reg, 10, &req(u64::MAX, 0, 10), 50)
+                .unwrap_err()
+                .errno,
+            libc::EINVAL
+        );
+        assert_eq!(validate_read(&reg, 10, &req(90, 40, 10), 50).unwrap(), 10);
+    }
+
+    #[test]
+    fn flatten_later_wins() {
+        use crate::extent::{Extent, Src};
+        let fill = Extent {
+            dst: 0,
+            len: 100,
+            src: Src::Fill {
+                pattern: vec![0u8; 4].into(),
+            },
+            src_stride: 4,
+            elem: 4,
+        };
+        let (f, m) = contiguous(vec![4], 0);
+        let Storage::Contiguous { file, .. } = &m.storage else {
+            panic!()
+        };
+        let blk = Extent {
+            dst: 40,
+            len: 20,
+            src: Src::File {
+                file: file.clone(),
+                offset: 0,
+            },
+            src_stride: 4,
+            elem: 4,
+        };
+        let segs = crate::model::flatten(&[fill, blk]);
+        let spans: Vec<(u64, u64, u64)> = segs.iter().map(|(s, t, _, k)| (*s, *t, *k)).collect();
+        assert_eq!(spans, vec![(0, 40, 0), (40, 60, 0), (60, 100, 60)]);
+        drop(f);
+    }
+}

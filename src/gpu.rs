@@ -1,0 +1,314 @@
+//! The GPU transfer path: CUDA and cuFile loaded at run time (one binary for machines
+//! with and without GPUs), client buffers mapped through CUDA IPC handles, and reads of
+//! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
+//! host staging plus a copy for decoded and fill runs.
+
+use crate::error::{Error, Result};
+use crate::extent::{Extent, Src};
+use cudarc::cufile::sys as cf;
+use cudarc::driver::sys as cu;
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// `--gpu`: `auto` loads CUDA if it is there, `off` never touches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpuMode {
+    Auto,
+    Off,
+}
+
+/// Staging buffer for decoded bytes, per transfer (pinned when possible).
+const STAGE_BYTES: usize = 16 << 20;
+
+fn no_dev(msg: impl Into<String>) -> Error {
+    Error::new(libc::ENODEV, msg)
+}
+
+fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::io(format!("CUDA {what}: {r:?}")))
+    }
+}
+
+/// A device mapping of a client's allocation.
+pub struct Mapping {
+    pub device: i32,
+    /// Base of the client's allocation in this process (from cuIpcOpenMemHandle).
+    pub base: u64,
+    pub alloc_size: u64,
+    pub registered_with_cufile: bool,
+}
+
+/// A cuFile handle on one backing file.
+struct CuFile {
+    _file: std::fs::File,
+    handle: cf::CUfileHandle_t,
+}
+
+// SAFETY: a CUfileHandle_t is an opaque token usable from any thread (cuFile is
+// thread-safe); the File it was made from is owned alongside it.
+unsafe impl Send for CuFile {}
+// SAFETY: as above.
+unsafe impl Sync for CuFile {}
+
+struct Loaded {
+    /// Primary context per device ordinal.
+    ctxs: Mutex<Vec<(i32, usize)>>,
+    cufile: bool,
+    files: DashMap<PathBuf, CuFile>,
+}
+
+pub struct Gpu {
+    mode: GpuMode,
+    state: OnceLock<std::result::Result<Loaded, String>>,
+}
+
+impl Gpu {
+    pub fn new(mode: GpuMode) -> Gpu {
+        Gpu {
+            mode,
+            state: OnceLock::new(),
+        }
+    }
+
+    /// Loads CUDA (and cuFile) on first use; ENODEV when off or absent.
+    fn loaded(&self) -> Result<&Loaded> {
+        if self.mode == GpuMode::Off {
+            return Err(no_dev("GPU support is off (--gpu off)"));
+        }
+        let st = self.state.get_or_init(|| {
+            // SAFETY: probing for the shared library has no other effect.
+            if !unsafe { cu::is_culib_present() } {
+                return Err("no CUDA driver (libcuda.so) on this machine".into());
+            }
+            // SAFETY: cuInit is the documented first call.
+            let r = unsafe { cu::cuInit(0) };
+            if r != cu::CUresult::CUDA_SUCCESS {
+                return Err(format!("cuInit failed: {r:?}"));
+            }
+            // SAFETY: probing for libcufile; opening its driver has no other effect.
+            let cufile = unsafe { cf::is_culib_present() } && {
+                let e = unsafe { cf::cuFileDriverOpen() };
+                if e.err != cf::CUfileOpError::CU_FILE_SUCCESS {
+                    tracing::warn!(err = ?e.err, "cuFileDriverOpen failed; reads will be staged");
+                }
+                e.err == cf::CUfileOpError::CU_FILE_SUCCESS
+            };
+            tracing::info!(cufile, "CUDA loaded");
+            Ok(Loaded {
+                ctxs: Mutex::new(Vec::new()),
+                cufile,
+                files: DashMap::new(),
+            })
+        });
+        st.as_ref().map_err(|e| no_dev(e.clone()))
+    }
+
+    /// Whether GPU requests can be served, for the control file.
+    pub fn describe(&self) -> serde_json::Value {
+        match self.mode {
+            GpuMode::Off => serde_json::json!({"mode": "off"}),
+            GpuMode::Auto => match self.state.get() {
+                None => serde_json::json!({"mode": "auto", "loaded": false}),
+                Some(Ok(l)) => {
+                    serde_json::json!({"mode": "auto", "loaded": true, "cufile": l.cufile})
+                }
+                Some(Err(e)) => serde_json::json!({"mode": "auto", "loaded": false, "error": e}),
+            },
+        }
+    }
+
+    /// Makes the device's primary context current on this thread.
+    fn bind(&self, l: &Loaded, device: i32) -> Result<()> {
+        let ctx = {
+            let mut ctxs = l.ctxs.lock();
+            match ctxs.iter().find(|(d, _)| *d == device) {
+                Some((_, c)) => *c,
+                None => {
+                    let mut dev: cu::CUdevice = 0;
+                    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+                    // SAFETY: out-pointers to locals; the context is retained for the
+                    // daemon's lifetime.
+                    unsafe {
+                        cu_ok(cu::cuDeviceGet(&mut dev, device), "cuDeviceGet")
+                            .map_err(|e| Error::new(libc::ENODEV, e.message))?;
+                        cu_ok(
+                            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                            "cuDevicePrimaryCtxRetain",
+                        )?;
+                    }
+                    ctxs.push((device, ctx as usize));
+                    ctx as usize
+                }
+            }
+        };
+        // SAFETY: ctx is a retained primary context.
+        cu_ok(
+            unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) },
+            "cuCtxSetCurrent",
+        )
+    }
+
+    /// Maps a client's allocation from its IPC handle.
+    pub fn map(&self, device: i32, handle: &[u8; 64], alloc_size: u64) -> Result<Mapping> {
+        let l = self.loaded()?;
+        self.bind(l, device)?;
+        let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
+        for (d, s) in h.reserved.iter_mut().zip(handle) {
+            *d = *s as std::ffi::c_char;
+        }
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: h is a handle the client obtained from cuIpcGetMemHandle; on success
+        // the mapping is closed in `unmap`.
+        let r = unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, 1) };
+        if r != cu::CUresult::CUDA_SUCCESS {
+            return Err(Error::invalid(format!(
+                "cuIpcOpenMemHandle: {r:?} (bad handle or device)"
+            )));
+        }
+        let mut registered = false;
+        if l.cufile {
+            // SAFETY: ptr..ptr+alloc_size is the mapped allocation.
+            let e = unsafe { cf::cuFileBufRegister(ptr as *const _, alloc_size as usize, 0) };
+            registered = e.err == cf::CUfileOpError::CU_FILE_SUCCESS;
+        }
+        Ok(Mapping {
+            device,
+            base: ptr,
+            alloc_size,
+            registered_with_cufile: registered,
+        })
+    }
+
+    pub fn unmap(&self, m: &Mapping) {
+        let Ok(l) = self.loaded() else {
+            return;
+        };
+        if self.bind(l, m.device).is_err() {
+            return;
+        }
+        // SAFETY: m.base came from cuIpcOpenMemHandle and is released once.
+        unsafe {
+            if m.registered_with_cufile {
+                cf::cuFileBufDeregister(m.base as *const _);
+            }
+            cu::cuIpcCloseMemHandle(m.base);
+        }
+    }
+
+    fn cufile_handle(&self, l: &Loaded, path: &Path) -> Result<cf::CUfileHandle_t> {
+        if let Some(f) = l.files.get(path) {
+            return Ok(f.handle);
+        }
+        // O_DIRECT lets GPUDirect Storage DMA straight from storage; cuFile's
+        // compatibility mode takes any fd.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .or_else(|_| std::fs::File::open(path))
+            .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
+        // SAFETY: zeroed descriptor filled as cuFile documents; the fd outlives the handle.
+        let handle = unsafe {
+            let mut descr: cf::CUfileDescr_t = std::mem::zeroed();
+            descr.type_ = cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+            descr.handle.fd = file.as_raw_fd();
+            let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
+            let e = cf::cuFileHandleRegister(&mut h, &mut descr);
+            if e.err != cf::CUfileOpError::CU_FILE_SUCCESS {
+                return Err(Error::io(format!("cuFileHandleRegister: {:?}", e.err)));
+            }
+            h
+        };
+        l.files.insert(
+            path.to_path_buf(),
+            CuFile {
+                _file: file,
+                handle,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// Places the extents (destination offsets relative to `dst_base` bytes into the
+    /// buffer `m.base + buf_offset`) in device memory. Returns (direct, staged) bytes.
+    pub fn transfer(
+        &self,
+        m: &Mapping,
+        buf_offset: u64,
+        extents: &[Extent],
+        window: (u64, u64),
+        cache: &crate::decode::CellCache,
+    ) -> Result<(u64, u64)> {
+        let l = self.loaded()?;
+        self.bind(l, m.device)?;
+        let (w0, w1) = window;
+        let (mut direct, mut staged) = (0u64, 0u64);
+        let mut stage = vec![0u8; 0];
+        for e in extents {
+            // Clip each extent to the requested window of the file.
+            let (s, t) = (e.dst.max(w0), (e.dst + e.len).min(w1));
+            if s >= t {
+                continue;
+            }
+            let dev = m.base + buf_offset + (s - w0);
+            if let (Src::File { file, offset }, true, true) = (&e.src, e.is_contiguous(), l.cufile)
+            {
+                let h = self.cufile_handle(l, &file.path)?;
+                let mut done = 0u64;
+                while done < t - s {
+                    let n = (t - s - done).min(1 << 30) as usize;
+                    // SAFETY: dev..dev+n lies inside the registered buffer (checked by the
+                    // caller); h is a live cuFile handle.
+                    let r = unsafe {
+                        cf::cuFileRead(
+                            h,
+                            m.base as *mut _,
+                            n,
+                            (offset + (s - e.dst) + done) as i64,
+                            (dev - m.base + done) as i64,
+                        )
+                    };
+                    if r <= 0 {
+                        return Err(Error::io(format!("cuFileRead returned {r}")));
+                    }
+                    done += r as u64;
+                }
+                direct += t - s;
+                continue;
+            }
+            // Decoded, fill, strided (or no cuFile): materialize on the host, copy over.
+            let mut pos = s;
+            while pos < t {
+                let n = (t - pos).min(STAGE_BYTES as u64);
+                stage.resize(n as usize, 0);
+                let sub = Extent {
+                    dst: 0,
+                    len: e.len,
+                    src: e.src.clone(),
+                    src_stride: e.src_stride,
+                    elem: e.elem,
+                };
+                // Execute the whole extent into a window-sized view: shift by pos.
+                crate::model::execute_window(&sub, pos - e.dst, &mut stage, cache)?;
+                // SAFETY: dev+(pos-s)..+n lies inside the registered buffer.
+                cu_ok(
+                    unsafe {
+                        cu::cuMemcpyHtoD_v2(dev + (pos - s), stage.as_ptr().cast(), n as usize)
+                    },
+                    "cuMemcpyHtoD",
+                )?;
+                pos += n;
+            }
+            staged += t - s;
+        }
+        Ok((direct, staged))
+    }
+}
+
+use std::os::unix::fs::OpenOptionsExt;

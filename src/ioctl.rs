@@ -1,0 +1,241 @@
+//! The ioctl ABI (see docs/ioctl.md): command numbers and `#[repr(C)]`, versioned,
+//! fixed-size structs. FUSE passes only "restricted" ioctls, whose argument size is
+//! encoded in the command (`_IOWR`), so every struct has a fixed size. The Python client
+//! (`src/python/h5tilefs/_abi.py`) mirrors this module; a test checks they agree.
+
+use crate::error::{Error, Result};
+
+/// Version of every struct below; bumped on any layout change.
+pub const ABI_VERSION: u32 = 1;
+/// ioctl "type" byte: 'H'.
+pub const MAGIC: u32 = b'H' as u32;
+
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+/// Linux `_IOC(dir, type, nr, size)`.
+pub const fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32) << 16) | (ty << 8) | nr
+}
+
+/// Register a GPU buffer (on `/.h5tilefs`). In: everything but `buffer_id`; out: `buffer_id`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RegisterBuffer {
+    pub version: u32,
+    /// CUDA device ordinal the allocation lives on.
+    pub device: i32,
+    /// `cuIpcGetMemHandle` of the allocation's base.
+    pub ipc_handle: [u8; 64],
+    /// Size of the whole allocation.
+    pub alloc_size: u64,
+    /// The buffer: `offset..offset+length` inside the allocation.
+    pub offset: u64,
+    pub length: u64,
+    pub buffer_id: u64,
+}
+
+impl Default for RegisterBuffer {
+    fn default() -> Self {
+        RegisterBuffer {
+            version: 0,
+            device: 0,
+            ipc_handle: [0; 64],
+            alloc_size: 0,
+            offset: 0,
+            length: 0,
+            buffer_id: 0,
+        }
+    }
+}
+
+/// Release a registration (on `/.h5tilefs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnregisterBuffer {
+    pub version: u32,
+    pub reserved: u32,
+    pub buffer_id: u64,
+}
+
+/// Read bytes of a data-bearing file into a registered buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadToGpu {
+    pub version: u32,
+    pub flags: u32,
+    pub buffer_id: u64,
+    pub buf_offset: u64,
+    pub file_offset: u64,
+    pub length: u64,
+    /// Out: bytes placed in the buffer.
+    pub bytes_read: u64,
+    /// Out: of those, read by cuFile straight from backing extents.
+    pub direct_bytes: u64,
+    /// Out: of those, decoded or filled on the host and copied.
+    pub staged_bytes: u64,
+}
+
+/// Runs per QUERY_EXTENTS reply; call again from `next_offset` for more.
+pub const MAX_RUNS: usize = 64;
+/// Backing file paths per reply.
+pub const MAX_FILES: usize = 8;
+pub const PATH_LEN: usize = 256;
+
+/// One run of a QUERY_EXTENTS reply.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtentRun {
+    /// Offset in the queried file.
+    pub file_offset: u64,
+    /// Offset in the backing file (meaningless when `file_index < 0`).
+    pub backing_offset: u64,
+    pub length: u64,
+    /// Index into `files`, or -1: these bytes must be decoded (filters, fill, strides).
+    pub file_index: i32,
+    pub reserved: u32,
+}
+
+/// Like FIEMAP: where the bytes of a range of a data-bearing file live.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QueryExtents {
+    pub version: u32,
+    /// Out: runs filled.
+    pub nruns: u32,
+    pub file_offset: u64,
+    pub length: u64,
+    /// Out: where the runs stop; equal to `file_offset + length` when complete.
+    pub next_offset: u64,
+    /// Out: backing file paths used by the runs.
+    pub nfiles: u32,
+    pub reserved: u32,
+    pub files: [[u8; PATH_LEN]; MAX_FILES],
+    pub runs: [ExtentRun; MAX_RUNS],
+}
+
+impl Default for QueryExtents {
+    fn default() -> Self {
+        QueryExtents {
+            version: 0,
+            nruns: 0,
+            file_offset: 0,
+            length: 0,
+            next_offset: 0,
+            nfiles: 0,
+            reserved: 0,
+            files: [[0; PATH_LEN]; MAX_FILES],
+            runs: [ExtentRun::default(); MAX_RUNS],
+        }
+    }
+}
+
+pub const REGISTER_BUFFER: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    MAGIC,
+    1,
+    std::mem::size_of::<RegisterBuffer>(),
+);
+pub const UNREGISTER_BUFFER: u32 =
+    ioc(IOC_WRITE, MAGIC, 2, std::mem::size_of::<UnregisterBuffer>());
+pub const READ_TO_GPU: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    MAGIC,
+    3,
+    std::mem::size_of::<ReadToGpu>(),
+);
+pub const QUERY_EXTENTS: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    MAGIC,
+    4,
+    std::mem::size_of::<QueryExtents>(),
+);
+
+/// Plain-old-data structs that may be copied from and to ioctl byte buffers.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain only integers and arrays of them, and
+/// accept every bit pattern.
+pub unsafe trait Pod: Copy + Default {}
+// SAFETY: all four are repr(C) structs of integers and integer arrays.
+unsafe impl Pod for RegisterBuffer {}
+// SAFETY: as above.
+unsafe impl Pod for UnregisterBuffer {}
+// SAFETY: as above.
+unsafe impl Pod for ReadToGpu {}
+// SAFETY: as above.
+unsafe impl Pod for QueryExtents {}
+
+/// Decodes a request, checking its size and version: a bogus ioctl gets EINVAL.
+pub fn decode<T: Pod>(bytes: &[u8]) -> Result<T> {
+    let n = std::mem::size_of::<T>();
+    if bytes.len() < n {
+        return Err(Error::invalid(format!(
+            "ioctl argument of {} bytes, expected {n}",
+            bytes.len()
+        )));
+    }
+    let mut v = T::default();
+    // SAFETY: T is Pod (any bit pattern is valid) and `bytes` holds at least n bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut v as *mut T).cast::<u8>(), n);
+    }
+    // Every struct starts with its u32 version.
+    let mut ver = [0u8; 4];
+    ver.copy_from_slice(&bytes[..4]);
+    if u32::from_ne_bytes(ver) != ABI_VERSION {
+        return Err(Error::invalid(format!(
+            "ioctl ABI version {} not supported (this daemon speaks {ABI_VERSION})",
+            u32::from_ne_bytes(ver)
+        )));
+    }
+    Ok(v)
+}
+
+/// The bytes of a reply struct.
+pub fn encode<T: Pod>(v: &T) -> Vec<u8> {
+    let n = std::mem::size_of::<T>();
+    let mut out = vec![0u8; n];
+    // SAFETY: T is Pod; `out` has exactly n bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), out.as_mut_ptr(), n);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_numbers_are_stable() {
+        assert_eq!(std::mem::size_of::<RegisterBuffer>(), 104);
+        assert_eq!(std::mem::size_of::<UnregisterBuffer>(), 16);
+        assert_eq!(std::mem::size_of::<ReadToGpu>(), 64);
+        assert_eq!(std::mem::size_of::<ExtentRun>(), 32);
+        assert_eq!(std::mem::size_of::<QueryExtents>(), 40 + 8 * 256 + 64 * 32);
+        assert!(std::mem::size_of::<QueryExtents>() < 1 << 14);
+        assert_eq!(REGISTER_BUFFER, 0xC068_4801);
+        assert_eq!(UNREGISTER_BUFFER, 0x4010_4802);
+        assert_eq!(READ_TO_GPU, 0xC040_4803);
+        assert_eq!(QUERY_EXTENTS, 0xC000_0000 | (4136 << 16) | 0x4804);
+    }
+
+    #[test]
+    fn decode_checks_size_and_version() {
+        let r = ReadToGpu {
+            version: ABI_VERSION,
+            buffer_id: 7,
+            ..Default::default()
+        };
+        let b = encode(&r);
+        assert_eq!(decode::<ReadToGpu>(&b).unwrap().buffer_id, 7);
+        assert_eq!(
+            decode::<ReadToGpu>(&b[..10]).unwrap_err().errno,
+            libc::EINVAL
+        );
+        let mut bad = b.clone();
+        bad[0] = 99;
+        assert_eq!(decode::<ReadToGpu>(&bad).unwrap_err().errno, libc::EINVAL);
+    }
+}

@@ -1,0 +1,124 @@
+"""READ_TO_GPU: the daemon reads a tile / slice / data file's backing bytes with cuFile
+(GPUDirect Storage, or cuFile's compatibility mode) straight into a CuPy array.
+
+    import cupy as cp
+    from h5tilefs import gpu
+    out = cp.empty((512, 512), dtype=cp.float32)
+    with gpu.registered(out, mount="/mnt/h5") as buf:
+        buf.read_into("/mnt/h5/run/out.h5/fields/u/tiles/1.3")
+
+Registrations belong to the control-file handle they were made on: closing it (or the
+process ending) releases them.
+"""
+import fcntl
+import os
+from contextlib import contextmanager
+from typing import Optional
+
+from . import _abi
+
+
+def _mount_root(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.ismount(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            raise OSError(f"{path} is not inside a mount")
+        p = parent
+    if not os.path.exists(os.path.join(p, ".h5tilefs")):
+        raise OSError(f"{p} is not an h5tilefs mount (no /.h5tilefs)")
+    return p
+
+
+class Buffer:
+    """A CuPy array registered with the daemon of one mount."""
+
+    def __init__(self, array, mount: str):
+        import cupy  # noqa: F401  (CuPy gives us the IPC handle)
+        from cupy.cuda import runtime
+
+        if not array.flags.c_contiguous:
+            raise ValueError("the array must be C-contiguous")
+        self.array = array
+        self.mount = _mount_root(mount)
+        self._ctl = os.open(os.path.join(self.mount, ".h5tilefs"), os.O_RDONLY)
+        ptr = array.data.ptr
+        base, alloc_size = _allocation_of(ptr)
+        handle = runtime.ipcGetMemHandle(base)
+        req = _abi.RegisterBuffer(
+            version=_abi.ABI_VERSION,
+            device=array.device.id,
+            alloc_size=alloc_size,
+            offset=ptr - base,
+            length=array.nbytes,
+        )
+        for i, b in enumerate(bytes(handle)[:64]):
+            req.ipc_handle[i] = b
+        try:
+            fcntl.ioctl(self._ctl, _abi.REGISTER_BUFFER, req)
+        except OSError:
+            os.close(self._ctl)
+            raise
+        self.id = req.buffer_id
+
+    def read_into(self, path: str, offset: int = 0, length: Optional[int] = None, buf_offset: int = 0):
+        """Reads ``length`` bytes of ``path`` from ``offset`` into the buffer at
+        ``buf_offset``; returns the ReadToGpu reply (bytes_read, direct_bytes, staged_bytes)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if length is None:
+                length = min(os.fstat(fd).st_size - offset, self.array.nbytes - buf_offset)
+            req = _abi.ReadToGpu(version=_abi.ABI_VERSION, buffer_id=self.id, buf_offset=buf_offset,
+                                 file_offset=offset, length=length)
+            fcntl.ioctl(fd, _abi.READ_TO_GPU, req)
+            return req
+        finally:
+            os.close(fd)
+
+    def close(self):
+        if self._ctl is not None:
+            try:
+                req = _abi.UnregisterBuffer(version=_abi.ABI_VERSION, buffer_id=self.id)
+                fcntl.ioctl(self._ctl, _abi.UNREGISTER_BUFFER, req)
+            finally:
+                os.close(self._ctl)
+                self._ctl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _allocation_of(ptr: int):
+    """Base address and size of the CUDA allocation holding ``ptr``."""
+    from cuda.bindings import driver
+
+    err, base, size = driver.cuMemGetAddressRange(ptr)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise OSError(f"cuMemGetAddressRange: {err}")
+    return int(base), int(size)
+
+
+def register(array, mount: Optional[str] = None) -> Buffer:
+    """Registers a CuPy array with the daemon of ``mount``; release with ``close()``."""
+    if mount is None:
+        raise ValueError("pass mount= (a path inside the h5tilefs mount)")
+    return Buffer(array, mount)
+
+
+@contextmanager
+def registered(array, mount: str):
+    """Registers ``array`` for the duration of a ``with`` block."""
+    b = Buffer(array, mount)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def read_into(path: str, array, offset: int = 0):
+    """One-shot: registers ``array``, reads ``path`` from ``offset`` into it, releases."""
+    with registered(array, path) as b:
+        return b.read_into(path, offset=offset)
