@@ -61,6 +61,10 @@ struct Loaded {
     ctxs: Mutex<Vec<(i32, usize)>>,
     cufile: bool,
     files: DashMap<PathBuf, CuFile>,
+    /// Files cuFile would not register; their bytes are staged.
+    refused: DashMap<PathBuf, ()>,
+    /// Pinned host staging buffers of STAGE_BYTES (addresses), reused across transfers.
+    pinned: Mutex<Vec<usize>>,
 }
 
 pub struct Gpu {
@@ -104,6 +108,8 @@ impl Gpu {
                 ctxs: Mutex::new(Vec::new()),
                 cufile,
                 files: DashMap::new(),
+                refused: DashMap::new(),
+                pinned: Mutex::new(Vec::new()),
             })
         });
         st.as_ref().map_err(|e| no_dev(e.clone()))
@@ -205,25 +211,54 @@ impl Gpu {
         if let Some(f) = l.files.get(path) {
             return Ok(f.handle);
         }
+        if l.refused.contains_key(path) {
+            return Err(Error::io("cuFile refused this file before"));
+        }
         // O_DIRECT lets GPUDirect Storage DMA straight from storage; cuFile's
-        // compatibility mode takes any fd.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .or_else(|_| std::fs::File::open(path))
-            .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
-        // SAFETY: zeroed descriptor filled as cuFile documents; the fd outlives the handle.
-        let handle = unsafe {
-            let mut descr: cf::CUfileDescr_t = std::mem::zeroed();
-            descr.type_ = cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-            descr.handle.fd = file.as_raw_fd();
+        // compatibility mode may refuse it on some file systems: then a plain fd.
+        let register = |file: &std::fs::File| -> std::result::Result<cf::CUfileHandle_t, cf::CUfileOpError> {
+            let mut descr = cf::CUfileDescr_t {
+                type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+                handle: cf::CUfileDescr_t__bindgen_ty_1 {
+                    fd: file.as_raw_fd(),
+                },
+                fs_ops: std::ptr::null(),
+            };
             let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
-            let e = cf::cuFileHandleRegister(&mut h, &mut descr);
-            if e.err != cf::CUfileOpError::CU_FILE_SUCCESS {
-                return Err(Error::io(format!("cuFileHandleRegister: {:?}", e.err)));
+            // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle
+            // (both are stored together).
+            let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
+            if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
+                Ok(h)
+            } else {
+                Err(e.err)
             }
-            h
+        };
+        let open = |direct: bool| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let mut last = None;
+        let mut found = None;
+        for direct in [true, false] {
+            let Ok(file) = open(direct) else {
+                continue;
+            };
+            match register(&file) {
+                Ok(h) => {
+                    found = Some((file, h));
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some((file, handle)) = found else {
+            l.refused.insert(path.to_path_buf(), ());
+            return Err(Error::io(format!("cuFileHandleRegister: {last:?}")));
         };
         l.files.insert(
             path.to_path_buf(),
@@ -235,8 +270,22 @@ impl Gpu {
         Ok(handle)
     }
 
-    /// Places the extents (destination offsets relative to `dst_base` bytes into the
-    /// buffer `m.base + buf_offset`) in device memory. Returns (direct, staged) bytes.
+    fn take_pinned(&self, l: &Loaded) -> Result<usize> {
+        if let Some(p) = l.pinned.lock().pop() {
+            return Ok(p);
+        }
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: allocates STAGE_BYTES of pinned host memory in the bound context; it is
+        // kept in the pool for the daemon's lifetime.
+        cu_ok(unsafe { cu::cuMemHostAlloc(&mut p, STAGE_BYTES, 0) }, "cuMemHostAlloc")?;
+        Ok(p as usize)
+    }
+
+    /// Places the extents (destination offsets are file offsets; the window `[w0, w1)`
+    /// of the file goes to `m.base + buf_offset`) in device memory. Verbatim runs go
+    /// through cuFile; the rest is materialized on the host in two pinned buffers that
+    /// alternate, so decoding the next piece overlaps the copy of the previous one.
+    /// Returns (direct, staged) bytes.
     pub fn transfer(
         &self,
         m: &Mapping,
@@ -247,67 +296,111 @@ impl Gpu {
     ) -> Result<(u64, u64)> {
         let l = self.loaded()?;
         self.bind(l, m.device)?;
-        let (w0, w1) = window;
-        let (mut direct, mut staged) = (0u64, 0u64);
-        let mut stage = vec![0u8; 0];
-        for e in extents {
-            // Clip each extent to the requested window of the file.
-            let (s, t) = (e.dst.max(w0), (e.dst + e.len).min(w1));
-            if s >= t {
-                continue;
+        let mut stream: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: creates a stream in the bound context; destroyed below.
+        cu_ok(unsafe { cu::cuStreamCreate(&mut stream, 1) }, "cuStreamCreate")?;
+        let mut bufs = [0usize; 2];
+        let mut events: [cu::CUevent; 2] = [std::ptr::null_mut(); 2];
+        let result = (|| -> Result<(u64, u64)> {
+            for k in 0..2 {
+                bufs[k] = self.take_pinned(l)?;
+                // SAFETY: creates an event in the bound context; destroyed below.
+                cu_ok(unsafe { cu::cuEventCreate(&mut events[k], 2) }, "cuEventCreate")?;
             }
-            let dev = m.base + buf_offset + (s - w0);
-            if let (Src::File { file, offset }, true, true) = (&e.src, e.is_contiguous(), l.cufile)
-            {
-                let h = self.cufile_handle(l, &file.path)?;
-                let mut done = 0u64;
-                while done < t - s {
-                    let n = (t - s - done).min(1 << 30) as usize;
-                    // SAFETY: dev..dev+n lies inside the registered buffer (checked by the
-                    // caller); h is a live cuFile handle.
-                    let r = unsafe {
-                        cf::cuFileRead(
-                            h,
-                            m.base as *mut _,
-                            n,
-                            (offset + (s - e.dst) + done) as i64,
-                            (dev - m.base + done) as i64,
-                        )
-                    };
-                    if r <= 0 {
-                        return Err(Error::io(format!("cuFileRead returned {r}")));
-                    }
-                    done += r as u64;
+            let mut used = [false; 2];
+            let mut turn = 0usize;
+            let (w0, w1) = window;
+            let (mut direct, mut staged) = (0u64, 0u64);
+            for e in extents {
+                let (s, t) = (e.dst.max(w0), (e.dst + e.len).min(w1));
+                if s >= t {
+                    continue;
                 }
-                direct += t - s;
-                continue;
-            }
-            // Decoded, fill, strided (or no cuFile): materialize on the host, copy over.
-            let mut pos = s;
-            while pos < t {
-                let n = (t - pos).min(STAGE_BYTES as u64);
-                stage.resize(n as usize, 0);
-                let sub = Extent {
-                    dst: 0,
-                    len: e.len,
-                    src: e.src.clone(),
-                    src_stride: e.src_stride,
-                    elem: e.elem,
-                };
-                // Execute the whole extent into a window-sized view: shift by pos.
-                crate::model::execute_window(&sub, pos - e.dst, &mut stage, cache)?;
-                // SAFETY: dev+(pos-s)..+n lies inside the registered buffer.
-                cu_ok(
-                    unsafe {
-                        cu::cuMemcpyHtoD_v2(dev + (pos - s), stage.as_ptr().cast(), n as usize)
+                let dev = m.base + buf_offset + (s - w0);
+                let handle = match (&e.src, e.is_contiguous(), l.cufile) {
+                    (Src::File { file, .. }, true, true) => match self.cufile_handle(l, &file.path) {
+                        Ok(h) => Some(h),
+                        Err(err) => {
+                            // cuFile refuses some files (no GDS and no usable
+                            // compatibility mode): those bytes take the staged path.
+                            tracing::debug!(file = %file.path.display(), %err, "cuFile unavailable for this file; staging");
+                            None
+                        }
                     },
-                    "cuMemcpyHtoD",
-                )?;
-                pos += n;
+                    _ => None,
+                };
+                if let (Src::File { offset, .. }, Some(h)) = (&e.src, handle) {
+                    // Earlier staged copies may target the same bytes (fill under a
+                    // virtual block): let them land first.
+                    // SAFETY: stream is live.
+                    cu_ok(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")?;
+                    let mut done = 0u64;
+                    while done < t - s {
+                        let n = (t - s - done).min(1 << 30) as usize;
+                        // SAFETY: dev..dev+n lies inside the registered buffer (checked by
+                        // the caller); h is a live cuFile handle.
+                        let r = unsafe {
+                            cf::cuFileRead(
+                                h,
+                                m.base as *mut _,
+                                n,
+                                (offset + (s - e.dst) + done) as i64,
+                                (dev - m.base + done) as i64,
+                            )
+                        };
+                        if r <= 0 {
+                            return Err(Error::io(format!("cuFileRead returned {r}")));
+                        }
+                        done += r as u64;
+                    }
+                    direct += t - s;
+                    continue;
+                }
+                let mut pos = s;
+                while pos < t {
+                    let n = (t - pos).min(STAGE_BYTES as u64) as usize;
+                    let k = turn % 2;
+                    turn += 1;
+                    if used[k] {
+                        // SAFETY: the event was recorded after the last copy out of bufs[k].
+                        cu_ok(unsafe { cu::cuEventSynchronize(events[k]) }, "cuEventSynchronize")?;
+                    }
+                    // SAFETY: bufs[k] is a pinned allocation of STAGE_BYTES >= n bytes that
+                    // no copy is reading any more (synchronized above).
+                    let host = unsafe { std::slice::from_raw_parts_mut(bufs[k] as *mut u8, n) };
+                    crate::model::execute_window(e, pos - e.dst, host, cache)?;
+                    // SAFETY: dev+(pos-s)..+n lies inside the registered buffer; host stays
+                    // valid until the event below completes.
+                    unsafe {
+                        cu_ok(
+                            cu::cuMemcpyHtoDAsync_v2(dev + (pos - s), host.as_ptr().cast(), n, stream),
+                            "cuMemcpyHtoDAsync",
+                        )?;
+                        cu_ok(cu::cuEventRecord(events[k], stream), "cuEventRecord")?;
+                    }
+                    used[k] = true;
+                    pos += n as u64;
+                }
+                staged += t - s;
             }
-            staged += t - s;
+            // SAFETY: stream is live.
+            cu_ok(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")?;
+            Ok((direct, staged))
+        })();
+        // SAFETY: everything queued on the stream has completed or failed; the events and
+        // the stream are ours; the pinned buffers go back to the pool.
+        unsafe {
+            cu::cuStreamSynchronize(stream);
+            for ev in events {
+                if !ev.is_null() {
+                    cu::cuEventDestroy_v2(ev);
+                }
+            }
+            cu::cuStreamDestroy_v2(stream);
         }
-        Ok((direct, staged))
+        let mut pool = l.pinned.lock();
+        pool.extend(bufs.iter().filter(|&&b| b != 0));
+        result
     }
 }
 

@@ -350,6 +350,12 @@ fn raise_nofile() {
 
 fn start(backing: &Path, mnt: &Path, opts: FsOptions) -> Result<fuser::Session<FuseFs>, String> {
     raise_nofile();
+    // A panic is a bug; make sure it reaches the log, not only a closed stderr.
+    std::panic::set_hook(Box::new(|info| {
+        let bt = std::backtrace::Backtrace::force_capture();
+        tracing::error!("panic: {info}\n{bt}");
+        eprintln!("h5tilefs panic: {info}\n{bt}");
+    }));
     // Writers (h5py, other daemons) may hold the files open; HDF5's advisory locks would
     // make them unreadable to us.
     // SAFETY: called before any thread is spawned.
