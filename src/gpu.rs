@@ -21,7 +21,7 @@ pub enum GpuMode {
 }
 
 /// Staging buffer for decoded bytes, per transfer (pinned when possible).
-const STAGE_BYTES: usize = 16 << 20;
+const STAGE_BYTES: usize = 32 << 20;
 
 fn no_dev(msg: impl Into<String>) -> Error {
     Error::new(libc::ENODEV, msg)

@@ -1054,6 +1054,7 @@ pub fn execute_window(
     let last = (skip + out.len() as u64).div_ceil(es).min(e.len / es);
     let n = last.saturating_sub(first);
     let adv = first * e.src_stride;
+    let aligned = skip % es == 0 && out.len() as u64 == n * es;
     let src = match &e.src {
         Src::File { file, offset } => Src::File {
             file: file.clone(),
@@ -1074,6 +1075,10 @@ pub fn execute_window(
         src_stride: e.src_stride,
         elem: e.elem,
     };
+    if aligned {
+        // Whole elements: straight into `out`, no bounce copy.
+        return execute(std::slice::from_ref(&sub), out, cache);
+    }
     let mut tmp = vec![0u8; (n * es) as usize];
     execute(std::slice::from_ref(&sub), &mut tmp, cache)?;
     let h = (skip - first * es) as usize;
