@@ -216,24 +216,25 @@ impl Gpu {
         }
         // O_DIRECT lets GPUDirect Storage DMA straight from storage; cuFile's
         // compatibility mode may refuse it on some file systems: then a plain fd.
-        let register = |file: &std::fs::File| -> std::result::Result<cf::CUfileHandle_t, cf::CUfileOpError> {
-            let mut descr = cf::CUfileDescr_t {
-                type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
-                handle: cf::CUfileDescr_t__bindgen_ty_1 {
-                    fd: file.as_raw_fd(),
-                },
-                fs_ops: std::ptr::null(),
+        let register =
+            |file: &std::fs::File| -> std::result::Result<cf::CUfileHandle_t, cf::CUfileOpError> {
+                let mut descr = cf::CUfileDescr_t {
+                    type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+                    handle: cf::CUfileDescr_t__bindgen_ty_1 {
+                        fd: file.as_raw_fd(),
+                    },
+                    fs_ops: std::ptr::null(),
+                };
+                let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
+                // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle
+                // (both are stored together).
+                let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
+                if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
+                    Ok(h)
+                } else {
+                    Err(e.err)
+                }
             };
-            let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
-            // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle
-            // (both are stored together).
-            let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
-            if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
-                Ok(h)
-            } else {
-                Err(e.err)
-            }
-        };
         let open = |direct: bool| {
             let mut o = std::fs::OpenOptions::new();
             o.read(true);
@@ -277,7 +278,10 @@ impl Gpu {
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: allocates STAGE_BYTES of pinned host memory in the bound context; it is
         // kept in the pool for the daemon's lifetime.
-        cu_ok(unsafe { cu::cuMemHostAlloc(&mut p, STAGE_BYTES, 0) }, "cuMemHostAlloc")?;
+        cu_ok(
+            unsafe { cu::cuMemHostAlloc(&mut p, STAGE_BYTES, 0) },
+            "cuMemHostAlloc",
+        )?;
         Ok(p as usize)
     }
 
@@ -298,14 +302,20 @@ impl Gpu {
         self.bind(l, m.device)?;
         let mut stream: cu::CUstream = std::ptr::null_mut();
         // SAFETY: creates a stream in the bound context; destroyed below.
-        cu_ok(unsafe { cu::cuStreamCreate(&mut stream, 1) }, "cuStreamCreate")?;
+        cu_ok(
+            unsafe { cu::cuStreamCreate(&mut stream, 1) },
+            "cuStreamCreate",
+        )?;
         let mut bufs = [0usize; 2];
         let mut events: [cu::CUevent; 2] = [std::ptr::null_mut(); 2];
         let result = (|| -> Result<(u64, u64)> {
             for k in 0..2 {
                 bufs[k] = self.take_pinned(l)?;
                 // SAFETY: creates an event in the bound context; destroyed below.
-                cu_ok(unsafe { cu::cuEventCreate(&mut events[k], 2) }, "cuEventCreate")?;
+                cu_ok(
+                    unsafe { cu::cuEventCreate(&mut events[k], 2) },
+                    "cuEventCreate",
+                )?;
             }
             let mut used = [false; 2];
             let mut turn = 0usize;
@@ -318,7 +328,8 @@ impl Gpu {
                 }
                 let dev = m.base + buf_offset + (s - w0);
                 let handle = match (&e.src, e.is_contiguous(), l.cufile) {
-                    (Src::File { file, .. }, true, true) => match self.cufile_handle(l, &file.path) {
+                    (Src::File { file, .. }, true, true) => match self.cufile_handle(l, &file.path)
+                    {
                         Ok(h) => Some(h),
                         Err(err) => {
                             // cuFile refuses some files (no GDS and no usable
@@ -333,7 +344,10 @@ impl Gpu {
                     // Earlier staged copies may target the same bytes (fill under a
                     // virtual block): let them land first.
                     // SAFETY: stream is live.
-                    cu_ok(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")?;
+                    cu_ok(
+                        unsafe { cu::cuStreamSynchronize(stream) },
+                        "cuStreamSynchronize",
+                    )?;
                     let mut done = 0u64;
                     while done < t - s {
                         let n = (t - s - done).min(1 << 30) as usize;
@@ -363,7 +377,10 @@ impl Gpu {
                     turn += 1;
                     if used[k] {
                         // SAFETY: the event was recorded after the last copy out of bufs[k].
-                        cu_ok(unsafe { cu::cuEventSynchronize(events[k]) }, "cuEventSynchronize")?;
+                        cu_ok(
+                            unsafe { cu::cuEventSynchronize(events[k]) },
+                            "cuEventSynchronize",
+                        )?;
                     }
                     // SAFETY: bufs[k] is a pinned allocation of STAGE_BYTES >= n bytes that
                     // no copy is reading any more (synchronized above).
@@ -373,7 +390,12 @@ impl Gpu {
                     // valid until the event below completes.
                     unsafe {
                         cu_ok(
-                            cu::cuMemcpyHtoDAsync_v2(dev + (pos - s), host.as_ptr().cast(), n, stream),
+                            cu::cuMemcpyHtoDAsync_v2(
+                                dev + (pos - s),
+                                host.as_ptr().cast(),
+                                n,
+                                stream,
+                            ),
                             "cuMemcpyHtoDAsync",
                         )?;
                         cu_ok(cu::cuEventRecord(events[k], stream), "cuEventRecord")?;
@@ -384,7 +406,10 @@ impl Gpu {
                 staged += t - s;
             }
             // SAFETY: stream is live.
-            cu_ok(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")?;
+            cu_ok(
+                unsafe { cu::cuStreamSynchronize(stream) },
+                "cuStreamSynchronize",
+            )?;
             Ok((direct, staged))
         })();
         // SAFETY: everything queued on the stream has completed or failed; the events and
