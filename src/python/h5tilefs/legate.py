@@ -1,0 +1,202 @@
+"""Drop-in for ``legate.io.hdf5`` over an h5tilefs mount.
+
+    from h5tilefs.legate import to_file, from_file, from_file_batched
+
+Same signatures, return types and rules as legate.io.hdf5 (26.x): ``dataset_name`` is the
+full path of one dataset, ``to_file`` overwrites ``path`` and creates parent directories,
+a directory ``path`` or an unbound array raises ValueError, a bad ``chunk_size`` raises
+ValueError, edge chunks of batched reads are clipped.
+
+Parallel by construction: ``to_file`` launches one Legate point task per tile of the
+array's partition; each writes its own tile file through the mount (on any node). The
+file is committed (durable) before ``to_file`` returns: no execution fence is needed
+before external readers. ``from_file`` launches one point task per tile, each reading its
+tile file into its piece of the output.
+
+GPU tasks: this adapter registers CPU variants. Tiles read for GPU-resident consumers
+land in host memory first; ``h5tilefs.gpu`` (READ_TO_GPU) is the path into device
+memory from plain CuPy code (see docs/ioctl.md).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from typing import Generator, Sequence
+
+import numpy as np
+
+from legate.core import LogicalArray, Type, VariantCode, get_legate_runtime
+from legate.core import types as ty
+from legate.core.task import InputArray, OutputArray, task
+
+from ._mount import mount_root
+
+__all__ = ("from_file", "from_file_batched", "to_file")
+
+
+def _tile_name(idx) -> str:
+    return ".".join(str(int(i)) for i in idx) if len(idx) else "0"
+
+
+@task(variants=(VariantCode.CPU,))
+def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
+    """Point task: writes this point's piece of the array to its tile file."""
+    st = arr.data()
+    dom = st.domain
+    lo = tuple(dom.lo)
+    t = [int(x) for x in tile.split(",")] if tile else []
+    idx = [l // s for l, s in zip(lo, t)]
+    data = np.ascontiguousarray(np.asarray(st))
+    with open(os.path.join(ds_dir, "tiles", _tile_name(idx)), "r+b") as f:
+        f.write(data.tobytes())
+
+
+@task(variants=(VariantCode.CPU,))
+def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
+    """Point task: reads this point's tile file into its piece of the output."""
+    st = out.data()
+    dom = st.domain
+    lo = tuple(dom.lo)
+    t = [int(x) for x in tile.split(",")] if tile else []
+    idx = [l // s for l, s in zip(lo, t)]
+    dst = np.asarray(st)
+    src = np.fromfile(os.path.join(ds_dir, "tiles", _tile_name(idx)), dtype=np.dtype(dtype))
+    dst[...] = src.reshape(dst.shape)
+
+
+def _as_logical_array(array) -> LogicalArray:
+    if isinstance(array, LogicalArray):
+        return array
+    ldi = getattr(array, "__legate_data_interface__", None)
+    if ldi is None:
+        raise TypeError(f"{type(array).__name__} is not a Legate array (no __legate_data_interface__)")
+    return next(iter(ldi["data"].values()))
+
+
+def _dataset_dir(path: str, dataset_name: str) -> str:
+    if not dataset_name or dataset_name.strip("/") == "":
+        raise ValueError(f"dataset_name must name one dataset, got {dataset_name!r}")
+    return os.path.join(path, dataset_name.strip("/"))
+
+
+def _default_tile(shape, store) -> list:
+    """The partition's tile shape, or row blocks over the machine's processors."""
+    part = store.partition
+    if part is not None:
+        colors = part.color_shape
+        if len(colors) == len(shape):
+            return [max(1, -(-s // max(1, c))) for s, c in zip(shape, colors)]
+    if not shape:
+        return []
+    n = max(1, get_legate_runtime().get_machine().count())
+    return [max(1, -(-shape[0] // n))] + [max(1, s) for s in shape[1:]]
+
+
+def to_file(array, path, dataset_name: str) -> None:
+    """Writes ``array`` to ``path`` (inside an h5tilefs mount) as dataset ``dataset_name``,
+    replacing the file; returns once the file is committed and durable."""
+    path = os.fspath(path)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, ".commit")):
+        raise ValueError(f"{path} is a directory; pass a file name such as {path.rstrip('/')}/out.h5")
+    la = _as_logical_array(array)
+    if la.unbound:
+        raise ValueError("cannot write an unbound array (its shape is not known yet)")
+    mount_root(os.path.dirname(os.path.abspath(path)) or ".")
+    store = la.data
+    shape = tuple(int(s) for s in la.shape)
+    dtype = np.dtype(la.type.to_numpy_dtype())
+    runtime = get_legate_runtime()
+    tile = _default_tile(shape, store)
+    # to_file overwrites: drop the old file (and its tile sources) first.
+    if os.path.exists(path):
+        os.rmdir(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.mkdir(path)
+    ds_dir = _dataset_dir(path, dataset_name)
+    os.makedirs(ds_dir, exist_ok=True)
+    with open(os.path.join(ds_dir, "meta.json"), "w") as f:
+        json.dump({"shape": list(shape), "dtype": dtype.str, "tile_shape": tile}, f)
+    if math.prod(shape) > 0:
+        if shape:
+            part = store.partition_by_tiling(tile)
+            t = runtime.create_manual_task(_write_tile.library, _write_tile.task_id, part.color_shape)
+            t.add_input(part)
+        else:
+            t = runtime.create_manual_task(_write_tile.library, _write_tile.task_id, (1,))
+            t.add_input(store)
+        t.add_scalar_arg(ds_dir, ty.string_type)
+        t.add_scalar_arg(",".join(map(str, tile)), ty.string_type)
+        t.execute()
+        runtime.issue_execution_fence(block=True)
+    with open(os.path.join(path, ".commit"), "w") as f:
+        f.write("commit\n")
+
+
+def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
+    path = os.fspath(path)
+    mount_root(path)
+    ds_dir = _dataset_dir(path, dataset_name)
+    try:
+        with open(os.path.join(ds_dir, "meta.json")) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no dataset {dataset_name} in {path} (looked for {ds_dir}/meta.json)") from None
+    if meta.get("unsupported"):
+        raise TypeError(f"{dataset_name}: {meta['unsupported']}")
+    return ds_dir, meta
+
+
+def from_file(path, dataset_name: str) -> LogicalArray:
+    """Reads dataset ``dataset_name`` of ``path`` (inside an h5tilefs mount): one point
+    task per tile."""
+    ds_dir, meta = _meta(path, dataset_name)
+    shape = tuple(meta["shape"])
+    dtype = np.dtype(meta["dtype"])
+    runtime = get_legate_runtime()
+    store = runtime.create_store(Type.from_numpy_dtype(dtype), shape=shape)
+    if math.prod(shape) == 0:
+        return LogicalArray.from_store(store)
+    tile = list(meta["tile_shape"])
+    if shape:
+        part = store.partition_by_tiling(tile)
+        t = runtime.create_manual_task(_read_tile.library, _read_tile.task_id, part.color_shape)
+        t.add_output(part)
+    else:
+        t = runtime.create_manual_task(_read_tile.library, _read_tile.task_id, (1,))
+        t.add_output(store)
+    t.add_scalar_arg(ds_dir, ty.string_type)
+    t.add_scalar_arg(",".join(map(str, tile)), ty.string_type)
+    t.add_scalar_arg(dtype.str, ty.string_type)
+    t.execute()
+    return LogicalArray.from_store(store)
+
+
+def _slice_name(slices) -> str:
+    return ",".join(f"{s.start}:{s.stop}" for s in slices) if slices else "()"
+
+
+def from_file_batched(
+    path, dataset_name: str, chunk_size: Sequence[int]
+) -> Generator[tuple[LogicalArray, tuple[int, ...]], None, None]:
+    """Yields ``(array, offsets)`` for each chunk of ``chunk_size`` (edges clipped), in
+    C order, each read through the mount's ``slice/`` files."""
+    if math.prod(chunk_size) <= 0:
+        raise ValueError(f"Invalid chunk size ({chunk_size}), must be >0")
+    ds_dir, meta = _meta(path, dataset_name)
+    shape = tuple(meta["shape"])
+    if len(shape) != len(chunk_size):
+        raise ValueError(
+            f"Dimensions of chunks ({len(chunk_size)}) must match dimension of dataset ({len(shape)})."
+        )
+    dtype = np.dtype(meta["dtype"])
+    runtime = get_legate_runtime()
+    for offs in itertools.product(*(range(0, e, c) for e, c in zip(shape, chunk_size))):
+        slices = tuple(slice(o, min(o + c, e)) for o, e, c in zip(offs, shape, chunk_size))
+        bshape = tuple(s.stop - s.start for s in slices)
+        batch = np.fromfile(os.path.join(ds_dir, "slice", _slice_name(slices)), dtype=dtype).reshape(bshape)
+        store = runtime.create_store_from_buffer(
+            dtype=Type.from_numpy_dtype(dtype), shape=batch.shape, data=batch, read_only=True
+        )
+        yield LogicalArray.from_store(store), offs
