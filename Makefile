@@ -21,7 +21,16 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt build test demo bench-read clean-venv
+.PHONY: setup apt build test test-legate demo bench-read clean-venv
+
+# Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
+# an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
+# start CPU-only; on machines with one, the real driver is used.
+LEGATE_VENV  := .venv-legate
+LEGATE_PY    := $(LEGATE_VENV)/bin/python
+LEGATE_STAMP := $(LEGATE_VENV)/.requirements.stamp
+LEGATE_REQS  := tests/legate/requirements.txt
+CUDA_STUB    := build/cuda-stub/libcuda.so.1
 
 setup: apt $(STAMP)
 
@@ -47,6 +56,25 @@ test: build
 	$(CARGO) clippy --release --all-targets $(FEATURES) -- -D warnings
 	$(CARGO) test --release $(FEATURES)
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -x -q tests/integration
+	$(MAKE) test-legate
+
+$(LEGATE_PY):
+	python3 -m venv $(LEGATE_VENV)
+
+$(LEGATE_STAMP): $(LEGATE_REQS) | $(LEGATE_PY)
+	$(LEGATE_VENV)/bin/pip install -q --upgrade pip
+	$(LEGATE_VENV)/bin/pip install -q -r $(LEGATE_REQS)
+	touch $@
+
+$(CUDA_STUB): $(LEGATE_STAMP) tests/legate/make_cuda_stub.py
+	$(LEGATE_PY) tests/legate/make_cuda_stub.py "$$($(LEGATE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" build/cuda-stub
+
+test-legate: build $(LEGATE_STAMP)
+	@site="$$($(LEGATE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	libs="$$site/nvidia/cu13/lib"; \
+	if ! ldconfig -p | grep -q 'libcuda.so.1 '; then $(MAKE) $(CUDA_STUB); libs="$(CURDIR)/build/cuda-stub:$$libs"; fi; \
+	LD_LIBRARY_PATH="$$libs" LEGATE_CONFIG="--cpus 2" LEGATE_AUTO_CONFIG=0 \
+	  H5TILEFS_BIN=$(CURDIR)/$(BIN) $(LEGATE_PY) -m pytest -q -p no:cacheprovider tests/legate
 
 demo: build
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) PY=$(CURDIR)/$(PY) tests/demo.sh
