@@ -40,6 +40,83 @@ def _tile_name(idx) -> str:
     return ".".join(str(int(i)) for i in idx) if len(idx) else "0"
 
 
+#: Bytes per pwrite/pread piece, and parallel pieces per tile: several FUSE requests in
+#: flight keep the daemon's threads busy (one write() is split into 1 MiB requests).
+PIECE = 16 << 20
+STREAMS = 4
+
+
+def _parallel(n_bytes: int, fn) -> None:
+    """Runs fn(start, stop) over PIECE-sized pieces of [0, n_bytes) on STREAMS threads
+    (the GIL is released during pread/pwrite)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pieces = [(s, min(s + PIECE, n_bytes)) for s in range(0, n_bytes, PIECE)]
+    if len(pieces) <= 1:
+        for a, b in pieces:
+            fn(a, b)
+        return
+    with ThreadPoolExecutor(STREAMS) as ex:
+        for r in ex.map(lambda p: fn(*p), pieces):
+            pass
+
+
+def _write_bytes(path: str, buf: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        def put(a, b):
+            done = a
+            while done < b:
+                done += os.pwrite(fd, buf[done:b], done)
+        _parallel(len(buf), put)
+    finally:
+        os.close(fd)
+
+
+def _read_bytes(path: str, buf: memoryview) -> None:
+    """Fills buf with the file's bytes: backing runs found with QUERY_EXTENTS are read
+    straight from the backing files (no FUSE copy); bytes that must be decoded are read
+    through the mount."""
+    from .extents import query_extents
+
+    try:
+        runs = query_extents(path, 0, len(buf))
+    except OSError:
+        runs = []
+    fds = {}
+    mount_fd = os.open(path, os.O_RDONLY)
+    try:
+        def get(run_path, src_off, a, b):
+            fd = mount_fd if run_path is None else fds[run_path]
+            done = a
+            while done < b:
+                n = os.preadv(fd, [buf[done:b]], src_off + (done - a))
+                if n <= 0:
+                    raise OSError(f"short read of {path}")
+                done += n
+        jobs = []
+        if not runs:
+            runs_ = [(None, 0, 0, len(buf))]
+        else:
+            runs_ = [(r.path, r.backing_offset if r.path else r.file_offset, r.file_offset, r.file_offset + r.length) for r in runs]
+        for rp, so, a, b in runs_:
+            if rp is not None and rp not in fds:
+                try:
+                    fds[rp] = os.open(rp, os.O_RDONLY)
+                except OSError:
+                    rp, so = None, a   # not readable here: go through the mount
+            for s in range(a, b, PIECE):
+                jobs.append((rp, so + (s - a), s, min(s + PIECE, b)))
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(STREAMS) as ex:
+            for r in ex.map(lambda j: get(*j), jobs):
+                pass
+    finally:
+        os.close(mount_fd)
+        for fd in fds.values():
+            os.close(fd)
+
+
 @task(variants=(VariantCode.CPU,))
 def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     """Point task: writes this point's piece of the array to its tile file."""
@@ -49,8 +126,7 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     t = [int(x) for x in tile.split(",")] if tile else []
     idx = [l // s for l, s in zip(lo, t)]
     data = np.ascontiguousarray(np.asarray(st))
-    with open(os.path.join(ds_dir, "tiles", _tile_name(idx)), "r+b") as f:
-        f.write(data.tobytes())
+    _write_bytes(os.path.join(ds_dir, "tiles", _tile_name(idx)), memoryview(data.reshape(-1).view(np.uint8)))
 
 
 @task(variants=(VariantCode.CPU,))
@@ -62,8 +138,13 @@ def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
     t = [int(x) for x in tile.split(",")] if tile else []
     idx = [l // s for l, s in zip(lo, t)]
     dst = np.asarray(st)
-    src = np.fromfile(os.path.join(ds_dir, "tiles", _tile_name(idx)), dtype=np.dtype(dtype))
-    dst[...] = src.reshape(dst.shape)
+    p = os.path.join(ds_dir, "tiles", _tile_name(idx))
+    if dst.flags.c_contiguous and dst.dtype == np.dtype(dtype):
+        _read_bytes(p, memoryview(dst.reshape(-1).view(np.uint8)))
+    else:
+        tmp = np.empty(dst.shape, dtype=np.dtype(dtype))
+        _read_bytes(p, memoryview(tmp.reshape(-1).view(np.uint8)))
+        dst[...] = tmp
 
 
 def _as_logical_array(array) -> LogicalArray:
