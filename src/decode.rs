@@ -178,6 +178,31 @@ pub fn decode_chunk(
     (buf.len() == expect).then_some(buf)
 }
 
+/// Reads cell `index` of a regular grid of `cell`-shaped blocks through the HDF5
+/// library, laid out over the full cell shape (edge cells padded).
+fn read_cell(
+    dset: &hdf5::Dataset,
+    grid: &[u64],
+    cell: &[u64],
+    shape: &[u64],
+    elem: u64,
+    index: u64,
+) -> Result<Vec<u8>> {
+    let start: Vec<u64> = unravel(index, grid)
+        .iter()
+        .zip(cell)
+        .map(|(i, c)| i * c)
+        .collect();
+    let count: Vec<u64> = start
+        .iter()
+        .zip(cell)
+        .zip(shape)
+        .map(|((s, c), n)| (*c).min(n - s))
+        .collect();
+    let ftype = h5::dtype(dset.id())?;
+    h5::read_region(dset.id(), &ftype, elem as usize, &start, &count, cell)
+}
+
 /// The chunks of a chunked dataset: where each is stored (looked up lazily and
 /// remembered) and how a filtered one is decoded.
 pub struct ChunkStore {
@@ -248,21 +273,13 @@ impl ChunkStore {
     }
 
     fn read_through_hdf5(&self, index: u64) -> Result<Vec<u8>> {
-        let start = self.chunk_start(index);
-        let count: Vec<u64> = start
-            .iter()
-            .zip(&self.chunk)
-            .zip(&self.shape)
-            .map(|((s, c), n)| (*c).min(n - s))
-            .collect();
-        let ftype = h5::dtype(self.dset.id())?;
-        h5::read_region(
-            self.dset.id(),
-            &ftype,
-            self.elem as usize,
-            &start,
-            &count,
+        read_cell(
+            &self.dset,
+            &self.grid,
             &self.chunk,
+            &self.shape,
+            self.elem,
+            index,
         )
     }
 }
@@ -341,25 +358,13 @@ impl CellSource for HdfCells {
     }
 
     fn load(&self, index: u64) -> Result<Vec<u8>> {
-        let start: Vec<u64> = unravel(index, &self.grid)
-            .iter()
-            .zip(&self.cell)
-            .map(|(i, c)| i * c)
-            .collect();
-        let count: Vec<u64> = start
-            .iter()
-            .zip(&self.cell)
-            .zip(&self.shape)
-            .map(|((s, c), n)| (*c).min(n - s))
-            .collect();
-        let ftype = h5::dtype(self.dset.id())?;
-        h5::read_region(
-            self.dset.id(),
-            &ftype,
-            self.elem as usize,
-            &start,
-            &count,
+        read_cell(
+            &self.dset,
+            &self.grid,
             &self.cell,
+            &self.shape,
+            self.elem,
+            index,
         )
     }
 }

@@ -20,20 +20,14 @@ from legate.io import hdf5 as lgh5
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
 from h5tilefs import legate as ours  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_caches  # noqa: E402
 
 
 def fence():
     get_legate_runtime().issue_execution_fence(block=True)
 
 
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def timed(fn):

@@ -19,20 +19,14 @@ import time
 
 import h5py
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_caches  # noqa: E402
 
 
 def sh(*cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def write_files(args):
