@@ -77,6 +77,9 @@ impl Filesystem for FuseFs {
             ra /= 2;
         }
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Direct-I/O writes of a large buffer (tile writes) go out as several requests
+        // at once instead of one 1 MiB request after another.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         Ok(())
     }
 

@@ -50,7 +50,7 @@ struct MountArgs {
     /// not root). Permissions still mirror the backing files (default_permissions).
     #[arg(long)]
     allow_other: bool,
-    /// FUSE worker threads [default: 2 x CPUs, at least 4, at most 32].
+    /// FUSE worker threads [default: 2 x CPUs, at least 8, at most 32].
     #[arg(long)]
     threads: Option<usize>,
     /// Target size of a tile of a contiguous dataset (whole rows), in bytes; accepts
@@ -256,7 +256,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         let n = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
-        (2 * n).clamp(4, 32)
+        (2 * n).clamp(8, 32)
     });
     let readahead_kb = args.readahead_kb;
     let opts = FsOptions {

@@ -60,12 +60,13 @@ def main():
     ap.add_argument("--tiles", type=int, default=16, help="tiles of the throughput array")
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "../../target/release/h5tilefs"))
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--mount-arg", action="append", default=[], help="extra `h5tilefs mount` argument (repeatable)")
     args = ap.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="h5tilefs-wbench-")
     backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
     os.makedirs(backing, exist_ok=True)
     os.makedirs(mnt, exist_ok=True)
-    sh(args.bin, "mount", backing, mnt, "--log-file", os.path.join(root, "daemon.log"))
+    sh(args.bin, "mount", backing, mnt, "--log-file", os.path.join(root, "daemon.log"), *args.mount_arg)
     rows = []
     try:
         # --- throughput: the same bytes, through the mount and straight to the backing FS
