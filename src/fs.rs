@@ -622,8 +622,7 @@ impl Fs {
                 if path == "/" && name == ".status" {
                     return Ok(Node::Status { file: file.clone() });
                 }
-                if let Some(n) = self.pending.node(file, &cpath) {
-                    let _ = n;
+                if self.pending.node(file, &cpath).is_some() {
                     return Ok(Node::PNode {
                         file: file.clone(),
                         path: cpath,

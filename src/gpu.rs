@@ -36,6 +36,7 @@ fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
 }
 
 /// A device mapping of a client's allocation.
+#[derive(Clone)]
 pub struct Mapping {
     pub device: i32,
     /// Base of the client's allocation in this process (from cuIpcOpenMemHandle).

@@ -200,27 +200,13 @@ impl Pending {
         let Ok(rd) = std::fs::read_dir(&d) else {
             return Ok(vec![]);
         };
-        let mut out = Vec::new();
-        for e in rd.flatten() {
-            let Ok(path) = std::fs::read_to_string(e.path().join("path")) else {
-                continue;
-            };
-            let meta = std::fs::read(e.path().join("meta.json"))
-                .ok()
-                .and_then(|b| PendingMeta::parse(&b).ok());
-            out.push(PendingNode { path, meta });
-        }
+        let mut out: Vec<PendingNode> = rd.flatten().filter_map(|e| read_node(&e.path())).collect();
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
     pub fn node(&self, file_rel: &Path, h5path: &str) -> Option<PendingNode> {
-        let d = self.node_dir(file_rel, h5path).ok()?;
-        let path = std::fs::read_to_string(d.join("path")).ok()?;
-        let meta = std::fs::read(d.join("meta.json"))
-            .ok()
-            .and_then(|b| PendingMeta::parse(&b).ok());
-        Some(PendingNode { path, meta })
+        read_node(&self.node_dir(file_rel, h5path).ok()?)
     }
 
     fn sources_dir(&self, file_rel: &Path, h5path: &str, gen: &str) -> Result<PathBuf> {
@@ -780,6 +766,15 @@ impl Pending {
             "tiles": sources.len(),
         }))
     }
+}
+
+/// The pending node stored in node directory `d`, if it is one.
+fn read_node(d: &Path) -> Option<PendingNode> {
+    let path = std::fs::read_to_string(d.join("path")).ok()?;
+    let meta = std::fs::read(d.join("meta.json"))
+        .ok()
+        .and_then(|b| PendingMeta::parse(&b).ok());
+    Some(PendingNode { path, meta })
 }
 
 /// fsyncs files in parallel (commit time grows with tiles, so spread the syscalls).

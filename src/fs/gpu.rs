@@ -174,15 +174,7 @@ impl Fs {
                 .mapping
                 .as_ref()
                 .ok_or_else(|| Error::new(libc::ENODEV, "buffer has no device mapping"))?;
-            (
-                Mapping {
-                    device: m.device,
-                    base: m.base,
-                    alloc_size: m.alloc_size,
-                    registered_with_cufile: m.registered_with_cufile,
-                },
-                reg.offset,
-            )
+            (m.clone(), reg.offset)
         };
         // Plan and transfer window by window so a huge read holds a bounded plan.
         const WINDOW: u64 = 256 << 20;

@@ -40,6 +40,30 @@ def _tile_name(idx) -> str:
     return ".".join(str(int(i)) for i in idx) if len(idx) else "0"
 
 
+def _tile_path(st, ds_dir: str, tile: str) -> str:
+    """The tile file of a point task's piece: its lower corner divided by the tile shape
+    (``tile`` is the comma-joined shape passed as a scalar argument)."""
+    t = [int(x) for x in tile.split(",")] if tile else []
+    idx = [lo // s for lo, s in zip(tuple(st.domain.lo), t)]
+    return os.path.join(ds_dir, "tiles", _tile_name(idx))
+
+
+def _launch_per_tile(py_task, store, tile, add, *scalars: str) -> None:
+    """Runs ``py_task`` once per tile of ``store`` (one point for a scalar), the store's
+    piece added with ``add`` ("input" or "output"), then the string scalars."""
+    runtime = get_legate_runtime()
+    if store.ndim:
+        part = store.partition_by_tiling(tile)
+        t = runtime.create_manual_task(py_task.library, py_task.task_id, part.color_shape)
+        getattr(t, f"add_{add}")(part)
+    else:
+        t = runtime.create_manual_task(py_task.library, py_task.task_id, (1,))
+        getattr(t, f"add_{add}")(store)
+    for v in scalars:
+        t.add_scalar_arg(v, ty.string_type)
+    t.execute()
+
+
 #: Bytes per pwrite/pread piece, and parallel pieces per tile: several FUSE requests in
 #: flight keep the daemon's threads busy (one write() is split into 1 MiB requests).
 PIECE = 16 << 20
@@ -121,24 +145,16 @@ def _read_bytes(path: str, buf: memoryview) -> None:
 def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     """Point task: writes this point's piece of the array to its tile file."""
     st = arr.data()
-    dom = st.domain
-    lo = tuple(dom.lo)
-    t = [int(x) for x in tile.split(",")] if tile else []
-    idx = [l // s for l, s in zip(lo, t)]
     data = np.ascontiguousarray(np.asarray(st))
-    _write_bytes(os.path.join(ds_dir, "tiles", _tile_name(idx)), memoryview(data.reshape(-1).view(np.uint8)))
+    _write_bytes(_tile_path(st, ds_dir, tile), memoryview(data.reshape(-1).view(np.uint8)))
 
 
 @task(variants=(VariantCode.CPU,))
 def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
     """Point task: reads this point's tile file into its piece of the output."""
     st = out.data()
-    dom = st.domain
-    lo = tuple(dom.lo)
-    t = [int(x) for x in tile.split(",")] if tile else []
-    idx = [l // s for l, s in zip(lo, t)]
     dst = np.asarray(st)
-    p = os.path.join(ds_dir, "tiles", _tile_name(idx))
+    p = _tile_path(st, ds_dir, tile)
     if dst.flags.c_contiguous and dst.dtype == np.dtype(dtype):
         _read_bytes(p, memoryview(dst.reshape(-1).view(np.uint8)))
     else:
@@ -200,16 +216,7 @@ def to_file(array, path, dataset_name: str) -> None:
     with open(os.path.join(ds_dir, "meta.json"), "w") as f:
         json.dump({"shape": list(shape), "dtype": dtype.str, "tile_shape": tile}, f)
     if math.prod(shape) > 0:
-        if shape:
-            part = store.partition_by_tiling(tile)
-            t = runtime.create_manual_task(_write_tile.library, _write_tile.task_id, part.color_shape)
-            t.add_input(part)
-        else:
-            t = runtime.create_manual_task(_write_tile.library, _write_tile.task_id, (1,))
-            t.add_input(store)
-        t.add_scalar_arg(ds_dir, ty.string_type)
-        t.add_scalar_arg(",".join(map(str, tile)), ty.string_type)
-        t.execute()
+        _launch_per_tile(_write_tile, store, tile, "input", ds_dir, ",".join(map(str, tile)))
         runtime.issue_execution_fence(block=True)
     with open(os.path.join(path, ".commit"), "w") as f:
         f.write("commit\n")
@@ -240,17 +247,7 @@ def from_file(path, dataset_name: str) -> LogicalArray:
     if math.prod(shape) == 0:
         return LogicalArray.from_store(store)
     tile = list(meta["tile_shape"])
-    if shape:
-        part = store.partition_by_tiling(tile)
-        t = runtime.create_manual_task(_read_tile.library, _read_tile.task_id, part.color_shape)
-        t.add_output(part)
-    else:
-        t = runtime.create_manual_task(_read_tile.library, _read_tile.task_id, (1,))
-        t.add_output(store)
-    t.add_scalar_arg(ds_dir, ty.string_type)
-    t.add_scalar_arg(",".join(map(str, tile)), ty.string_type)
-    t.add_scalar_arg(dtype.str, ty.string_type)
-    t.execute()
+    _launch_per_tile(_read_tile, store, tile, "output", ds_dir, ",".join(map(str, tile)), dtype.str)
     return LogicalArray.from_store(store)
 
 
