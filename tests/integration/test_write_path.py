@@ -398,3 +398,22 @@ def test_commits_of_different_files_run_in_parallel(env):
     for k, a in arrays.items():
         with h5py.File(os.path.join(env.backing, f"p{k}.h5")) as f:
             assert np.array_equal(f["x"][()], a)
+
+
+def test_read_only_mount_refuses_writes(env):
+    m = env.mount()
+    a = np.arange(6, dtype="<i4")
+    d = create(m, "ro.h5", "/x", a.shape, a.dtype, (6,))
+    write_tile(d, (0,), a)
+    commit(m, "ro.h5")
+    unmount(m)
+    ro = os.path.join(env.root, "ro")
+    os.makedirs(ro)
+    mount(env.backing, ro, "--read-only")
+    env.mnts.append(ro)
+    assert _oserr(lambda: os.mkdir(os.path.join(ro, "new.h5"))) == errno.EROFS
+    assert _oserr(lambda: commit(ro, "ro.h5")) == errno.EROFS
+    assert _oserr(lambda: os.rmdir(os.path.join(ro, "ro.h5", "x"))) == errno.EROFS
+    # still readable, same bytes as h5py
+    with h5py.File(os.path.join(env.backing, "ro.h5")) as f:
+        assert open(os.path.join(ro, "ro.h5", "x", "data"), "rb").read() == f["x"][()].tobytes()
