@@ -303,6 +303,12 @@ pub struct Fs {
     next_buffer: AtomicU64,
     pub gpu_bytes: AtomicU64,
     started: SystemTime,
+    /// Per-request counters and latency histograms (recorded by the FUSE adapter).
+    pub stats: crate::stats::Stats,
+    /// Pending files this daemon created or wrote, for `status` (pruned when read).
+    touched: DashMap<PathBuf, ()>,
+    /// Set once SIGTERM started a drain: new writes are refused, reads still served.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 fn dir_perm(mode: u32) -> u16 {
@@ -336,6 +342,9 @@ impl Fs {
             next_buffer: AtomicU64::new(1),
             gpu_bytes: AtomicU64::new(0),
             started: SystemTime::now(),
+            stats: crate::stats::Stats::default(),
+            touched: DashMap::new(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -366,12 +375,53 @@ impl Fs {
                 "cell_cache_bytes": self.cache.bytes(),
                 "cell_cache_hits": self.cache.hits.load(Ordering::Relaxed),
                 "cell_cache_misses": self.cache.misses.load(Ordering::Relaxed),
+                "pending_files": self.pending_files(),
+                "draining": self.draining.load(Ordering::Relaxed),
+                "pid": std::process::id(),
+                "ops": self.stats.to_json(),
                 "started_unix": self.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             },
         });
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
         out
+    }
+
+    /// Open file handles (for status and shutdown logs).
+    pub fn open_handles(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Notes that `file_rel` has pending state made by this daemon.
+    fn touch(&self, file_rel: &Path) {
+        if !self.touched.contains_key(file_rel) {
+            self.touched.insert(file_rel.to_path_buf(), ());
+        }
+    }
+
+    /// Pending files this daemon touched that are still pending (committed or removed
+    /// ones are dropped from the set here).
+    pub fn pending_files(&self) -> Vec<PathBuf> {
+        self.touched.retain(|p, _| self.pending.is_pending(p));
+        let mut v: Vec<PathBuf> = self.touched.iter().map(|e| e.key().clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// Flushes everything written to the backing file system (tile bytes, range logs):
+    /// what SIGTERM does before unmounting, so a node going down next loses nothing.
+    pub fn sync_backing(&self) -> Result<()> {
+        let f = std::fs::File::open(&self.ns.root)
+            .map_err(|e| Error::from_io(format!("opening {}", self.ns.root.display()), e))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: syncfs on an fd we own for the duration of the call.
+        if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+            return Err(Error::from_io(
+                "syncfs of the backing dir",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
     }
 
     fn model(&self, f: &H5File, path: &str) -> Result<Arc<DatasetModel>> {

@@ -1,7 +1,9 @@
 //! Thin adapter from fuser's callbacks to the filesystem core: one span per request,
 //! one place where core errors become errnos.
 
+use crate::error::Error;
 use crate::fs::{Attr, Fs, Kind, ROOT_INO};
+use crate::stats::Op;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -10,8 +12,7 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::Duration;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug_span, warn};
 
 /// Attribute and entry cache lifetime: short enough that a rewritten backing file is
@@ -22,17 +23,63 @@ pub struct FuseFs {
     pub core: Arc<Fs>,
 }
 
-/// Logs a core error and answers the kernel with its errno.
-macro_rules! fail {
-    ($reply:expr, $e:expr) => {{
-        let e = $e;
+/// One request in flight: the kernel's request id (in the span and in every error
+/// logged), and its start time for the latency histograms.
+struct Call<'a> {
+    fs: &'a Fs,
+    op: Op,
+    req: u64,
+    start: Instant,
+    _span: tracing::span::EnteredSpan,
+}
+
+impl Call<'_> {
+    fn ok(self, bytes: u64) {
+        self.fs
+            .stats
+            .record(self.op, self.start.elapsed(), true, bytes);
+    }
+
+    /// Records and logs a core error; the errno to answer with.
+    fn err(self, e: Error) -> Errno {
+        self.fs
+            .stats
+            .record(self.op, self.start.elapsed(), false, 0);
+        // Misses and unknown ioctls are routine (shells probe names, tools probe ioctls).
         if e.errno == libc::ENOENT || e.errno == libc::ENOTTY {
-            tracing::debug!(errno = e.errno, "{e}");
+            tracing::debug!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         } else {
-            warn!(errno = e.errno, "{e}");
+            warn!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         }
-        $reply.error(Errno::from_i32(e.errno));
+        Errno::from_i32(e.errno)
+    }
+}
+
+/// Starts a [`Call`]: `call!(self, req, Op::Read, "read", field = value, ...)`.
+macro_rules! call {
+    ($self:ident, $req:expr, $op:expr, $name:literal $(, $($f:tt)*)?) => {{
+        let req = $req.unique().0;
+        Call {
+            fs: &$self.core,
+            op: $op,
+            req,
+            start: Instant::now(),
+            _span: debug_span!($name, req $(, $($f)*)?).entered(),
+        }
     }};
+}
+
+/// Answers a request from a core result: `done!(call, reply, result, |v| ...)`.
+macro_rules! done {
+    ($call:expr, $reply:expr, $r:expr, |$v:pat_param| $ok:expr) => {
+        match $r {
+            Ok($v) => {
+                $call.ok(0);
+                $ok
+            }
+            Err(e) => $reply.error($call.err(e)),
+        }
+    };
 }
 
 fn ttl(a: &Attr) -> Duration {
@@ -83,35 +130,35 @@ impl Filesystem for FuseFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _s = debug_span!("lookup", parent = parent.0, ?name).entered();
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let c = call!(self, req, Op::Lookup, "lookup", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(Errno::ENOENT);
+            return reply.error(c.err(Error::not_found("name is not UTF-8")));
         };
-        match self.core.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&ttl(&a), &to_attr(&a), Generation(0)),
-            Err(e) => fail!(reply, e),
-        }
+        done!(c, reply, self.core.lookup(parent.0, name), |a| reply.entry(
+            &ttl(&a),
+            &to_attr(&a),
+            Generation(0)
+        ))
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.core.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _s = debug_span!("getattr", ino = ino.0).entered();
-        match self.core.getattr(ino.0) {
-            Ok(a) => reply.attr(&ttl(&a), &to_attr(&a)),
-            Err(e) => fail!(reply, e),
-        }
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let c = call!(self, req, Op::Getattr, "getattr", ino = ino.0);
+        done!(c, reply, self.core.getattr(ino.0), |a| reply
+            .attr(&ttl(&a), &to_attr(&a)))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _s = debug_span!("open", ino = ino.0).entered();
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let c = call!(self, req, Op::Open, "open", ino = ino.0);
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
             Ok((fh, keep, direct)) => {
+                c.ok(0);
                 let mut f = FopenFlags::empty();
                 if keep {
                     f |= FopenFlags::FOPEN_KEEP_CACHE;
@@ -121,13 +168,13 @@ impl Filesystem for FuseFs {
                 }
                 reply.opened(FileHandle(fh), f)
             }
-            Err(e) => fail!(reply, e),
+            Err(e) => reply.error(c.err(e)),
         }
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -136,16 +183,19 @@ impl Filesystem for FuseFs {
         _lock: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let _s = debug_span!("read", ino = ino.0, offset, size).entered();
+        let c = call!(self, req, Op::Read, "read", ino = ino.0, offset, size);
         match self.core.read(fh.0, offset, size) {
-            Ok(buf) => reply.data(&buf),
-            Err(e) => fail!(reply, e),
+            Ok(buf) => {
+                c.ok(buf.len() as u64);
+                reply.data(&buf)
+            }
+            Err(e) => reply.error(c.err(e)),
         }
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -153,30 +203,32 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let c = call!(self, req, Op::Release, "release", fh = fh.0);
         self.core.release(fh.0);
+        c.ok(0);
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.opendir(ino.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => fail!(reply, e),
-        }
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let c = call!(self, req, Op::Opendir, "opendir", ino = ino.0);
+        done!(c, reply, self.core.opendir(ino.0), |()| reply
+            .opened(FileHandle(0), FopenFlags::empty()))
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _s = debug_span!("readdir", ino = ino.0, offset).entered();
+        let c = call!(self, req, Op::Readdir, "readdir", ino = ino.0, offset);
         let entries = match self.core.readdir(ino.0) {
             Ok(e) => e,
-            Err(e) => return fail!(reply, e),
+            Err(e) => return reply.error(c.err(e)),
         };
+        c.ok(0);
         let dots = [
             (ino.0, FileType::Directory, ".".to_string()),
             (ROOT_INO, FileType::Directory, "..".to_string()),
@@ -196,7 +248,8 @@ impl Filesystem for FuseFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        call!(self, req, Op::Statfs, "statfs").ok(0);
         // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         let path = std::ffi::CString::new(self.core.ns.root.as_os_str().as_encoded_bytes())
@@ -226,22 +279,23 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let _s = debug_span!("mkdir", parent = parent.0, ?name).entered();
+        let c = call!(self, req, Op::Mkdir, "mkdir", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(Errno::EINVAL);
+            return reply.error(c.err(Error::invalid("name is not UTF-8")));
         };
-        match self
+        let r = self
             .core
-            .mkdir(parent.0, name, mode & !umask, req.uid(), req.gid())
-        {
-            Ok(a) => reply.entry(&ttl(&a), &to_attr(&a), Generation(0)),
-            Err(e) => fail!(reply, e),
-        }
+            .mkdir(parent.0, name, mode & !umask, req.uid(), req.gid());
+        done!(c, reply, r, |a| reply.entry(
+            &ttl(&a),
+            &to_attr(&a),
+            Generation(0)
+        ))
     }
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -249,25 +303,23 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let _s = debug_span!("create", parent = parent.0, ?name).entered();
+        let c = call!(self, req, Op::Create, "create", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(Errno::EINVAL);
+            return reply.error(c.err(Error::invalid("name is not UTF-8")));
         };
-        match self.core.create(parent.0, name) {
-            Ok((a, fh)) => reply.created(
+        done!(c, reply, self.core.create(parent.0, name), |(a, fh)| reply
+            .created(
                 &ttl(&a),
                 &to_attr(&a),
                 Generation(0),
                 FileHandle(fh),
                 FopenFlags::FOPEN_DIRECT_IO,
-            ),
-            Err(e) => fail!(reply, e),
-        }
+            ))
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -277,30 +329,39 @@ impl Filesystem for FuseFs {
         _lock: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _s = debug_span!("write", ino = ino.0, offset, len = data.len()).entered();
+        let c = call!(
+            self,
+            req,
+            Op::Write,
+            "write",
+            ino = ino.0,
+            offset,
+            len = data.len()
+        );
         match self.core.write(fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => fail!(reply, e),
+            Ok(n) => {
+                c.ok(n as u64);
+                reply.written(n)
+            }
+            Err(e) => reply.error(c.err(e)),
         }
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.core.flush(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => fail!(reply, e),
-        }
+        let c = call!(self, req, Op::Flush, "flush", fh = fh.0);
+        done!(c, reply, self.core.flush(fh.0), |()| reply.ok())
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
@@ -308,12 +369,13 @@ impl Filesystem for FuseFs {
     ) {
         // Tile bytes are fsync-ed by commit; an fsync of a tile before that has nothing
         // more to promise than the page cache already holds.
+        call!(self, req, Op::Fsync, "fsync").ok(0);
         reply.ok();
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
@@ -329,38 +391,29 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _s = debug_span!("setattr", ino = ino.0, ?size).entered();
+        let c = call!(self, req, Op::Setattr, "setattr", ino = ino.0, ?size);
         let r = match size {
             Some(sz) => self.core.setattr_size(ino.0, sz),
             // Times and modes mirror the backing files; changes are ignored.
             None => self.core.getattr(ino.0),
         };
-        match r {
-            Ok(a) => reply.attr(&ttl(&a), &to_attr(&a)),
-            Err(e) => fail!(reply, e),
-        }
+        done!(c, reply, r, |a| reply.attr(&ttl(&a), &to_attr(&a)))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _s = debug_span!("rmdir", parent = parent.0, ?name).entered();
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = call!(self, req, Op::Rmdir, "rmdir", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(Errno::ENOENT);
+            return reply.error(c.err(Error::not_found("name is not UTF-8")));
         };
-        match self.core.rmdir(parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => fail!(reply, e),
-        }
+        done!(c, reply, self.core.rmdir(parent.0, name), |()| reply.ok())
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _s = debug_span!("unlink", parent = parent.0, ?name).entered();
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = call!(self, req, Op::Unlink, "unlink", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(Errno::ENOENT);
+            return reply.error(c.err(Error::not_found("name is not UTF-8")));
         };
-        match self.core.unlink(parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => fail!(reply, e),
-        }
+        done!(c, reply, self.core.unlink(parent.0, name), |()| reply.ok())
     }
 
     fn ioctl(
@@ -374,10 +427,20 @@ impl Filesystem for FuseFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        let _s = debug_span!("ioctl", ino = ino.0, cmd, pid = req.pid()).entered();
-        match self.core.ioctl(fh.0, req.pid(), cmd, in_data) {
-            Ok(out) => reply.ioctl(0, &out),
-            Err(e) => fail!(reply, e),
-        }
+        let c = call!(
+            self,
+            req,
+            Op::Ioctl,
+            "ioctl",
+            ino = ino.0,
+            cmd,
+            pid = req.pid()
+        );
+        done!(
+            c,
+            reply,
+            self.core.ioctl(fh.0, req.pid(), cmd, in_data),
+            |out| reply.ioctl(0, &out)
+        )
     }
 }

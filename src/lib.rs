@@ -21,4 +21,5 @@ pub mod namespace;
 pub mod pending;
 pub mod selection;
 pub mod staging;
+pub mod stats;
 pub mod writer;

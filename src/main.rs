@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod status;
+
 #[derive(Parser)]
 #[command(
     name = "h5tilefs",
@@ -32,6 +34,17 @@ enum Cmd {
     Mount(MountArgs),
     /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
     Umount { mountpoint: PathBuf },
+    /// Health check of the daemon serving MOUNTPOINT: exit 0 when it answers, 1 when
+    /// MOUNTPOINT is not an h5tilefs mount, 2 when the daemon is gone or hung.
+    Status {
+        mountpoint: PathBuf,
+        /// Print the daemon's full stats JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+        /// Seconds to wait for the daemon's answer.
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -70,6 +83,10 @@ struct MountArgs {
     /// Write logs to this file (appended). Without it a detached daemon logs nowhere.
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// On SIGTERM/SIGINT: seconds to keep serving files still open after the mount is
+    /// detached, before exiting anyway.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
     /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
     /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH.
     /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
@@ -137,6 +154,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Cmd::Status {
+            mountpoint,
+            json,
+            timeout,
+        } => ExitCode::from(status::run(&mountpoint, json, timeout)),
     }
 }
 
@@ -269,9 +291,10 @@ fn mount(args: MountArgs) -> Result<(), String> {
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);
-        let session = start(&backing, &mnt, opts)?;
+        let (mut session, core) = start(&backing, &mnt, opts)?;
         tune_readahead(&mnt, readahead_kb);
         tracing::info!(mountpoint = %mnt.display(), "mounted");
+        shutdown_on_signal(core, session.unmount_callable(), &mnt, args.shutdown_grace);
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
     // Fork before any thread or HDF5 state exists; the child reports readiness on a pipe.
@@ -315,9 +338,10 @@ fn mount(args: MountArgs) -> Result<(), String> {
     let _ = std::env::set_current_dir("/");
     init_logging(args.log_file.as_deref(), false);
     match start(&backing, &mnt, opts) {
-        Ok(session) => {
+        Ok((mut session, core)) => {
             tune_readahead(&mnt, readahead_kb);
             tracing::info!(mountpoint = %mnt.display(), "mounted");
+            shutdown_on_signal(core, session.unmount_callable(), &mnt, args.shutdown_grace);
             let _ = wr.write_all(b"OK");
             drop(wr);
             if let Err(e) = session.run() {
@@ -348,7 +372,85 @@ fn raise_nofile() {
     }
 }
 
-fn start(backing: &Path, mnt: &Path, opts: FsOptions) -> Result<fuser::Session<FuseFs>, String> {
+/// The signals that start a graceful shutdown.
+fn shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+/// Graceful shutdown on SIGTERM/SIGINT: flush the backing file system (tile bytes and
+/// range logs: pending state is already on disk, this makes it durable), unmount, and
+/// let requests in flight finish. A busy mount is detached instead: new opens fail,
+/// files still open keep being served until closed or `grace` seconds pass.
+fn shutdown_on_signal(
+    core: Arc<Fs>,
+    mut unmounter: fuser::SessionUnmounter,
+    mnt: &Path,
+    grace: u64,
+) {
+    let mnt = mnt.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("shutdown".into())
+        .spawn(move || {
+            let set = shutdown_signals();
+            let mut sig = 0;
+            // SAFETY: sigwait on a set that every thread blocks (see `start`).
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            tracing::info!(signal = sig, "shutting down: syncing and unmounting");
+            core.draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Err(e) = core.sync_backing() {
+                tracing::warn!("{e}");
+            }
+            match unmounter.unmount() {
+                Ok(()) => tracing::info!("unmounted"),
+                Err(e) => {
+                    tracing::info!(error = %e, "mount busy: detaching, open files are still served");
+                    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())
+                        .unwrap_or_default();
+                    // SAFETY: umount2 on a NUL-terminated path we own.
+                    let lazy_ok = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0;
+                    if !lazy_ok {
+                        let _ = std::process::Command::new("fusermount3")
+                            .args(["-u", "-z"])
+                            .arg(&mnt)
+                            .status();
+                    }
+                }
+            }
+            // The session loop returns once the kernel drops the connection; if open
+            // files keep it alive past the grace period, leave anyway (state is on disk).
+            std::thread::sleep(std::time::Duration::from_secs(grace));
+            let _ = core.sync_backing();
+            tracing::warn!(
+                open_handles = core.open_handles(),
+                "grace period over with files still open; exiting"
+            );
+            std::process::exit(0);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no shutdown thread ({e}): SIGTERM will not unmount cleanly");
+    }
+}
+
+fn start(
+    backing: &Path,
+    mnt: &Path,
+    opts: FsOptions,
+) -> Result<(fuser::Session<FuseFs>, Arc<Fs>), String> {
+    // Block the shutdown signals before any thread exists, so that only the thread in
+    // `shutdown_on_signal` receives them (sigwait).
+    let set = shutdown_signals();
+    // SAFETY: changes this thread's mask; threads spawned later inherit it.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     raise_nofile();
     // A panic is a bug; make sure it reaches the log, not only a closed stderr.
     std::panic::set_hook(Box::new(|info| {
@@ -381,8 +483,9 @@ fn start(backing: &Path, mnt: &Path, opts: FsOptions) -> Result<fuser::Session<F
     }
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let fs = FuseFs {
-        core: Arc::new(core),
-    };
-    fuser::Session::new(fs, mnt, &config).map_err(|e| format!("mounting {}: {e}", mnt.display()))
+    let core = Arc::new(core);
+    let fs = FuseFs { core: core.clone() };
+    let session = fuser::Session::new(fs, mnt, &config)
+        .map_err(|e| format!("mounting {}: {e}", mnt.display()))?;
+    Ok((session, core))
 }

@@ -41,6 +41,7 @@ impl Fs {
                 let crel = rel.join(name);
                 if is_h5_name(name) {
                     self.pending.create_file(&crel)?;
+                    self.touch(&crel);
                     let stage = self.pending.stage_dir(&crel)?;
                     chown(&stage, uid, gid);
                     Node::Group {
@@ -74,6 +75,7 @@ impl Fs {
                 }
                 let cpath = join(path, name);
                 self.pending.create_node(file, &cpath)?;
+                self.touch(file);
                 Node::PNode {
                     file: file.clone(),
                     path: cpath,
@@ -155,6 +157,7 @@ impl Fs {
                 ..
             } => {
                 self.pending.write_tile(file, path, meta, idx, off, data)?;
+                self.touch(file);
                 Ok(data.len() as u32)
             }
             Handle::PendingIo {

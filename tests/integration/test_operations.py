@@ -1,0 +1,179 @@
+"""Operations: `h5tilefs status`, the stats in /.h5tilefs, request ids in the log,
+graceful shutdown on SIGTERM, and the mount(8) helper."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from h5t_helpers import BIN, REPO, mount, unmount
+from test_write_path import commit, create, status, tiles_of, write_tile
+
+
+class Env:
+    def __init__(self):
+        self.root = tempfile.mkdtemp(prefix="h5tilefs-ops-")
+        self.backing = os.path.join(self.root, "backing")
+        self.mnt = os.path.join(self.root, "mnt")
+        self.log = os.path.join(self.root, "daemon.log")
+        os.makedirs(self.backing)
+        os.makedirs(self.mnt)
+        with h5py.File(os.path.join(self.backing, "a.h5"), "w") as f:
+            f["x"] = np.arange(100_000, dtype="<f8")
+
+    def mount(self, *extra):
+        mount(self.backing, self.mnt, *extra, log=self.log)
+
+    def stats(self):
+        with open(os.path.join(self.mnt, ".h5tilefs")) as f:
+            return json.load(f)["stats"]
+
+    def status(self, *extra, mnt=None):
+        return subprocess.run([BIN, "status", mnt or self.mnt, *extra], capture_output=True,
+                              text=True, timeout=60)
+
+    def alive(self, pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie of ours would still count; the daemon is not our child
+        return True
+
+    def wait_gone(self, pid, secs=20):
+        end = time.time() + secs
+        while time.time() < end:
+            if not self.alive(pid):
+                return True
+            time.sleep(0.05)
+        return False
+
+
+@pytest.fixture
+def env():
+    e = Env()
+    yield e
+    if os.path.ismount(e.mnt):
+        unmount(e.mnt)
+    shutil.rmtree(e.root, ignore_errors=True)
+
+
+def test_status_reports_a_live_mount(env):
+    env.mount()
+    with open(os.path.join(env.mnt, "a.h5", "x", "data"), "rb") as f:
+        assert f.read() == np.arange(100_000, dtype="<f8").tobytes()
+    os.mkdir(os.path.join(env.mnt, "new.h5"))
+    p = env.status()
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "state:           alive" in out
+    assert f"backing dir:     {os.path.realpath(env.backing)}" in out
+    assert "pending files:   1" in out and "new.h5" in out
+    assert "bytes served:    781.2 KiB" in out
+    assert os.path.realpath(env.mnt) in out.split("h5tilefs mounts on this node")[1]
+    # the full JSON: counters and latency histograms per operation
+    p = env.status("--json")
+    assert p.returncode == 0
+    st = json.loads(p.stdout)["stats"]
+    ops = st["ops"]
+    assert ops["read"]["bytes"] >= 800_000
+    assert ops["mkdir"]["count"] == 1
+    for o in ops.values():
+        assert sum(o["hist"].values()) == o["count"]
+        assert o["p50_us"] <= o["p99_us"] or o["p99_us"] == o["max_us"]
+    assert st["pid"] > 1 and st["pending_files"] == ["new.h5"]
+
+
+def test_errors_are_counted_and_logged_with_request_ids(env):
+    env.mount()
+    before = env.stats()["ops"].get("open", {}).get("errors", 0)
+    with pytest.raises(OSError):
+        os.open(os.path.join(env.mnt, "a.h5", "x", "data"), os.O_WRONLY)
+    with pytest.raises(OSError):
+        open(os.path.join(env.mnt, "a.h5", "x", "slice", "5:1:0"), "rb").read()
+    st = env.stats()["ops"]
+    assert st["lookup"]["errors"] >= 1
+    assert st.get("open", {}).get("errors", 0) >= before
+    log = open(env.log).read()
+    # a warning names the request id and the operation
+    warn = [ln for ln in log.splitlines() if "WARN" in ln]
+    assert warn and all("req=" in ln and "op=" in ln for ln in warn), log
+
+
+def test_status_exit_codes(env):
+    p = env.status(mnt=env.root)
+    assert p.returncode == 1 and "not an h5tilefs mount" in p.stderr
+    env.mount()
+    pid = env.stats()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert env.wait_gone(pid)
+    p = env.status()
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "gone" in p.stderr and "umount" in p.stderr
+
+
+def test_sigterm_unmounts_and_exits(env):
+    env.mount()
+    pid = env.stats()["pid"]
+    os.kill(pid, signal.SIGTERM)
+    assert env.wait_gone(pid), "daemon still running after SIGTERM"
+    assert not os.path.ismount(env.mnt)
+    log = open(env.log).read()
+    assert "shutting down" in log and "unmounted" in log
+
+
+def test_sigterm_keeps_serving_open_files_then_exits(env):
+    env.mount("--shutdown-grace", "20")
+    pid = env.stats()["pid"]
+    want = np.arange(100_000, dtype="<f8").tobytes()
+    fd = os.open(os.path.join(env.mnt, "a.h5", "x", "data"), os.O_RDONLY)
+    try:
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        # detached: the name is gone, the open file still reads, the daemon lives
+        assert not os.path.ismount(env.mnt)
+        assert env.alive(pid)
+        assert os.pread(fd, len(want), 0) == want
+    finally:
+        os.close(fd)
+    assert env.wait_gone(pid, 10), "daemon did not exit once the last file closed"
+
+
+def test_sigterm_during_writes_keeps_pending_tiles(env):
+    """Tiles written before SIGTERM survive the restart and the commit completes."""
+    env.mount()
+    shape, tile = (64, 64), (16, 64)
+    a = np.random.default_rng(7).random(shape)
+    d = create(env.mnt, "p.h5", "/v", shape, "<f8", tile)
+    tiles = list(tiles_of(shape, tile))
+    for idx, sl in tiles[:2]:
+        write_tile(d, idx, a[sl])
+    pid = env.stats()["pid"]
+    os.kill(pid, signal.SIGTERM)
+    assert env.wait_gone(pid)
+    env.mount()
+    assert status(env.mnt, "p.h5")["datasets"]["/v"]["complete"] == 2
+    for idx, sl in tiles[2:]:
+        write_tile(d, idx, a[sl])
+    commit(env.mnt, "p.h5")
+    with h5py.File(os.path.join(env.backing, "p.h5")) as f:
+        assert np.array_equal(f["v"][()], a)
+
+
+def test_mount_helper_passes_options(env):
+    """mount_scripts/mount.h5tilefs as mount(8) calls it, with fstab-style options."""
+    helper = os.path.join(REPO, "mount_scripts", "mount.h5tilefs")
+    p = subprocess.run([helper, env.backing, env.mnt, "-o", "rw,_netdev,ro,cache_bytes=64M,nofail"],
+                       env={**os.environ, "H5TILEFS_BIN": BIN}, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(env.mnt, ".h5tilefs")) as f:
+        o = json.load(f)["options"]
+    assert o["read_only"] is True and o["cache_bytes"] == 64 << 20
+    assert env.status().returncode == 0
