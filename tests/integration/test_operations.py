@@ -177,3 +177,60 @@ def test_mount_helper_passes_options(env):
         o = json.load(f)["options"]
     assert o["read_only"] is True and o["cache_bytes"] == 64 << 20
     assert env.status().returncode == 0
+
+
+def _slurm(env, script, job="42"):
+    conf = os.path.join(env.root, "slurm.env")
+    with open(conf, "w") as f:
+        f.write(f"H5TILEFS_BACKING={env.backing}\nH5TILEFS_MNT={env.root}/job-%j\n"
+                f"H5TILEFS_BIN={BIN}\nH5TILEFS_LOG_DIR={env.root}/logs\nH5TILEFS_OPTIONS=cache_bytes=32M\n")
+    path = os.path.join(REPO, "mount_scripts", "slurm", script)
+    return subprocess.run([path], env={**os.environ, "H5TILEFS_SLURM_CONF": conf, "SLURM_JOB_ID": job},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_slurm_prolog_and_epilog(env):
+    mnt = os.path.join(env.root, "job-42")
+    p = _slurm(env, "prolog.sh")
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(mnt, "a.h5", "x", "data"), "rb") as f:
+        assert f.read() == np.arange(100_000, dtype="<f8").tobytes()
+    with open(os.path.join(mnt, ".h5tilefs")) as f:
+        o = json.load(f)["options"]
+    assert o["allow_other"] is True and o["cache_bytes"] == 32 << 20
+    # idempotent on a node that already serves the mount
+    assert _slurm(env, "prolog.sh").returncode == 0
+    # a dead daemon left by a crash is cleared and replaced
+    pid = json.load(open(os.path.join(mnt, ".h5tilefs")))["stats"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert env.wait_gone(pid)
+    p = _slurm(env, "prolog.sh")
+    assert p.returncode == 0, p.stderr
+    assert subprocess.run([BIN, "status", mnt], capture_output=True).returncode == 0
+    pid = json.load(open(os.path.join(mnt, ".h5tilefs")))["stats"]["pid"]
+    p = _slurm(env, "epilog.sh")
+    assert p.returncode == 0, p.stderr
+    assert env.wait_gone(pid, 5)
+    assert not os.path.ismount(mnt) and not os.path.exists(mnt)
+    assert os.path.exists(os.path.join(env.root, "logs", "job-42.log"))
+
+
+def test_prolog_reports_a_bad_backing_dir(env):
+    env.backing = os.path.join(env.root, "missing")
+    p = _slurm(env, "prolog.sh", job="43")
+    assert p.returncode != 0 and "failed" in p.stderr
+
+
+def test_systemd_unit_command_line(env):
+    """The unit's ExecStart, with its EnvironmentFile and %f expanded, mounts."""
+    unit = open(os.path.join(REPO, "mount_scripts", "systemd", "h5tilefs@.service")).read()
+    line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    cmd = line.split("=", 1)[1].replace("/usr/local/bin/h5tilefs", BIN).replace("%f", env.mnt)
+    cmd = cmd.replace("${BACKING_DIR}", env.backing).replace("${OPTIONS}", "allow_other,cache_bytes=16M")
+    p = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert env.status().returncode == 0
+    if shutil.which("systemd-analyze"):
+        v = subprocess.run(["systemd-analyze", "verify", os.path.join(REPO, "mount_scripts", "systemd", "h5tilefs@.service")],
+                           capture_output=True, text=True)
+        assert "error" not in v.stderr.lower() or "h5tilefs" not in v.stderr, v.stderr
