@@ -518,6 +518,55 @@ pub struct VirtualMapping {
     pub ssel: SpaceSel,
 }
 
+/// One segment of external raw storage (`H5Pset_external`): the file name as stored,
+/// the byte offset in it, and the segment size (`u64::MAX` for "to the end").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExternalSegment {
+    pub name: String,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// The external storage segments of a dataset (empty when its data is in the file).
+pub fn external_segments(dcpl: &Hid) -> Result<Vec<ExternalSegment>> {
+    sync(|| {
+        // SAFETY: dcpl is a valid dataset creation property list; the name buffer is
+        // ours and its size is passed, HDF5 NUL-terminates within it.
+        unsafe {
+            let n = hdf5_sys::h5p::H5Pget_external_count(dcpl.id());
+            if n < 0 {
+                return Err(Error::io("H5Pget_external_count failed"));
+            }
+            let mut out = Vec::with_capacity(n as usize);
+            for i in 0..n as u32 {
+                let mut buf = vec![0 as std::os::raw::c_char; 4096];
+                let mut off: libc::off_t = 0;
+                let mut size: hdf5_sys::h5::hsize_t = 0;
+                if hdf5_sys::h5p::H5Pget_external(
+                    dcpl.id(),
+                    i,
+                    buf.len(),
+                    buf.as_mut_ptr(),
+                    &mut off,
+                    &mut size,
+                ) < 0
+                {
+                    return Err(Error::io("H5Pget_external failed"));
+                }
+                let name = std::ffi::CStr::from_ptr(buf.as_ptr())
+                    .to_string_lossy()
+                    .into_owned();
+                out.push(ExternalSegment {
+                    name,
+                    offset: off.max(0) as u64,
+                    size,
+                });
+            }
+            Ok(out)
+        }
+    })
+}
+
 /// Reads the mappings with the raw `H5Pget_virtual_*` calls.
 pub fn virtual_mappings(dcpl: &Hid) -> Result<Vec<VirtualMapping>> {
     sync(|| {

@@ -335,7 +335,9 @@ fn mount(args: MountArgs) -> Result<(), String> {
             }
         }
     }
-    let _ = std::env::set_current_dir("/");
+    // HDF5 resolves some relative names (virtual sources) against the working
+    // directory: keep that inside the backing directory.
+    let _ = std::env::set_current_dir(&backing);
     init_logging(args.log_file.as_deref(), false);
     match start(&backing, &mnt, opts) {
         Ok((mut session, core)) => {

@@ -290,6 +290,26 @@ impl DatasetModel {
             };
             Storage::Cells(Arc::new(HdfCells::new(ds, shape.clone(), cell, elem)))
         };
+        // External raw storage is served from the external file itself, found next to
+        // the HDF5 file; a file outside the backing directory is never read (the daemon
+        // may run as root: a crafted file must not expose /etc/shadow).
+        let mut external = None;
+        if layout == Layout::Contiguous && !matches!(dtype, DType::Unsupported { .. }) {
+            let segs = h5::external_segments(&dcpl)?;
+            if !segs.is_empty() {
+                let nbytes = shape.iter().product::<u64>().saturating_mul(elem);
+                match external_source(&segs, &file.abs, &opts.root, nbytes) {
+                    Ok(x) => external = Some(x),
+                    Err(reason) => {
+                        tracing::warn!(dataset = name, %reason, "external storage not served");
+                        dtype = DType::Unsupported {
+                            reason,
+                            itemsize: elem,
+                        };
+                    }
+                }
+            }
+        }
         let mut tile_shape = row_tile();
         let mut virtual_count = 0;
         let mut missing_sources = Vec::new();
@@ -297,6 +317,10 @@ impl DatasetModel {
             Storage::None
         } else {
             match layout {
+                Layout::Contiguous if external.is_some() => match external.take() {
+                    Some((bf, offset)) => Storage::Contiguous { file: bf, offset },
+                    None => Storage::Fill,
+                },
                 Layout::Contiguous => match h5::contiguous_offset(id) {
                     Some(offset) => Storage::Contiguous {
                         file: file.backing.clone(),
@@ -336,10 +360,24 @@ impl DatasetModel {
                             }
                             Storage::Virtual(blocks)
                         }
-                        Err(why) => {
-                            tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
-                            hdf_cells(ds.clone())
-                        }
+                        Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
+                            // HDF5 would follow it; we may run as root.
+                            Some(src) => {
+                                let reason = format!(
+                                    "virtual source {src} lies outside the backing directory"
+                                );
+                                tracing::warn!(dataset = name, %reason, "not served");
+                                dtype = DType::Unsupported {
+                                    reason,
+                                    itemsize: elem,
+                                };
+                                Storage::None
+                            }
+                            None => {
+                                tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
+                                hdf_cells(ds.clone())
+                            }
+                        },
                     }
                 }
             }
@@ -805,6 +843,63 @@ fn map_virtual(
         blocks.push(block);
     }
     Ok((blocks, missing))
+}
+
+/// The first virtual source file (other than the file itself) that resolves outside
+/// `root` or cannot be resolved: HDF5 must not be asked to read such a dataset.
+fn escaping_source(maps: &[h5::VirtualMapping], h5_abs: &Path, root: &Path) -> Option<String> {
+    let dir = h5_abs.parent().unwrap_or(Path::new("/"));
+    maps.iter()
+        .map(|m| m.file.as_str())
+        .filter(|f| *f != ".")
+        .find(|f| match dir.join(f).canonicalize() {
+            Ok(c) => !c.starts_with(root),
+            // A missing source reads as fill. HDF5 also looks for it relative to the
+            // working directory (the backing dir) and by name next to the file: only a
+            // `..` can take those lookups outside.
+            Err(e) => {
+                e.kind() != std::io::ErrorKind::NotFound
+                    || Path::new(f)
+                        .components()
+                        .any(|c| c == std::path::Component::ParentDir)
+            }
+        })
+        .map(String::from)
+}
+
+/// The file and offset holding a dataset's external raw storage: one segment, named
+/// relative to the HDF5 file's directory (or absolute), inside `root`, long enough.
+fn external_source(
+    segs: &[h5::ExternalSegment],
+    h5_abs: &Path,
+    root: &Path,
+    nbytes: u64,
+) -> std::result::Result<(Arc<BackingFile>, u64), String> {
+    let [seg] = segs else {
+        return Err(format!(
+            "external storage in {} segments is not served (only one segment)",
+            segs.len()
+        ));
+    };
+    let dir = h5_abs.parent().unwrap_or(Path::new("/"));
+    let p = dir.join(&seg.name);
+    let c = p
+        .canonicalize()
+        .map_err(|e| format!("external file {}: {e}", seg.name))?;
+    if !c.starts_with(root) {
+        return Err(format!(
+            "external file {} lies outside the backing directory",
+            seg.name
+        ));
+    }
+    if seg.size < nbytes {
+        return Err(format!(
+            "external segment of {} bytes is shorter than the data ({nbytes} bytes)",
+            seg.size
+        ));
+    }
+    let f = std::fs::File::open(&c).map_err(|e| format!("external file {}: {e}", seg.name))?;
+    Ok((Arc::new(BackingFile { path: c, file: f }), seg.offset))
 }
 
 /// The block shape if the blocks tile the dataset as a regular grid (edge blocks

@@ -715,6 +715,12 @@ impl Pending {
         let _ = std::fs::remove_file(&tmp);
         let base = (target.is_file()).then_some(target.as_path());
         writer::write_vds_file(&tmp, base, &specs, &groups)?;
+        set_owner(
+            &tmp,
+            &dir.join(Self::sources_rel(file_rel)?),
+            &target,
+            &stage,
+        );
         let t_vds = t0.elapsed();
         std::fs::rename(&tmp, &target)
             .map_err(io(format!("renaming into {}", target.display())))?;
@@ -822,6 +828,24 @@ fn source_offset(path: &Path) -> Result<u64> {
 }
 
 /// Replaces `path` with `data` atomically (write a temporary, fsync, rename).
+/// Gives a committed file the owner and mode of the file it replaces, or those of the
+/// pending file's staging dir (its creator, the mode of its mkdir) for a new one; the
+/// tile-source dir gets the same owner and the matching directory mode. The daemon
+/// may run as root: without this every committed file would belong to root.
+fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (uid, gid, mode) = match (std::fs::metadata(target), std::fs::metadata(stage)) {
+        (Ok(m), _) => (m.uid(), m.gid(), m.mode() & 0o7777),
+        (_, Ok(m)) => (m.uid(), m.gid(), m.mode() & 0o666),
+        _ => return,
+    };
+    let dir_mode = mode | ((mode & 0o444) >> 2);
+    let _ = std::os::unix::fs::chown(tmp, Some(uid), Some(gid));
+    let _ = std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode));
+    let _ = std::os::unix::fs::chown(sources, Some(uid), Some(gid));
+    let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
+}
+
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!(
         "tmp.{}.{:?}",

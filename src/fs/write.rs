@@ -44,6 +44,12 @@ impl Fs {
                     self.touch(&crel);
                     let stage = self.pending.stage_dir(&crel)?;
                     chown(&stage, uid, gid);
+                    // The mkdir's mode becomes the committed file's (see pending::set_owner).
+                    use std::os::unix::fs::PermissionsExt;
+                    let _ = std::fs::set_permissions(
+                        &stage,
+                        std::fs::Permissions::from_mode(mode & 0o7777),
+                    );
                     Node::Group {
                         file: crel,
                         path: "/".into(),
