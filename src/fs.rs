@@ -715,6 +715,30 @@ impl Fs {
                     ))),
                 }
             }
+            // The kernel may still hold (1 s entry TTL) a committed dataset's dentry after
+            // the dataset was removed and created again as a pending node, possibly through
+            // another mount: its children resolve as a fresh lookup would, to the pending ones.
+            Node::Dataset { file, path } if self.pending.node(file, path).is_some() => self.child(
+                &Node::PNode {
+                    file: file.clone(),
+                    path: path.clone(),
+                },
+                name,
+            ),
+            Node::Tiles { file, path }
+                if self
+                    .pending
+                    .node(file, path)
+                    .is_some_and(|n| n.meta.is_some()) =>
+            {
+                self.child(
+                    &Node::PTiles {
+                        file: file.clone(),
+                        path: path.clone(),
+                    },
+                    name,
+                )
+            }
             Node::Dataset { file, path } => {
                 let (file, path) = (file.clone(), path.clone());
                 match name {
@@ -1039,9 +1063,22 @@ impl Fs {
     /// Opens a file; returns the handle, whether the kernel may keep cached pages, and
     /// whether it must bypass the page cache (files whose bytes change under it).
     pub fn open(&self, ino: u64, write: bool) -> Result<(u64, bool, bool)> {
-        let node = self.inodes.node(ino)?;
+        let mut node = self.inodes.node(ino)?;
         if write && self.opts.read_only {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
+        }
+        // A write through a committed tile's dentry that the kernel still caches after the
+        // dataset was removed and created again (see child()) goes to the pending tile.
+        if let (true, Node::Tile { file, path, idx }) = (write, &node) {
+            if let Ok(pm) = self.pending_meta(file, path) {
+                if pm.grid().tile_slab(idx).is_some() {
+                    node = Node::PTile {
+                        file: file.clone(),
+                        path: path.clone(),
+                        idx: idx.clone(),
+                    };
+                }
+            }
         }
         let (handle, generation) = match &node {
             Node::Control => (Handle::Control(Arc::new(self.control_json())), None),
