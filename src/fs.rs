@@ -311,6 +311,83 @@ pub struct Fs {
     pub draining: std::sync::atomic::AtomicBool,
 }
 
+/// Who asks: the kernel checks the file they open against its permissions
+/// (default_permissions); the daemon checks the other files that file's bytes come
+/// from (virtual sources in other files, external storage), which the kernel never sees.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+impl Caller {
+    /// The daemon itself (creating meta.json, tests): no checks.
+    pub const DAEMON: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+
+    /// Supplementary groups, from /proc (FUSE requests carry only uid and gid).
+    fn groups(&self) -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Groups:"))
+                    .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether mode bits `m` (owner `uid`, group `gid`) grant `want` (4 read, 1 exec).
+    fn grants(&self, groups: &[u32], m: &std::fs::Metadata, want: u32) -> bool {
+        let mode = m.mode();
+        let bits = if m.uid() == self.uid {
+            mode >> 6
+        } else if m.gid() == self.gid || groups.contains(&m.gid()) {
+            mode >> 3
+        } else {
+            mode
+        };
+        bits & want == want
+    }
+
+    /// EACCES unless the caller could read every file (other than `h5_abs`) that the
+    /// dataset's bytes come from, directories on the way included.
+    pub fn may_read_sources(&self, md: &DatasetModel, h5_abs: &Path, root: &Path) -> Result<()> {
+        if self.uid == 0 {
+            return Ok(());
+        }
+        let files = md.other_files(h5_abs);
+        if files.is_empty() {
+            return Ok(());
+        }
+        let groups = self.groups();
+        let mut dirs: std::collections::HashMap<PathBuf, bool> = Default::default();
+        for f in files {
+            let ok = std::fs::metadata(&f).is_ok_and(|m| self.grants(&groups, &m, 4))
+                && f.ancestors().skip(1).take_while(|d| d.starts_with(root)).all(|d| {
+                    *dirs.entry(d.to_path_buf()).or_insert_with(|| {
+                        std::fs::metadata(d).is_ok_and(|m| self.grants(&groups, &m, 1))
+                    })
+                });
+            if !ok {
+                return Err(Error::new(
+                    libc::EACCES,
+                    format!(
+                        "{} (a source of this dataset) is not readable by uid {}",
+                        f.display(),
+                        self.uid
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn dir_perm(mode: u32) -> u16 {
     let p = (mode & 0o7777) as u16;
     p | ((p & 0o444) >> 2)
@@ -1062,7 +1139,7 @@ impl Fs {
 
     /// Opens a file; returns the handle, whether the kernel may keep cached pages, and
     /// whether it must bypass the page cache (files whose bytes change under it).
-    pub fn open(&self, ino: u64, write: bool) -> Result<(u64, bool, bool)> {
+    pub fn open(&self, ino: u64, write: bool, caller: &Caller) -> Result<(u64, bool, bool)> {
         let mut node = self.inodes.node(ino)?;
         if write && self.opts.read_only {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
@@ -1153,6 +1230,7 @@ impl Fs {
                 let f = self.ns.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 let sel = self.selection(&node, &md)?;
+                caller.may_read_sources(&md, &f.abs, &self.ns.root)?;
                 let g = f.generation;
                 (
                     Handle::View {

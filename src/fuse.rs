@@ -2,7 +2,7 @@
 //! one place where core errors become errnos.
 
 use crate::error::Error;
-use crate::fs::{Attr, Fs, Kind, ROOT_INO};
+use crate::fs::{Attr, Caller, Fs, Kind, ROOT_INO};
 use crate::stats::Op;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -156,7 +156,12 @@ impl Filesystem for FuseFs {
         let c = call!(self, req, Op::Open, "open", ino = ino.0);
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
-        match self.core.open(ino.0, write) {
+        let caller = Caller {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        };
+        match self.core.open(ino.0, write, &caller) {
             Ok((fh, keep, direct)) => {
                 c.ok(0);
                 let mut f = FopenFlags::empty();

@@ -845,6 +845,26 @@ fn map_virtual(
     Ok((blocks, missing))
 }
 
+impl DatasetModel {
+    /// Files other than `h5_abs` that this dataset's bytes are read from: sources of
+    /// virtual blocks in other files and external raw storage (one level: a source that
+    /// is itself virtual is checked when opened through its own file).
+    pub fn other_files(&self, h5_abs: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = match &self.storage {
+            Storage::Virtual(blocks) => blocks
+                .iter()
+                .filter_map(|b| b.lazy.as_ref().map(|l| l.path.clone()))
+                .collect(),
+            Storage::Contiguous { file, .. } => vec![file.path.clone()],
+            _ => vec![],
+        };
+        v.sort();
+        v.dedup();
+        v.retain(|p| p != h5_abs);
+        v
+    }
+}
+
 /// The first virtual source file (other than the file itself) that resolves outside
 /// `root` or cannot be resolved: HDF5 must not be asked to read such a dataset.
 fn escaping_source(maps: &[h5::VirtualMapping], h5_abs: &Path, root: &Path) -> Option<String> {

@@ -103,7 +103,7 @@ impl Fs {
                     path: path.clone(),
                 };
                 let a = self.register(&node)?;
-                let (fh, _, _) = self.open(a.ino, true)?;
+                let (fh, _, _) = self.open(a.ino, true, &super::Caller::DAEMON)?;
                 Ok((a, fh))
             }
             _ => Err(Error::new(

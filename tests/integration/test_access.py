@@ -57,6 +57,22 @@ def acl():
             f["x"] = np.arange(1000, dtype="<i8").reshape(10, 100)
         os.chown(p, ALICE, ALICE)
         os.chmod(p, mode)
+    # a world-readable virtual dataset over sources in alice's private directory
+    srcdir = os.path.join(b, "alice", "private_src")
+    os.makedirs(srcdir)
+    lay = h5py.VirtualLayout(shape=(10,), dtype="<i4")
+    for i in range(2):
+        with h5py.File(os.path.join(srcdir, f"s{i}.h5"), "w") as f:
+            f["d"] = np.arange(5, dtype="<i4") + 5 * i
+        lay[5 * i:5 * i + 5] = h5py.VirtualSource(f"private_src/s{i}.h5", "d", shape=(5,))
+    with h5py.File(os.path.join(b, "alice", "vds.h5"), "w") as f:
+        f.create_virtual_dataset("v", lay, fillvalue=-1)
+    for dirpath, dirs, files in os.walk(srcdir):
+        for n in dirs + files:
+            os.chown(os.path.join(dirpath, n), ALICE, ALICE)
+    os.chown(srcdir, ALICE, ALICE)
+    os.chmod(srcdir, 0o700)
+    os.chmod(os.path.join(b, "alice", "vds.h5"), 0o644)
     # names that try to leave the backing directory
     outside = os.path.join(root, "outside")
     os.makedirs(outside)
@@ -169,3 +185,15 @@ def test_names_do_not_escape_the_backing_dir(acl):
     assert not {"out_link", "out_file.h5"} & set(os.listdir(os.path.join(m, "shared")))
     for n in ("out_link", "out_file.h5"):
         assert not os.path.exists(os.path.join(m, "shared", n))
+
+
+def test_virtual_sources_follow_their_own_permissions(acl):
+    """The kernel checks the file opened; the daemon checks the files its bytes come
+    from, as h5py run by that user would find them (bob: fill values, here EACCES)."""
+    root, b, m = acl
+    data = os.path.join(m, "alice", "vds.h5", "v", "data")
+    code = "op(lambda: open(sys.argv[1], 'rb').read())\nop(lambda: open(sys.argv[2], 'rb').read())\n"
+    meta = os.path.join(m, "alice", "vds.h5", "v", "meta.json")
+    assert as_user(BOB, code, data, meta) == ["EACCES", "ok"]
+    assert as_user(ALICE, code, data, meta) == ["ok", "ok"]
+    assert as_user(ALICE, "print(open(sys.argv[1], 'rb').read().hex())", data) == [np.arange(10, dtype="<i4").tobytes().hex()]
