@@ -125,3 +125,33 @@ def test_daemon_gone_error_names_the_fix(m):
     with pytest.raises(OSError, match="daemon is gone"):
         ours.from_file(os.path.join(m.mnt, "e.h5"), dataset_name="/d")
     m.remount()
+
+
+def test_many_tiles_per_processor(m):
+    """A file of 6 x 5 = 30 tiles read by 2 CPUs (15 point tasks each), edges uneven,
+    and a 48 MiB array whose tiles each take several parallel pieces."""
+    from h5tilefs import numpy as hnp
+
+    a = np.random.default_rng(5).random((61, 47))
+    p = os.path.join(m.mnt, "many.h5")
+    hnp.write(a, p, "/t", tile_shape=(11, 10))
+    assert len(os.listdir(os.path.join(p, "t", "tiles"))) == 30
+    got = np.asarray(cn.asarray(ours.from_file(p, dataset_name="/t")))
+    assert np.array_equal(got, a)
+    with h5py.File(os.path.join(m.backing, "many.h5")) as f:
+        assert np.array_equal(f["t"][()], a)
+    big = cn.arange(6 << 20, dtype=cn.float64).reshape(3 << 10, 2 << 10)   # 48 MiB
+    p = os.path.join(m.mnt, "big.h5")
+    ours.to_file(array=big, path=p, dataset_name="/b")
+    with h5py.File(os.path.join(m.backing, "big.h5")) as f:
+        assert np.array_equal(f["b"][()], np.asarray(big))
+    got = cn.asarray(ours.from_file(p, dataset_name="/b"))
+    assert bool(cn.array_equal(got, big))
+
+
+def test_task_variants_cover_every_processor_kind():
+    """GPU point tasks exist (they read with READ_TO_GPU); on this CPU-only machine the
+    CPU variant runs."""
+    from legate.core import VariantCode
+
+    assert {VariantCode.CPU, VariantCode.GPU} <= set(ours.VARIANTS)

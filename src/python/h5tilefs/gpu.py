@@ -34,30 +34,47 @@ class Buffer:
     """A CuPy array registered with the daemon of one mount."""
 
     def __init__(self, array, mount: str):
-        import cupy  # noqa: F401  (CuPy gives us the IPC handle)
-        from cupy.cuda import runtime
-
         if not array.flags.c_contiguous:
             raise ValueError("the array must be C-contiguous")
         self.array = array
+        self._register(array.data.ptr, array.nbytes, array.device.id, mount)
+
+    @classmethod
+    def from_pointer(cls, ptr: int, nbytes: int, device: int, mount: str) -> "Buffer":
+        """Registers ``nbytes`` of device memory at ``ptr`` (any allocator: a Legate
+        store, Numba, PyTorch); needs only cuda-python, not CuPy."""
+        b = cls.__new__(cls)
+        b.array = None
+        b._register(ptr, nbytes, device, mount)
+        return b
+
+    def _register(self, ptr: int, nbytes: int, device: int, mount: str) -> None:
+        from cuda.bindings import driver
+
+        self._ctl = None
+        self.nbytes = nbytes
         self.mount = _mount_root(mount)
-        self._ctl = os.open(os.path.join(self.mount, ".h5tilefs"), os.O_RDONLY)
-        ptr = array.data.ptr
         base, alloc_size = _allocation_of(ptr)
-        handle = runtime.ipcGetMemHandle(base)
+        # The handle names the whole allocation (a pool, for Legate); offset and length
+        # say which part of it is ours.
+        err, handle = driver.cuIpcGetMemHandle(base)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise OSError(f"cuIpcGetMemHandle: {err} (memory not shareable through CUDA IPC)")
         req = _abi.RegisterBuffer(
             version=_abi.ABI_VERSION,
-            device=array.device.id,
+            device=device,
             alloc_size=alloc_size,
             offset=ptr - base,
-            length=array.nbytes,
+            length=nbytes,
         )
-        for i, b in enumerate(bytes(handle)[:64]):
+        for i, b in enumerate(bytes(handle.reserved)[:64]):
             req.ipc_handle[i] = b
+        self._ctl = os.open(os.path.join(self.mount, ".h5tilefs"), os.O_RDONLY)
         try:
             fcntl.ioctl(self._ctl, _abi.REGISTER_BUFFER, req)
         except OSError:
             os.close(self._ctl)
+            self._ctl = None
             raise
         self.id = req.buffer_id
 
@@ -67,7 +84,7 @@ class Buffer:
         fd = os.open(path, os.O_RDONLY)
         try:
             if length is None:
-                length = min(os.fstat(fd).st_size - offset, self.array.nbytes - buf_offset)
+                length = min(os.fstat(fd).st_size - offset, self.nbytes - buf_offset)
             req = _abi.ReadToGpu(version=_abi.ABI_VERSION, buffer_id=self.id, buf_offset=buf_offset,
                                  file_offset=offset, length=length)
             fcntl.ioctl(fd, _abi.READ_TO_GPU, req)

@@ -13,9 +13,9 @@ file is committed (durable) before ``to_file`` returns: no execution fence is ne
 before external readers. ``from_file`` launches one point task per tile, each reading its
 tile file into its piece of the output.
 
-GPU tasks: this adapter registers CPU variants. Tiles read for GPU-resident consumers
-land in host memory first; ``h5tilefs.gpu`` (READ_TO_GPU) is the path into device
-memory from plain CuPy code (see docs/ioctl.md).
+GPU tasks: every task has CPU, GPU and OpenMP variants. A GPU point task reads its tile
+with READ_TO_GPU straight into its device buffer (the bytes never cross FUSE); a GPU
+write copies the piece to host and writes it like a CPU task (see _taskio.py).
 """
 from __future__ import annotations
 
@@ -27,11 +27,12 @@ from typing import Generator, Sequence
 
 import numpy as np
 
-from legate.core import LogicalArray, Type, VariantCode, get_legate_runtime
+from legate.core import LogicalArray, StoreTarget, Type, VariantCode, get_legate_runtime
 from legate.core import types as ty
 from legate.core.task import InputArray, OutputArray, task
 
 from ._mount import mount_root
+from ._taskio import read_bytes, read_to_device, write_bytes, write_from_device
 
 __all__ = ("from_file", "from_file_batched", "to_file")
 
@@ -64,102 +65,42 @@ def _launch_per_tile(py_task, store, tile, add, *scalars: str) -> None:
     t.execute()
 
 
-#: Bytes per pwrite/pread piece, and parallel pieces per tile: several FUSE requests in
-#: flight keep the daemon's threads busy (one write() is split into 1 MiB requests).
-PIECE = 16 << 20
-STREAMS = 4
+#: CPU, plus GPU and OpenMP where this Legate build has them: a task variant exists
+#: for each processor kind the mapper may pick.
+VARIANTS = (VariantCode.CPU, VariantCode.GPU, VariantCode.OMP)
 
 
-def _parallel(n_bytes: int, fn) -> None:
-    """Runs fn(start, stop) over PIECE-sized pieces of [0, n_bytes) on STREAMS threads
-    (the GIL is released during pread/pwrite)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pieces = [(s, min(s + PIECE, n_bytes)) for s in range(0, n_bytes, PIECE)]
-    if len(pieces) <= 1:
-        for a, b in pieces:
-            fn(a, b)
-        return
-    with ThreadPoolExecutor(STREAMS) as ex:
-        for r in ex.map(lambda p: fn(*p), pieces):
-            pass
+def _on_gpu(st) -> bool:
+    return st.target == StoreTarget.FBMEM
 
 
-def _write_bytes(path: str, buf: memoryview) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        def put(a, b):
-            done = a
-            while done < b:
-                done += os.pwrite(fd, buf[done:b], done)
-        _parallel(len(buf), put)
-    finally:
-        os.close(fd)
-
-
-def _read_bytes(path: str, buf: memoryview) -> None:
-    """Fills buf with the file's bytes: backing runs found with QUERY_EXTENTS are read
-    straight from the backing files (no FUSE copy); bytes that must be decoded are read
-    through the mount."""
-    from .extents import query_extents
-
-    try:
-        runs = query_extents(path, 0, len(buf))
-    except OSError:
-        runs = []
-    fds = {}
-    mount_fd = os.open(path, os.O_RDONLY)
-    try:
-        def get(run_path, src_off, a, b):
-            fd = mount_fd if run_path is None else fds[run_path]
-            done = a
-            while done < b:
-                n = os.preadv(fd, [buf[done:b]], src_off + (done - a))
-                if n <= 0:
-                    raise OSError(f"short read of {path}")
-                done += n
-        jobs = []
-        if not runs:
-            runs_ = [(None, 0, 0, len(buf))]
-        else:
-            runs_ = [(r.path, r.backing_offset if r.path else r.file_offset, r.file_offset, r.file_offset + r.length) for r in runs]
-        for rp, so, a, b in runs_:
-            if rp is not None and rp not in fds:
-                try:
-                    fds[rp] = os.open(rp, os.O_RDONLY)
-                except OSError:
-                    rp, so = None, a   # not readable here: go through the mount
-            for s in range(a, b, PIECE):
-                jobs.append((rp, so + (s - a), s, min(s + PIECE, b)))
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(STREAMS) as ex:
-            for r in ex.map(lambda j: get(*j), jobs):
-                pass
-    finally:
-        os.close(mount_fd)
-        for fd in fds.values():
-            os.close(fd)
-
-
-@task(variants=(VariantCode.CPU,))
+@task(variants=VARIANTS)
 def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     """Point task: writes this point's piece of the array to its tile file."""
     st = arr.data()
-    data = np.ascontiguousarray(np.asarray(st))
-    _write_bytes(_tile_path(st, ds_dir, tile), memoryview(data.reshape(-1).view(np.uint8)))
-
-
-@task(variants=(VariantCode.CPU,))
-def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
-    """Point task: reads this point's tile file into its piece of the output."""
-    st = out.data()
-    dst = np.asarray(st)
     p = _tile_path(st, ds_dir, tile)
+    if _on_gpu(st):
+        write_from_device(p, st)
+        return
+    data = np.ascontiguousarray(np.asarray(st))
+    write_bytes(p, memoryview(data.reshape(-1).view(np.uint8)))
+
+
+@task(variants=VARIANTS)
+def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
+    """Point task: reads this point's tile file into its piece of the output; on a GPU
+    straight into device memory (READ_TO_GPU)."""
+    st = out.data()
+    p = _tile_path(st, ds_dir, tile)
+    if _on_gpu(st):
+        read_to_device(p, st, np.dtype(dtype))
+        return
+    dst = np.asarray(st)
     if dst.flags.c_contiguous and dst.dtype == np.dtype(dtype):
-        _read_bytes(p, memoryview(dst.reshape(-1).view(np.uint8)))
+        read_bytes(p, memoryview(dst.reshape(-1).view(np.uint8)))
     else:
         tmp = np.empty(dst.shape, dtype=np.dtype(dtype))
-        _read_bytes(p, memoryview(tmp.reshape(-1).view(np.uint8)))
+        read_bytes(p, memoryview(tmp.reshape(-1).view(np.uint8)))
         dst[...] = tmp
 
 

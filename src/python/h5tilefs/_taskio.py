@@ -1,0 +1,182 @@
+"""Tile I/O of the adapter's point tasks, free of Legate so that it can be used (and
+tested) on its own: host reads and writes in parallel pieces, and the GPU paths.
+
+GPU reads go through READ_TO_GPU: the daemon reads the backing bytes (cuFile, or its
+pinned staging) straight into the task's device buffer. Writes from GPU memory copy to
+host and take the same pwrite path as CPU tasks: tile bytes must pass through the
+daemon's range log, so there is no device-side write path in the ioctl ABI (see
+docs/adapter-notes.md).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+#: Bytes per pwrite/pread piece, and parallel pieces per tile: several FUSE requests in
+#: flight keep the daemon's threads busy (one write() is split into 1 MiB requests).
+PIECE = 16 << 20
+STREAMS = 4
+
+
+def parallel(n_bytes: int, fn) -> None:
+    """Runs fn(start, stop) over PIECE-sized pieces of [0, n_bytes) on STREAMS threads
+    (the GIL is released during pread/pwrite)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pieces = [(s, min(s + PIECE, n_bytes)) for s in range(0, n_bytes, PIECE)]
+    if len(pieces) <= 1:
+        for a, b in pieces:
+            fn(a, b)
+        return
+    with ThreadPoolExecutor(STREAMS) as ex:
+        for r in ex.map(lambda p: fn(*p), pieces):
+            pass
+
+
+def write_bytes(path: str, buf: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        def put(a, b):
+            done = a
+            while done < b:
+                done += os.pwrite(fd, buf[done:b], done)
+        parallel(len(buf), put)
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str, buf: memoryview) -> None:
+    """Fills buf with the file's bytes: backing runs found with QUERY_EXTENTS are read
+    straight from the backing files (no FUSE copy); bytes that must be decoded are read
+    through the mount."""
+    from .extents import query_extents
+
+    try:
+        runs = query_extents(path, 0, len(buf))
+    except OSError:
+        runs = []
+    fds = {}
+    mount_fd = os.open(path, os.O_RDONLY)
+    try:
+        def get(run_path, src_off, a, b):
+            fd = mount_fd if run_path is None else fds[run_path]
+            done = a
+            while done < b:
+                n = os.preadv(fd, [buf[done:b]], src_off + (done - a))
+                if n <= 0:
+                    raise OSError(f"short read of {path}")
+                done += n
+        jobs = []
+        if not runs:
+            runs_ = [(None, 0, 0, len(buf))]
+        else:
+            runs_ = [(r.path, r.backing_offset if r.path else r.file_offset, r.file_offset, r.file_offset + r.length) for r in runs]
+        for rp, so, a, b in runs_:
+            if rp is not None and rp not in fds:
+                try:
+                    fds[rp] = os.open(rp, os.O_RDONLY)
+                except OSError:
+                    rp, so = None, a   # not readable here: go through the mount
+            for s in range(a, b, PIECE):
+                jobs.append((rp, so + (s - a), s, min(s + PIECE, b)))
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(STREAMS) as ex:
+            for r in ex.map(lambda j: get(*j), jobs):
+                pass
+    finally:
+        os.close(mount_fd)
+        for fd in fds.values():
+            os.close(fd)
+
+
+
+
+# ----------------------------------------------------------------------------- GPU
+def _cuda_ptr(arr) -> tuple[int, int, tuple, np.dtype, bool]:
+    """(pointer, nbytes, shape, dtype, c_contiguous) of an object with
+    ``__cuda_array_interface__`` (a Legate store in GPU memory, a CuPy array)."""
+    cai = arr.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    strides = cai.get("strides")
+    contiguous = strides is None or tuple(strides) == tuple(
+        int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+    return int(cai["data"][0]), n, shape, dtype, contiguous
+
+
+def _current_device() -> int:
+    from cuda.bindings import driver
+
+    err, dev = driver.cuCtxGetDevice()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise OSError(f"cuCtxGetDevice: {err}")
+    return int(dev)
+
+
+def _copy_to_device(ptr: int, host: np.ndarray) -> None:
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise OSError(f"cuMemcpyHtoD: {err}")
+
+
+def _copy_to_host(host: np.ndarray, ptr: int) -> None:
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise OSError(f"cuMemcpyDtoH: {err}")
+
+
+def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
+    """Fills the device array ``arr`` with the bytes of ``path`` (a tile, slice or data
+    file of an h5tilefs mount). READ_TO_GPU when the buffer can be registered;
+    otherwise (no CUDA IPC for this allocation, an old daemon) a host read and one
+    copy. Returns {"path": "ioctl"|"host", "direct_bytes", "staged_bytes"}."""
+    from . import gpu
+
+    ptr, nbytes, shape, adt, contiguous = _cuda_ptr(arr)
+    if contiguous and adt == np.dtype(dtype) and nbytes:
+        try:
+            buf = gpu.Buffer.from_pointer(ptr, nbytes, _current_device(), mount=path)
+        except OSError:
+            buf = None
+        if buf is not None:
+            try:
+                done, direct, staged = 0, 0, 0
+                while done < nbytes:
+                    r = buf.read_into(path, offset=done, length=nbytes - done, buf_offset=done)
+                    if r.bytes_read == 0:
+                        raise OSError(f"short read of {path}: {done} of {nbytes} bytes")
+                    done += r.bytes_read
+                    direct += r.direct_bytes
+                    staged += r.staged_bytes
+                return {"path": "ioctl", "direct_bytes": direct, "staged_bytes": staged}
+            finally:
+                buf.close()
+    host = np.empty(shape, dtype=np.dtype(dtype))
+    read_bytes(path, memoryview(host.reshape(-1).view(np.uint8)))
+    if contiguous and adt == host.dtype:
+        _copy_to_device(ptr, host)
+    else:
+        import cupy as cp  # strided or converting destinations need a kernel
+
+        cp.asarray(arr)[...] = cp.asarray(host)
+    return {"path": "host", "direct_bytes": 0, "staged_bytes": 0}
+
+
+def write_from_device(path: str, arr) -> None:
+    """Writes the device array ``arr`` to ``path`` (a pending tile): one copy to host,
+    then the parallel pwrite of CPU tasks."""
+    ptr, nbytes, shape, dtype, contiguous = _cuda_ptr(arr)
+    host = np.empty(shape, dtype=dtype)
+    if contiguous:
+        _copy_to_host(host, ptr)
+    else:
+        import cupy as cp
+
+        host[...] = cp.asnumpy(cp.asarray(arr))
+    write_bytes(path, memoryview(host.reshape(-1).view(np.uint8)))
