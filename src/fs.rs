@@ -273,8 +273,14 @@ impl InodeTable {
                 gone = e.1 == 0;
             }
         }
-        if gone {
-            self.by_node.remove_if(&node, |_, v| v.0 == ino && v.1 == 0);
+        // A lookup may have taken the node again since the count was read: only the one
+        // that removes the node's entry drops the inode, or the kernel's inode goes stale.
+        if gone
+            && self
+                .by_node
+                .remove_if(&node, |_, v| v.0 == ino && v.1 == 0)
+                .is_some()
+        {
             self.by_ino.remove(&ino);
         }
     }
