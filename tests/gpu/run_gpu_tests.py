@@ -162,6 +162,66 @@ def run_vds(mnt, backing):
     check("committed VDS data", ok, direct=r.direct_bytes, staged=r.staged_bytes)
 
 
+def run_adapter(mnt, backing):
+    """The body of h5tilefs.legate's GPU point tasks (Legate itself is not installed
+    here): read_to_device into a piece of one larger allocation, as a Legate pool hands
+    it out (registered with Buffer.from_pointer: cuda-python, no CuPy), a strided
+    destination (host fallback), and write_from_device into a pending tile + commit."""
+    from h5tilefs import _taskio
+
+    c = h5py.File(os.path.join(backing, "contiguous.h5"))["x"]
+    meta = json.load(open(os.path.join(mnt, "contiguous.h5/x/meta.json")))
+    t0, cols = meta["tile_shape"]
+    pool = cp.zeros(3 * t0 * cols + 4096, dtype=cp.float32)      # one cudaMalloc
+    piece = pool[1024:1024 + t0 * cols].reshape(t0, cols)       # at an offset inside it
+    info = _taskio.read_to_device(os.path.join(mnt, "contiguous.h5/x/tiles/1.0"), piece, np.float32)
+    cp.cuda.runtime.deviceSynchronize()
+    check("adapter GPU task: tile into a pool piece (READ_TO_GPU)",
+          info["path"] == "ioctl" and cp.asnumpy(piece).tobytes() == c[t0:2 * t0].tobytes()
+          and float(pool[:1024].sum()) == 0.0, **info)
+    # memory from a stream-ordered pool (like Legate's framebuffer) has no legacy IPC
+    # handle: the daemon fills the registered bounce buffer, a device copy moves it on
+    with cp.cuda.using_allocator(cp.cuda.MemoryAsyncPool().malloc):
+        pooled = cp.zeros((t0, cols), dtype=cp.float32)
+    cp.cuda.runtime.deviceSynchronize()
+    big = os.path.join(mnt, "contiguous.h5/x/data")
+    info = _taskio.read_to_device(os.path.join(mnt, "contiguous.h5/x/tiles/2.0"), pooled, np.float32)
+    check("adapter GPU task: stream-ordered pool memory (READ_TO_GPU + device copy)",
+          info["path"] == "ioctl+bounce" and cp.asnumpy(pooled).tobytes() == c[2 * t0:3 * t0].tobytes(),
+          **info, reason=_taskio.GPU_READS.get("fallback_reason"))
+    _taskio._Bounce.close_all()
+    old = _taskio.BOUNCE_BYTES
+    _taskio.BOUNCE_BYTES = 3 << 20     # several pieces per read
+    with cp.cuda.using_allocator(cp.cuda.MemoryAsyncPool().malloc):
+        whole = cp.zeros(c.shape, dtype=cp.float32)
+    info = _taskio.read_to_device(big, whole, np.float32)
+    _taskio._Bounce.close_all()
+    _taskio.BOUNCE_BYTES = old
+    check("adapter GPU task: 32 MiB through a 3 MiB bounce buffer",
+          info["path"] == "ioctl+bounce" and cp.asnumpy(whole).tobytes() == c[()].tobytes(), **info)
+    k = h5py.File(os.path.join(backing, "chunked.h5"))["x"]
+    strided = cp.zeros((256, 1024), dtype=cp.float32)[:, ::2]
+    info = _taskio.read_to_device(os.path.join(mnt, "chunked.h5/x/tiles/2.3"), strided, np.float32)
+    check("adapter GPU task: strided destination (host fallback)",
+          info["path"] == "host" and cp.asnumpy(strided).tobytes() == k[512:768, 1536:2048].tobytes(), **info)
+    d = os.path.join(mnt, "gpuw.h5", "x")
+    os.makedirs(d)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"shape": [512, 300], "dtype": "<f8", "tile_shape": [256, 300]}, f)
+    a = cp.random.default_rng(9).random((512, 300))
+    for i in range(2):
+        _taskio.write_from_device(os.path.join(d, "tiles", f"{i}.0"), a[i * 256:(i + 1) * 256])
+    with open(os.path.join(mnt, "gpuw.h5", ".commit"), "w") as f:
+        f.write("commit")
+    with h5py.File(os.path.join(backing, "gpuw.h5")) as f:
+        check("adapter GPU task: write_from_device + commit", np.array_equal(f["x"][()], cp.asnumpy(a)))
+    back = cp.zeros((512, 300))
+    time.sleep(1.1)
+    info = _taskio.read_to_device(os.path.join(mnt, "gpuw.h5/x/data"), back, np.float64)
+    cp.cuda.runtime.deviceSynchronize()
+    check("adapter GPU task: committed data back into GPU memory", bool((back == a).all()), **info)
+
+
 def run_big(mnt, backing, nbytes):
     path = os.path.join(backing, "big2g.h5")
     t = time.time()
@@ -400,7 +460,7 @@ def main():
         ctl = json.load(open(os.path.join(mnt, ".h5tilefs")))
         log("control:", json.dumps(ctl["gpu"]))
         if not args.skip_checks:
-            for step in (run_checks, run_vds, run_multi, run_foreign):
+            for step in (run_checks, run_vds, run_adapter, run_multi, run_foreign):
                 try:
                     step(mnt, backing) if step is not run_foreign else step(mnt)
                 except Exception as e:  # keep going: report every failure

@@ -131,6 +131,105 @@ def _copy_to_host(host: np.ndarray, ptr: int) -> None:
         raise OSError(f"cuMemcpyDtoH: {err}")
 
 
+#: How GPU task reads went in this process ("ioctl" or "host"), and the last reason a
+#: READ_TO_GPU was not possible: for benchmarks and for users asking "was it direct?".
+GPU_READS = {"ioctl": 0, "host": 0, "fallback_reason": None}
+
+
+#: Size of the per-device bounce buffer used when the destination cannot be shared
+#: with the daemon (Legate's framebuffer pools are not CUDA-IPC memory).
+BOUNCE_BYTES = 256 << 20
+
+
+class _Bounce:
+    """One IPC-shareable device buffer per (device, mount), registered with the daemon
+    once per process, plus a private stream for the device-to-device copies out of it.
+    The daemon reads into it with READ_TO_GPU; a copy on the GPU moves the bytes on."""
+
+    _all: dict = {}
+    _lock = None
+
+    def __init__(self, device: int, mount: str):
+        import threading
+
+        from cuda.bindings import driver
+
+        from . import gpu
+
+        err, self.ptr = driver.cuMemAlloc(BOUNCE_BYTES)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise OSError(f"cuMemAlloc({BOUNCE_BYTES}): {err}")
+        err, self.stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise OSError(f"cuStreamCreate: {err}")
+        self.buf = gpu.Buffer.from_pointer(int(self.ptr), BOUNCE_BYTES, device, mount=mount)
+        self.lock = threading.Lock()
+
+    @classmethod
+    def get(cls, device: int, path: str) -> "_Bounce":
+        import threading
+
+        from .gpu import _mount_root
+
+        if cls._lock is None:
+            cls._lock = threading.Lock()
+        key = (device, _mount_root(path))
+        with cls._lock:
+            b = cls._all.get(key)
+            if b is None:
+                b = cls._all[key] = cls(device, key[1])
+            return b
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Releases every bounce registration of this process (also released when the
+        process ends)."""
+        if cls._lock is None:
+            return
+        with cls._lock:
+            for b in cls._all.values():
+                b.buf.close()
+            cls._all = {}
+
+    def read(self, path: str, dst_ptr: int, nbytes: int) -> tuple[int, int]:
+        """READ_TO_GPU of ``path`` into the bounce buffer, piece by piece, each piece
+        copied to ``dst_ptr`` on the GPU; returns (direct, staged) bytes."""
+        from cuda.bindings import driver
+
+        done, direct, staged = 0, 0, 0
+        with self.lock:
+            while done < nbytes:
+                n = min(BOUNCE_BYTES, nbytes - done)
+                # Several READ_TO_GPU requests at once keep several daemon threads
+                # reading (one request is one pread stream).
+                parts = [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
+
+                def one(part, base=done):
+                    a, b = part
+                    r = self.buf.read_into(path, offset=base + a, length=b - a, buf_offset=a)
+                    if r.bytes_read != b - a:
+                        raise OSError(f"short read of {path} at {base + a}")
+                    return r.direct_bytes, r.staged_bytes
+
+                if len(parts) == 1:
+                    res = [one(parts[0])]
+                else:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    with ThreadPoolExecutor(STREAMS) as ex:
+                        res = list(ex.map(one, parts))
+                (err,) = driver.cuMemcpyDtoDAsync(dst_ptr + done, self.ptr, n, self.stream)
+                if err == driver.CUresult.CUDA_SUCCESS:
+                    # The next READ_TO_GPU overwrites the bounce buffer: wait for the copy.
+                    (err,) = driver.cuStreamSynchronize(self.stream)
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise OSError(f"device copy: {err}")
+                done += n
+                direct += sum(d for d, _ in res)
+                staged += sum(s for _, s in res)
+        return direct, staged
+
+
 def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
     """Fills the device array ``arr`` with the bytes of ``path`` (a tile, slice or data
     file of an h5tilefs mount). READ_TO_GPU when the buffer can be registered;
@@ -140,10 +239,21 @@ def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
 
     ptr, nbytes, shape, adt, contiguous = _cuda_ptr(arr)
     if contiguous and adt == np.dtype(dtype) and nbytes:
+        dev = _current_device()
         try:
-            buf = gpu.Buffer.from_pointer(ptr, nbytes, _current_device(), mount=path)
-        except OSError:
+            buf = gpu.Buffer.from_pointer(ptr, nbytes, dev, mount=path)
+        except OSError as e:
+            GPU_READS["fallback_reason"] = str(e)
             buf = None
+        if buf is None:
+            # Not shareable with the daemon (a Legate pool): READ_TO_GPU into our own
+            # registered buffer, then a device-to-device copy. Still no FUSE copy.
+            try:
+                direct, staged = _Bounce.get(dev, path).read(path, ptr, nbytes)
+                GPU_READS["bounce"] = GPU_READS.get("bounce", 0) + 1
+                return {"path": "ioctl+bounce", "direct_bytes": direct, "staged_bytes": staged}
+            except OSError as e:
+                GPU_READS["fallback_reason"] = str(e)
         if buf is not None:
             try:
                 done, direct, staged = 0, 0, 0
@@ -154,6 +264,7 @@ def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
                     done += r.bytes_read
                     direct += r.direct_bytes
                     staged += r.staged_bytes
+                GPU_READS["ioctl"] += 1
                 return {"path": "ioctl", "direct_bytes": direct, "staged_bytes": staged}
             finally:
                 buf.close()
@@ -165,6 +276,7 @@ def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
         import cupy as cp  # strided or converting destinations need a kernel
 
         cp.asarray(arr)[...] = cp.asarray(host)
+    GPU_READS["host"] += 1
     return {"path": "host", "direct_bytes": 0, "staged_bytes": 0}
 
 
