@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
-APT_PKGS := fuse3 libhdf5-dev pkg-config hdf5-tools
+APT_PKGS := fuse3 libhdf5-dev pkg-config hdf5-tools rsync
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python

@@ -1270,7 +1270,23 @@ impl Fs {
                 let e = (off.saturating_add(size as u64).min(b.len() as u64)) as usize;
                 b[s..e].to_vec()
             }
-            Handle::View { model, sel, .. } => {
+            Handle::View {
+                model,
+                sel,
+                _file: file,
+            } => {
+                // Rewritten in place (e.g. h5py mode "w") while open: the old extents
+                // would read the new bytes at old offsets. Replaced or deleted files
+                // keep serving the old bytes (the handle holds the old inode).
+                if file.modified_in_place() {
+                    return Err(Error::new(
+                        libc::ESTALE,
+                        format!(
+                            "{} was modified in place while open; open it again",
+                            file.abs.display()
+                        ),
+                    ));
+                }
                 let (model, sel) = (model.clone(), sel.clone());
                 drop(h);
                 read_selection(&model, &sel, off, size as u64, &self.cache)?

@@ -66,6 +66,17 @@ pub struct H5File {
     listings: DashMap<String, Arc<Listing>>,
 }
 
+impl H5File {
+    /// True when the open file was modified in place (same inode, new size or mtime)
+    /// since it was opened: its extents and HDF5 handles no longer describe its bytes.
+    pub fn modified_in_place(&self) -> bool {
+        self.backing.file.metadata().is_ok_and(|m| {
+            let now = Ident::of(&m);
+            now.size != self.ident.size || now.mtime_ns != self.ident.mtime_ns
+        })
+    }
+}
+
 /// The HDF5 file signature, searched at 0, 512, 1024, 2048, ... as the library does.
 pub fn has_hdf5_signature(f: &std::fs::File, size: u64) -> bool {
     use std::os::unix::fs::FileExt;

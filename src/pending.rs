@@ -88,6 +88,9 @@ pub struct Pending {
     targets: DashMap<PathBuf, Arc<TileTarget>>,
     /// One HDF5-made tile source per (dtype, tile shape), copied for every further tile.
     templates: DashMap<(String, Vec<u64>), Arc<Template>>,
+    /// Last status that could not be saved to `status.json` (backing file system full or
+    /// read-only); shown by `.status` until a later one is saved.
+    unsaved_status: DashMap<PathBuf, Value>,
 }
 
 /// The bytes of an empty tile source file around its data region: every tile of a
@@ -123,6 +126,7 @@ impl Pending {
             writer_id: format!("w-{host}-{}-{nanos:x}", std::process::id()),
             targets: DashMap::new(),
             templates: DashMap::new(),
+            unsaved_status: DashMap::new(),
         }
     }
 
@@ -179,6 +183,8 @@ impl Pending {
         let d = self.node_dir(file_rel, h5path)?;
         if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
             let src = self.sources_dir(file_rel, h5path, g.trim())?;
+            // Close our open tile sources too, so that their space is freed now.
+            self.targets.retain(|p, _| !p.starts_with(&src));
             let _ = std::fs::remove_dir_all(src);
         }
         std::fs::remove_dir_all(&d).map_err(io(format!("removing {}", d.display())))
@@ -285,6 +291,19 @@ impl Pending {
         let name = tile_name(idx);
         let path = dir.join(format!("{name}.h5"));
         if let Some(t) = self.targets.get(&path) {
+            // Deleted (or replaced) outside h5tilefs while open: bytes written to it now
+            // would be lost, so refuse (commit refuses too: see `commit_locked`).
+            use std::os::unix::fs::MetadataExt;
+            if t.file.file.metadata().is_ok_and(|m| m.nlink() == 0) {
+                return Err(Error::new(
+                    libc::ESTALE,
+                    format!(
+                        "{h5path} tile {name}: tile source {} was deleted outside h5tilefs; \
+                         rmdir the dataset and write it again",
+                        path.display()
+                    ),
+                ));
+            }
             return Ok(Some(t.clone()));
         }
         let slab = meta
@@ -542,10 +561,13 @@ impl Pending {
                 None => groups.push(n.path.clone()),
             }
         }
-        let last = std::fs::read(self.stage_dir(file_rel)?.join("status.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .unwrap_or(Value::Null);
+        let last = match self.unsaved_status.get(file_rel) {
+            Some(v) => v.clone(),
+            None => std::fs::read(self.stage_dir(file_rel)?.join("status.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .unwrap_or(Value::Null),
+        };
         Ok(json!({
             "pending": self.is_pending(file_rel),
             "datasets": ds,
@@ -556,12 +578,26 @@ impl Pending {
 
     /// Records a problem (bad meta.json, failed commit) for `.status`.
     pub fn record_status(&self, file_rel: &Path, v: Value) {
-        if let Ok(d) = self.stage_dir(file_rel) {
-            let _ = std::fs::create_dir_all(&d);
-            let _ = write_atomic(
+        let saved = self.stage_dir(file_rel).and_then(|d| {
+            std::fs::create_dir_all(&d).map_err(io("creating staging dir"))?;
+            write_atomic(
                 &d.join("status.json"),
                 &serde_json::to_vec(&v).unwrap_or_default(),
-            );
+            )
+        });
+        match saved {
+            Ok(()) => {
+                self.unsaved_status.remove(file_rel);
+            }
+            Err(e) => {
+                // Kept in memory so that `.status` still says why (e.g. a full disk).
+                tracing::warn!(file = %file_rel.display(), error = %e, "status not saved");
+                let mut v = v;
+                if let Value::Object(m) = &mut v {
+                    m.insert("status_not_saved".into(), Value::String(e.to_string()));
+                }
+                self.unsaved_status.insert(file_rel.to_path_buf(), v);
+            }
         }
     }
 
@@ -641,17 +677,30 @@ impl Pending {
             let rel_dir = format!("{}/{}/{gen}", Self::sources_rel(file_rel)?, encode(&n.path));
             let grid: TileGrid = m.grid();
             let mut tiles = Vec::new();
+            let mut lost = Vec::new();
             for idx in grid.indices() {
                 let slab = grid
                     .tile_slab(&idx)
                     .ok_or_else(|| Error::io("tile geometry"))?;
                 let tname = tile_name(&idx);
-                sources.push(dir.join(&rel_dir).join(format!("{tname}.h5")));
+                let src = dir.join(&rel_dir).join(format!("{tname}.h5"));
+                if !src.exists() {
+                    lost.push(tname.clone());
+                }
+                sources.push(src);
                 tiles.push(VdsTile {
                     start: slab.dims.iter().map(|d| d.start).collect(),
                     count: slab.counts(),
                     source: format!("{rel_dir}/{tname}.h5"),
                 });
+            }
+            if !lost.is_empty() {
+                problems.push(format!(
+                    "{}: tile sources deleted outside h5tilefs: {} (rmdir the dataset and write it again)",
+                    n.path,
+                    lost.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                ));
+                continue;
             }
             specs.push(VdsSpec {
                 path: n.path.clone(),
@@ -852,10 +901,19 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         std::process::id(),
         std::thread::current().id()
     ));
-    let mut f = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-    f.write_all(data).map_err(io("writing"))?;
-    f.sync_all().map_err(io("fsync"))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("renaming {}", path.display())))
+    let write = |tmp: &Path| -> Result<()> {
+        let mut f =
+            std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        f.write_all(data).map_err(io("writing"))?;
+        f.sync_all().map_err(io("fsync"))?;
+        std::fs::rename(tmp, path).map_err(io(format!("renaming {}", path.display())))
+    };
+    let r = write(&tmp);
+    if r.is_err() {
+        // e.g. ENOSPC: leave no half-written temporary behind
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 #[cfg(test)]
