@@ -340,9 +340,11 @@ impl Caller {
         std::fs::read_to_string(format!("/proc/{}/status", self.pid))
             .ok()
             .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Groups:"))
-                    .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+                s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
             })
             .unwrap_or_default()
     }
@@ -374,11 +376,14 @@ impl Caller {
         let mut dirs: std::collections::HashMap<PathBuf, bool> = Default::default();
         for f in files {
             let ok = std::fs::metadata(&f).is_ok_and(|m| self.grants(&groups, &m, 4))
-                && f.ancestors().skip(1).take_while(|d| d.starts_with(root)).all(|d| {
-                    *dirs.entry(d.to_path_buf()).or_insert_with(|| {
-                        std::fs::metadata(d).is_ok_and(|m| self.grants(&groups, &m, 1))
-                    })
-                });
+                && f.ancestors()
+                    .skip(1)
+                    .take_while(|d| d.starts_with(root))
+                    .all(|d| {
+                        *dirs.entry(d.to_path_buf()).or_insert_with(|| {
+                            std::fs::metadata(d).is_ok_and(|m| self.grants(&groups, &m, 1))
+                        })
+                    });
             if !ok {
                 return Err(Error::new(
                     libc::EACCES,

@@ -768,7 +768,7 @@ impl Pending {
             &tmp,
             &dir.join(Self::sources_rel(file_rel)?),
             &target,
-            &stage,
+            stage,
         );
         let t_vds = t0.elapsed();
         std::fs::rename(&tmp, &target)
