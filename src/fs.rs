@@ -214,6 +214,8 @@ enum Handle {
 struct InodeTable {
     by_node: DashMap<Node, (u64, u64)>,
     by_ino: DashMap<u64, Node>,
+    /// Inodes of removed directories (see `detach`): kernel lookup counts left.
+    detached: DashMap<u64, u64>,
     next: AtomicU64,
 }
 
@@ -222,6 +224,7 @@ impl InodeTable {
         let t = InodeTable {
             by_node: DashMap::new(),
             by_ino: DashMap::new(),
+            detached: DashMap::new(),
             next: AtomicU64::new(ROOT_INO + 1),
         };
         t.by_node.insert(Node::Dir(PathBuf::new()), (ROOT_INO, 1));
@@ -267,11 +270,24 @@ impl InodeTable {
             return;
         };
         let mut gone = false;
+        let mut found = false;
         if let Some(mut e) = self.by_node.get_mut(&node) {
             if e.0 == ino {
+                found = true;
                 e.1 = e.1.saturating_sub(n);
                 gone = e.1 == 0;
             }
+        }
+        if !found {
+            if let Some(mut c) = self.detached.get_mut(&ino) {
+                *c = c.saturating_sub(n);
+                let last = *c == 0;
+                drop(c);
+                if last && self.detached.remove_if(&ino, |_, c| *c == 0).is_some() {
+                    self.by_ino.remove(&ino);
+                }
+            }
+            return;
         }
         // A lookup may have taken the node again since the count was read: only the one
         // that removes the node's entry drops the inode, or the kernel's inode goes stale.
@@ -282,6 +298,22 @@ impl InodeTable {
                 .is_some()
         {
             self.by_ino.remove(&ino);
+        }
+    }
+
+    /// Gives `node` a new inode number at its next lookup; the old one keeps answering
+    /// for the kernel until forgotten. Why: after a successful rmdir the kernel marks the
+    /// directory inode dead (S_DEAD) and fails every lookup inside it with ENOENT without
+    /// asking us; while anything still holds it (an open file below it), handing out the
+    /// same number again for the name made again (mkdir, commit) made the kernel reuse the
+    /// dead inode, so the new dataset or file directory was ENOENT through this mount.
+    fn detach(&self, node: &Node) {
+        if let Some((_, (ino, count))) = self.by_node.remove(node) {
+            if count > 0 {
+                self.detached.insert(ino, count);
+            } else {
+                self.by_ino.remove(&ino);
+            }
         }
     }
 

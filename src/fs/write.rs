@@ -271,7 +271,50 @@ impl Fs {
         self.writable()?;
         let pnode = self.inodes.node(parent)?;
         let node = self.child(&pnode, name)?;
-        match &node {
+        let r = self.rmdir_node(&node);
+        if r.is_ok() {
+            // The kernel now holds a dead inode for this name, views (`tiles/`, `slice/`)
+            // included: the next lookup must get a new one (see InodeTable::detach).
+            // The kernel's dentry may still name the node this path had before (a
+            // committed dataset now pending, or the reverse): detach those too.
+            let (f, p) = node
+                .file_and_path()
+                .map(|(f, p)| (f.to_path_buf(), p.to_string()))
+                .unzip();
+            let aliases = match (&node, f, p) {
+                (
+                    Node::Dataset { .. } | Node::Group { .. } | Node::PNode { .. },
+                    Some(file),
+                    Some(path),
+                ) => vec![
+                    Node::Dataset {
+                        file: file.clone(),
+                        path: path.clone(),
+                    },
+                    Node::Group {
+                        file: file.clone(),
+                        path: path.clone(),
+                    },
+                    Node::PNode { file, path },
+                ],
+                (Node::Tiles { .. } | Node::PTiles { .. }, Some(file), Some(path)) => vec![
+                    Node::Tiles {
+                        file: file.clone(),
+                        path: path.clone(),
+                    },
+                    Node::PTiles { file, path },
+                ],
+                _ => vec![node.clone()],
+            };
+            for n in &aliases {
+                self.inodes.detach(n);
+            }
+        }
+        r
+    }
+
+    fn rmdir_node(&self, node: &Node) -> Result<()> {
+        match node {
             Node::PNode { file, path } => self.pending.remove_node(file, path),
             Node::Tiles { .. } | Node::Slices { .. } | Node::PTiles { .. } => Ok(()),
             Node::Group { file, path } if path == "/" => self.remove_file(file),
