@@ -15,10 +15,21 @@ pub enum EntryKind {
     H5File,
 }
 
+/// HDF5 files kept open when nothing uses them. Each open file costs HDF5 metadata
+/// cache memory (a few MiB) and a descriptor: a `find` over a directory of 100 000 files
+/// must not keep them all open.
+pub const MAX_OPEN_FILES: usize = 128;
+
+/// Names of non-HDF5 files remembered before the list is cleared.
+const MAX_REJECTED: usize = 16384;
+
 pub struct Namespace {
     /// Canonical backing root.
     pub root: PathBuf,
-    files: DashMap<PathBuf, Arc<H5File>>,
+    /// Open files and the tick of their last use (for least-recently-used eviction).
+    files: DashMap<PathBuf, (Arc<H5File>, u64)>,
+    tick: std::sync::atomic::AtomicU64,
+    max_open: usize,
     /// Files that are not (readable) HDF5, by identity, so we log and sniff them once.
     rejected: DashMap<PathBuf, Ident>,
 }
@@ -37,6 +48,8 @@ impl Namespace {
         Ok(Namespace {
             root,
             files: DashMap::new(),
+            tick: std::sync::atomic::AtomicU64::new(0),
+            max_open: MAX_OPEN_FILES,
             rejected: DashMap::new(),
         })
     }
@@ -91,9 +104,11 @@ impl Namespace {
 
     fn file_abs(&self, abs: &Path, m: &std::fs::Metadata) -> Result<Arc<H5File>> {
         let ident = Ident::of(m);
-        if let Some(f) = self.files.get(abs) {
-            if f.ident == ident {
-                return Ok(f.clone());
+        let now = self.tick.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(mut e) = self.files.get_mut(abs) {
+            if e.0.ident == ident {
+                e.1 = now;
+                return Ok(e.0.clone());
             }
         }
         if self.rejected.get(abs).is_some_and(|r| *r == ident) {
@@ -108,7 +123,10 @@ impl Namespace {
             Ok(f) => {
                 let f = Arc::new(f);
                 self.rejected.remove(abs);
-                self.files.insert(abs.to_path_buf(), f.clone());
+                self.files.insert(abs.to_path_buf(), (f.clone(), now));
+                if self.files.len() > self.max_open {
+                    self.evict();
+                }
                 Ok(f)
             }
             Err(e) => {
@@ -121,6 +139,9 @@ impl Namespace {
                     } else {
                         tracing::debug!(file = %abs.display(), "not an HDF5 file");
                     }
+                }
+                if self.rejected.len() >= MAX_REJECTED {
+                    self.rejected.clear();
                 }
                 self.rejected.insert(abs.to_path_buf(), ident);
                 Err(e)
@@ -150,9 +171,28 @@ impl Namespace {
         Ok(out)
     }
 
-    /// Number of HDF5 files currently open.
+    /// Number of HDF5 files currently open (by the cache).
     pub fn open_files(&self) -> usize {
         self.files.len()
+    }
+
+    /// Closes the least recently used files that nothing else holds (no open handle,
+    /// no model of another file) until at most three quarters of the limit remain.
+    /// Files in use stay; they close when their last user lets go.
+    fn evict(&self) {
+        let keep = self.max_open * 3 / 4;
+        let mut idle: Vec<(u64, PathBuf)> = self
+            .files
+            .iter()
+            .filter(|e| Arc::strong_count(&e.value().0) == 1)
+            .map(|e| (e.value().1, e.key().clone()))
+            .collect();
+        idle.sort();
+        let excess = self.files.len().saturating_sub(keep);
+        for (_, p) in idle.into_iter().take(excess) {
+            self.files
+                .remove_if(&p, |_, v| Arc::strong_count(&v.0) == 1);
+        }
     }
 }
 
@@ -168,6 +208,31 @@ impl SourceOpener for Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_files_are_bounded_and_in_use_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            crate::writer::create_tile_source(&dir.path().join(format!("f{i}.h5")), "<f4", &[4])
+                .unwrap();
+        }
+        let mut ns = Namespace::new(dir.path()).unwrap();
+        ns.max_open = 8;
+        let held = ns.file(Path::new("f0.h5")).unwrap();
+        for i in 0..20 {
+            ns.file(Path::new(&format!("f{i}.h5"))).unwrap();
+            assert!(ns.open_files() <= 8, "{} open", ns.open_files());
+        }
+        // f0 is in use: still cached, the same open file
+        assert!(Arc::ptr_eq(&held, &ns.file(Path::new("f0.h5")).unwrap()));
+        // the most recent file is cached; an evicted one reopens
+        let last = ns.file(Path::new("f19.h5")).unwrap();
+        assert!(Arc::ptr_eq(&last, &ns.file(Path::new("f19.h5")).unwrap()));
+        assert_eq!(
+            ns.file(Path::new("f1.h5")).unwrap().abs,
+            ns.root.join("f1.h5")
+        );
+    }
 
     #[test]
     fn hides_escapes_and_non_hdf5() {
