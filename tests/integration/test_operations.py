@@ -234,3 +234,19 @@ def test_systemd_unit_command_line(env):
         v = subprocess.run(["systemd-analyze", "verify", os.path.join(REPO, "mount_scripts", "systemd", "h5tilefs@.service")],
                            capture_output=True, text=True)
         assert "error" not in v.stderr.lower() or "h5tilefs" not in v.stderr, v.stderr
+
+
+def test_open_hdf5_files_stay_bounded(env):
+    """A walk over many files (as `find` or `du` does) keeps at most 128 idle HDF5 files
+    open in the daemon; every file still reads right."""
+    many = os.path.join(env.backing, "many")
+    os.makedirs(many)
+    for i in range(300):
+        with h5py.File(os.path.join(many, f"f{i:03d}.h5"), "w") as f:
+            f["v"] = np.full(4, i, dtype="<i4")
+    env.mount()
+    for i in range(300):
+        with open(os.path.join(env.mnt, "many", f"f{i:03d}.h5", "v", "data"), "rb") as f:
+            assert f.read() == np.full(4, i, dtype="<i4").tobytes()
+    st = env.stats()
+    assert st["open_hdf5_files"] <= 128, st["open_hdf5_files"]
