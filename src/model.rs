@@ -222,8 +222,11 @@ impl DatasetModel {
         !matches!(self.storage, Storage::None)
     }
 
+    /// Saturating: `build` refuses to serve datasets this large, but still describes them.
     pub fn nbytes(&self) -> u64 {
-        self.shape.iter().product::<u64>() * self.itemsize()
+        self.shape
+            .iter()
+            .fold(self.itemsize(), |a, &d| a.saturating_mul(d))
     }
 
     pub fn grid(&self) -> TileGrid {
@@ -261,6 +264,19 @@ impl DatasetModel {
         let elem = match &dtype {
             DType::Numeric { itemsize, .. } | DType::Unsupported { itemsize, .. } => *itemsize,
         };
+        // A dataspace from a corrupt (or absurd) file whose bytes do not fit in 2^62 would
+        // overflow the sizes and offsets computed from it: describe it, serve nothing.
+        // Zero-length dims count as 1 so that every partial product is bounded too.
+        let too_big = shape
+            .iter()
+            .try_fold(elem.max(1), |a, &d| a.checked_mul(d.max(1)))
+            .is_none_or(|b| b >= 1 << 62);
+        if too_big && matches!(dtype, DType::Numeric { .. }) {
+            dtype = DType::Unsupported {
+                reason: format!("shape {shape:?} is too large to serve"),
+                itemsize: elem,
+            };
+        }
         let rank = shape.len();
         let chunks = if layout == Layout::Chunked {
             Some(h5::chunk_shape(&dcpl, rank)?)

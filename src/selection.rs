@@ -128,7 +128,9 @@ fn parse_item(item: &str, len: u64, dim: usize) -> Result<DimSel> {
     Ok(DimSel {
         start: if count == 0 { 0 } else { start as u64 },
         count: count as u64,
-        step: step as u64,
+        // A step above the length selects at most one element; clamping keeps it
+        // equivalent and inside u64 (a 20-digit step of 2^64 would wrap to 0).
+        step: step.min(len_i.max(1)) as u64,
     })
 }
 
