@@ -21,7 +21,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt build test test-legate demo bench-read clean-venv
+.PHONY: setup apt build test test-legate demo bench-read clean-venv fuzz
 
 # Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
 # an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
@@ -84,3 +84,31 @@ bench-read: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Fuzzing (docs/fuzzing.md): every cargo-fuzz target for FUZZ_SECONDS seconds on the
+# nightly toolchain, linked to the system libhdf5. New crashes land in
+# fuzz/artifacts/<target>/ and make the target fail. h5_open runs forked so that an
+# abort inside libhdf5 1.10 (C, not h5tilefs) is recorded and fuzzing goes on, without
+# leak checks (libhdf5's global state would be reported at every exit) and with
+# malloc returning NULL as libc does (libhdf5 checks it; Rust still aborts on it).
+FUZZ_SECONDS   ?= 60
+FUZZ_TOOLCHAIN ?= nightly
+FUZZ_TARGETS   ?= slice_name pending_meta ioctl h5_open
+
+fuzz:
+	@cd fuzz && status=0; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t; \
+	  dirs="corpus/$$t"; for d in seeds/$$t regressions/$$t; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
+	  opts="-max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1"; \
+	  [ -f dicts/$$t.dict ] && opts="$$opts -dict=dicts/$$t.dict"; \
+	  asan="ASAN_OPTIONS=$${ASAN_OPTIONS:-}"; \
+	  if [ $$t = h5_open ]; then \
+	    opts="$$opts -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -detect_leaks=0"; \
+	    asan="ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1"; \
+	  fi; \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  env $$asan cargo +$(FUZZ_TOOLCHAIN) fuzz run $$t $$dirs -- $$opts || status=1; \
+	done; \
+	found="$$(find artifacts -type f 2>/dev/null || true)"; \
+	if [ -n "$$found" ]; then echo "fuzz: inputs to triage (docs/fuzzing.md):"; echo "$$found"; status=1; fi; \
+	exit $$status

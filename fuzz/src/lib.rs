@@ -1,0 +1,3 @@
+//! The fuzz targets' bodies; see `harness.rs` and docs/fuzzing.md.
+mod harness;
+pub use harness::*;
