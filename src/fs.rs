@@ -630,8 +630,11 @@ impl Fs {
     }
 
     fn attr_of(&self, ino: u64, node: &Node) -> Result<Attr> {
-        let mut a = self.attr_of_inner(ino, node)?;
-        a.volatile = match node {
+        let mut a = match self.attr_of_inner(ino, node) {
+            Err(e) if e.errno == libc::ENOENT => self.attr_of_replaced(ino, node).ok_or(e)?,
+            r => r?,
+        };
+        a.volatile |= match node {
             Node::Commit { .. }
             | Node::Status { .. }
             | Node::PNode { .. }
@@ -644,6 +647,52 @@ impl Fs {
             _ => false,
         };
         Ok(a)
+    }
+
+    /// Attributes of a committed group or dataset node (or a file of a dataset: `tiles/`,
+    /// a tile, `data`, `meta.json`) whose path is gone from the
+    /// committed file, as the kernel may still hold it (1 s entry TTL), typically after a
+    /// removal through another mount. The kernel asks for them when it walks through the
+    /// node (the permission check of `mkdir -p`, `open` of a tile), and an ENOENT here
+    /// fails that walk without making the kernel look the name up again. So: a path made
+    /// again as a pending node answers as that node (as `child` resolves its children);
+    /// a group that is simply gone, in a file that still exists, answers as an empty
+    /// directory, and `mkdir` below it makes the group again (`mkdir` makes missing
+    /// ancestors). Both are volatile: the kernel looks the name up again at its next walk
+    /// once the entry expires, and then gets the truth.
+    fn attr_of_replaced(&self, ino: u64, node: &Node) -> Option<Attr> {
+        let (f, p) = node.file_and_path()?;
+        let (file, path) = (f.to_path_buf(), p.to_string());
+        let group = matches!(node, Node::Group { .. });
+        let pnode = match node {
+            Node::Group { .. } if path == "/" => return None,
+            Node::Group { .. } | Node::Dataset { .. } => Node::PNode { file, path },
+            Node::Meta { .. } => Node::PMeta { file, path },
+            Node::Data { .. } => Node::PData { file, path },
+            Node::Tiles { .. } => Node::PTiles { file, path },
+            Node::Tile { idx, .. } => Node::PTile {
+                file,
+                path,
+                idx: idx.clone(),
+            },
+            _ => return None,
+        };
+        let mut a = match self.attr_of_inner(ino, &pnode) {
+            Ok(a) => a,
+            Err(_) if group => {
+                if let Ok(h) = self.ns.file(f) {
+                    if h.kind_of(p).is_ok() {
+                        return None; // now a dataset: ENOENT stands
+                    }
+                }
+                let m = self.file_meta(f).ok()?;
+                self.file_attr(ino, Kind::Dir, 0, &m, self.opts.read_only)
+            }
+            Err(_) => return None,
+        };
+        tracing::debug!(file = %f.display(), path = p, "attributes of a replaced or removed node");
+        a.volatile = true;
+        Some(a)
     }
 
     fn attr_of_inner(&self, ino: u64, node: &Node) -> Result<Attr> {

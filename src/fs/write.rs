@@ -29,9 +29,19 @@ impl Fs {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::invalid(format!("bad name {name:?}")));
         }
-        let pnode = self.inodes.node(parent)?;
+        let mut pnode = self.inodes.node(parent)?;
         if self.child(&pnode, name).is_ok() {
             return Err(Error::new(libc::EEXIST, format!("{name} exists")));
+        }
+        // The kernel may still hold a committed node whose path was made again as a
+        // pending one (possibly through another mount): create below the pending one.
+        if let Node::Group { file, path } | Node::Dataset { file, path } = &pnode {
+            if path != "/" && self.pending.node(file, path).is_some() {
+                pnode = Node::PNode {
+                    file: file.clone(),
+                    path: path.clone(),
+                };
+            }
         }
         let node = match &pnode {
             Node::Dir(rel) => {
@@ -80,6 +90,7 @@ impl Fs {
                     ));
                 }
                 let cpath = join(path, name);
+                self.make_ancestors(file, path)?;
                 self.pending.create_node(file, &cpath)?;
                 self.touch(file);
                 Node::PNode {
@@ -90,6 +101,38 @@ impl Fs {
             _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
         };
         self.register(&node)
+    }
+
+    /// Makes the groups above a new pending node that exist neither committed nor
+    /// pending. The parent can be gone while the kernel still holds it (1 s entry TTL):
+    /// a group removed through another mount (`rm -r` of the file, then the file made
+    /// again), which `mkdir -p` through this mount takes as existing. Without this the new
+    /// node had no parent in any listing or lookup, and a getattr of that parent failed
+    /// the `mkdir` with ENOENT.
+    fn make_ancestors(&self, file: &Path, path: &str) -> Result<()> {
+        if path == "/" {
+            return Ok(());
+        }
+        let committed = self.ns.file(file).ok();
+        let mut at = String::new();
+        for part in path.trim_start_matches('/').split('/') {
+            at = join(&at, part);
+            if let Some(n) = self.pending.node(file, &at) {
+                if n.meta.is_some() {
+                    return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset")));
+                }
+                continue;
+            }
+            match committed.as_ref().map(|f| f.kind_of(&at)) {
+                Some(Ok(crate::h5file::ChildKind::Group)) => continue,
+                Some(Ok(_)) => return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset"))),
+                _ => {
+                    tracing::debug!(file = %file.display(), group = at, "making a removed group again");
+                    self.pending.create_node(file, &at)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// create: only `meta.json` of a pending node can be created.

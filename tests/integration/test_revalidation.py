@@ -95,3 +95,85 @@ def test_file_removed_and_made_again_while_open(mnt):
         assert np.array_equal(np.fromfile(os.path.join(m, "r.h5", "d1", "data"), "<f4"), a)
     finally:
         held.close()
+
+
+# A second mount of the same backing directory keeps the entries it looked up for up to
+# 1 s (entry TTL) after they were removed or replaced through the first. Walking through
+# such a directory, the kernel asks the daemon for its attributes when they are not cached
+# (here: invalidated by a change inside it), and an ENOENT answer failed the whole walk:
+# `mkdir` of a dataset in a group, or the open of a tile, failed with ENOENT (load test:
+# `extend: preparing failed`, tile writes failing after `replace_ds`).
+@pytest.fixture
+def two_mounts():
+    root = tempfile.mkdtemp(prefix="h5t-reval2-")
+    backing = os.path.join(root, "backing")
+    mnts = [os.path.join(root, "mnt_a"), os.path.join(root, "mnt_b")]
+    os.makedirs(backing)
+    for i, m in enumerate(mnts):
+        os.makedirs(m)
+        mount(backing, m, log=os.path.join(root, f"daemon_{i}.log"))
+    try:
+        yield backing, mnts[0], mnts[1]
+    finally:
+        for m in mnts:
+            unmount(m)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def replace_file(m, rel, name, arr):
+    """`rm -r` of the file, then the file made again with one dataset (the load test's
+    replace_file)."""
+    shutil.rmtree(os.path.join(m, rel))
+    os.makedirs(os.path.join(m, rel), exist_ok=True)
+    write_dataset(m, rel, name, arr)
+    commit(m, rel)
+
+
+@pytest.mark.parametrize("attrs_cached", [False, True])
+def test_mkdir_in_group_removed_through_other_mount(two_mounts, attrs_cached):
+    backing, a_m, b_m = two_mounts
+    x = np.arange(8, dtype="<f4")
+    write_dataset(a_m, "f.h5", "grp0/d0", x)
+    commit(a_m, "f.h5")
+    grp_b = os.path.join(b_m, "f.h5", "grp0")
+    assert os.listdir(grp_b) == ["d0"]  # mount b now holds grp0 (1 s entry TTL)
+    if not attrs_cached:
+        # A change inside grp0 through b drops its cached attributes (not its entry):
+        # the next walk through it asks the daemon for them.
+        os.mkdir(os.path.join(grp_b, "tmp"))
+        os.rmdir(os.path.join(grp_b, "tmp"))
+    replace_file(a_m, "f.h5", "d0", x)  # grp0 is gone
+    # What `os.makedirs(b/f.h5/grp0/d1)` does when b still shows grp0: mkdir of the leaf.
+    os.mkdir(os.path.join(grp_b, "d1"))  # before the fix: ENOENT (or no grp0 anywhere)
+    # The new dataset is reachable through both mounts, grp0 included.
+    assert "grp0" in os.listdir(os.path.join(a_m, "f.h5"))
+    write_dataset(a_m, "f.h5", "grp0/d1", x + 2)
+    commit(b_m, "f.h5")
+    with h5py.File(os.path.join(backing, "f.h5"), "r") as f:
+        assert sorted(f) == ["d0", "grp0"]
+        assert list(f["grp0"]) == ["d1"]
+        assert np.array_equal(f["grp0/d1"][()], x + 2)
+    for m in (a_m, b_m):
+        got = np.fromfile(os.path.join(m, "f.h5", "grp0", "d1", "data"), "<f4")
+        assert np.array_equal(got, x + 2)
+
+
+def test_tile_write_in_dataset_replaced_through_other_mount(two_mounts):
+    backing, a_m, b_m = two_mounts
+    x = np.arange(8, dtype="<f4")
+    write_dataset(a_m, "f.h5", "d0", x)
+    commit(a_m, "f.h5")
+    d_b = os.path.join(b_m, "f.h5", "d0")
+    assert sorted(os.listdir(d_b)) == ["data", "meta.json", "slice", "tiles"]
+    os.rmdir(os.path.join(d_b, "slice"))  # a view: drops d0's cached attributes in b
+    os.rmdir(os.path.join(a_m, "f.h5", "d0"))  # the load test's replace_ds, through a
+    d_a = os.path.join(a_m, "f.h5", "d0")
+    os.mkdir(d_a)
+    with open(os.path.join(d_a, "meta.json"), "w") as f:
+        f.write('{"shape": [8], "dtype": "<f4"}')
+    # b still holds the committed d0: the tile write goes to the pending one.
+    with open(os.path.join(d_b, "tiles", "0"), "r+b") as f:  # before the fix: ENOENT
+        f.write((x + 5).tobytes())
+    commit(a_m, "f.h5")
+    with h5py.File(os.path.join(backing, "f.h5"), "r") as f:
+        assert np.array_equal(f["d0"][()], x + 5)
