@@ -499,6 +499,7 @@ impl Fs {
                 "draining": self.draining.load(Ordering::Relaxed),
                 "pid": std::process::id(),
                 "ops": self.stats.to_json(),
+                "inflight": self.stats.inflight_json(),
                 "started_unix": self.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             },
         });

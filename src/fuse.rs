@@ -33,6 +33,12 @@ struct Call<'a> {
     _span: tracing::span::EnteredSpan,
 }
 
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        self.fs.stats.end(self.req);
+    }
+}
+
 impl Call<'_> {
     fn ok(self, bytes: u64) {
         self.fs
@@ -59,6 +65,7 @@ impl Call<'_> {
 macro_rules! call {
     ($self:ident, $req:expr, $op:expr, $name:literal $(, $($f:tt)*)?) => {{
         let req = $req.unique().0;
+        $self.core.stats.begin(req, $op);
         Call {
             fs: &$self.core,
             op: $op,

@@ -44,6 +44,10 @@ enum Cmd {
         /// Seconds to wait for the daemon's answer.
         #[arg(long, default_value_t = 5)]
         timeout: u64,
+        /// A request running longer than this many seconds marks the daemon stuck
+        /// (exit 2): for example a thread spinning inside the HDF5 library.
+        #[arg(long, default_value_t = 60)]
+        stuck_after: u64,
     },
 }
 
@@ -158,7 +162,8 @@ fn main() -> ExitCode {
             mountpoint,
             json,
             timeout,
-        } => ExitCode::from(status::run(&mountpoint, json, timeout)),
+            stuck_after,
+        } => ExitCode::from(status::run(&mountpoint, json, timeout, stuck_after)),
     }
 }
 

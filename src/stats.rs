@@ -85,15 +85,18 @@ struct OpStats {
     hist: [AtomicU64; BUCKETS],
 }
 
-/// Counters for every [`Op`], plus the request id source for logs.
+/// Counters for every [`Op`], and the requests in flight (so a request stuck in a
+/// library call shows up in `status`).
 pub struct Stats {
     ops: Vec<OpStats>,
+    inflight: dashmap::DashMap<u64, (Op, std::time::Instant)>,
 }
 
 impl Default for Stats {
     fn default() -> Self {
         Stats {
             ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
+            inflight: dashmap::DashMap::new(),
         }
     }
 }
@@ -126,6 +129,30 @@ impl Stats {
         s.total_us.fetch_add(us, Ordering::Relaxed);
         s.max_us.fetch_max(us, Ordering::Relaxed);
         s.hist[bucket(us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request started (`req` is the kernel's unique id).
+    pub fn begin(&self, req: u64, op: Op) {
+        self.inflight.insert(req, (op, std::time::Instant::now()));
+    }
+
+    /// A request finished (answered or failed).
+    pub fn end(&self, req: u64) {
+        self.inflight.remove(&req);
+    }
+
+    /// `{count, oldest_ms, oldest_op}` of the requests being served now.
+    pub fn inflight_json(&self) -> Value {
+        let oldest = self
+            .inflight
+            .iter()
+            .map(|e| (e.value().1.elapsed(), e.value().0))
+            .max_by_key(|(d, _)| *d);
+        json!({
+            "count": self.inflight.len(),
+            "oldest_ms": oldest.map(|(d, _)| d.as_millis() as u64).unwrap_or(0),
+            "oldest_op": oldest.map(|(_, o)| o.name()),
+        })
     }
 
     pub fn count(&self, op: Op) -> u64 {
@@ -194,6 +221,21 @@ mod tests {
         for (i, op) in Op::ALL.iter().enumerate() {
             assert_eq!(*op as usize, i);
         }
+    }
+
+    #[test]
+    fn inflight_requests() {
+        let s = Stats::default();
+        s.begin(7, Op::Open);
+        std::thread::sleep(Duration::from_millis(5));
+        s.begin(8, Op::Read);
+        let v = s.inflight_json();
+        assert_eq!(v["count"], 2);
+        assert_eq!(v["oldest_op"], "open");
+        assert!(v["oldest_ms"].as_u64().unwrap() >= 5);
+        s.end(7);
+        s.end(8);
+        assert_eq!(s.inflight_json()["count"], 0);
     }
 
     #[test]

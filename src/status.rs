@@ -2,9 +2,12 @@
 //! monitoring). Part of the command-line tool, not of the library.
 //!
 //! Exit codes: 0 the daemon answered; 1 MOUNTPOINT is not an h5tilefs mount; 2 the
-//! mount is there but its daemon is gone (ENOTCONN) or did not answer in time.
+//! mount is there but its daemon is gone (ENOTCONN), did not answer in time, or has
+//! a request running longer than `--stuck-after` seconds.
 
 use serde_json::Value;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -91,7 +94,7 @@ fn human(n: u64) -> String {
 }
 
 /// Runs the check and prints the report; returns the exit code.
-pub fn run(mountpoint: &Path, json: bool, timeout: u64) -> u8 {
+pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 {
     let mnt = match mountpoint.canonicalize() {
         Ok(p) => p,
         // A dead FUSE mount cannot be stat'ed; keep the path as given for the lookup.
@@ -112,9 +115,30 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64) -> u8 {
             return code;
         }
     };
+    let inflight = &v["stats"]["inflight"];
+    let oldest_ms = inflight["oldest_ms"].as_u64().unwrap_or(0);
+    let stuck = oldest_ms > stuck_after.saturating_mul(1000);
+    let code = if stuck { 2 } else { 0 };
+    // The report is built first and written once: a closed pipe (`status | head`)
+    // must not turn the exit code into a panic.
+    let mut out = String::new();
+    macro_rules! say {
+        ($($t:tt)*) => {
+            let _ = writeln!(out, $($t)*);
+        };
+    }
     if json {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        return 0;
+        say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        let _ = std::io::stdout().write_all(out.as_bytes());
+        return code;
+    }
+    if stuck {
+        eprintln!(
+            "h5tilefs: a {} request has been running for {} s (more than {stuck_after} s): \
+             the daemon is stuck; see its log, then restart it",
+            inflight["oldest_op"].as_str().unwrap_or("?"),
+            oldest_ms / 1000
+        );
     }
     let st = &v["stats"];
     let num = |k: &str| st[k].as_u64().unwrap_or(0);
@@ -130,27 +154,33 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64) -> u8 {
                 .collect()
         })
         .unwrap_or_default();
-    println!("mountpoint:      {}", mnt.display());
-    println!(
-        "state:           {}",
-        if st["draining"].as_bool() == Some(true) {
-            "draining (shutting down)"
-        } else {
-            "alive"
-        }
+    say!("mountpoint:      {}", mnt.display());
+    let state = if stuck {
+        "stuck"
+    } else if st["draining"].as_bool() == Some(true) {
+        "draining (shutting down)"
+    } else {
+        "alive"
+    };
+    say!("state:           {state}");
+    say!(
+        "in flight:       {} requests, oldest {} ms ({})",
+        inflight["count"].as_u64().unwrap_or(0),
+        oldest_ms,
+        inflight["oldest_op"].as_str().unwrap_or("-")
     );
-    println!("daemon pid:      {}", num("pid"));
-    println!(
+    say!("daemon pid:      {}", num("pid"));
+    say!(
         "backing dir:     {}",
         v["backing_dir"].as_str().unwrap_or(&me.source)
     );
-    println!("version:         {}", v["version"].as_str().unwrap_or("?"));
-    println!(
+    say!("version:         {}", v["version"].as_str().unwrap_or("?"));
+    say!(
         "uptime:          {} s",
         now.saturating_sub(num("started_unix"))
     );
-    println!("open handles:    {}", num("open_handles"));
-    println!(
+    say!("open handles:    {}", num("open_handles"));
+    say!(
         "bytes served:    {} in {} reads",
         human(num("bytes_served")),
         num("read_requests")
@@ -164,28 +194,33 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64) -> u8 {
             None => "not loaded yet (loads at the first GPU request)".to_string(),
         },
     };
-    println!("gpu:             {gpu}");
-    println!(
+    say!("gpu:             {gpu}");
+    say!(
         "gpu buffers:     {} ({} read to GPU)",
         num("gpu_buffers"),
         human(num("gpu_bytes"))
     );
-    println!("pending files:   {}", pending.len());
+    say!("pending files:   {}", pending.len());
     for p in &pending {
-        println!("  {p}");
+        say!("  {p}");
     }
-    println!("h5tilefs mounts on this node: {}", mounts.len());
+    say!("h5tilefs mounts on this node: {}", mounts.len());
     for m in &mounts {
-        println!("  {} <- {}", m.mountpoint.display(), m.source);
+        say!("  {} <- {}", m.mountpoint.display(), m.source);
     }
     if let Some(ops) = st["ops"].as_object() {
-        println!(
+        say!(
             "{:<10} {:>10} {:>7} {:>9} {:>9} {:>9}",
-            "op", "count", "errors", "p50 µs", "p99 µs", "max µs"
+            "op",
+            "count",
+            "errors",
+            "p50 µs",
+            "p99 µs",
+            "max µs"
         );
         for (name, o) in ops {
             let g = |k: &str| o[k].as_u64().unwrap_or(0);
-            println!(
+            say!(
                 "{:<10} {:>10} {:>7} {:>9} {:>9} {:>9}",
                 name,
                 g("count"),
@@ -196,5 +231,6 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64) -> u8 {
             );
         }
     }
-    0
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    code
 }

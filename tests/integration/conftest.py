@@ -22,7 +22,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/ for gen_samples
 
 import gen_samples  # noqa: E402
-from h5t_helpers import OWNED_GID, OWNED_UID, TILE_BYTES, list_datasets, mount, unmount  # noqa: E402
+from h5t_helpers import OWNED_GID, OWNED_UID, TILE_BYTES, is_mounted, list_datasets, mount, unmount  # noqa: E402
 
 _STATE = {}
 
@@ -71,7 +71,7 @@ def pytest_unconfigure(config):
     root = _STATE.get("root")
     if root and not os.environ.get("H5TILEFS_KEEP_TMP"):
         mnt = os.path.join(root, "mnt")
-        if os.path.ismount(mnt):
+        if is_mounted(mnt):
             unmount(mnt)
         shutil.rmtree(root, ignore_errors=True)
 

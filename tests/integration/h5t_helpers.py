@@ -22,6 +22,23 @@ OWNED_UID, OWNED_GID = 1234, 5678
 
 
 # ----------------------------------------------------------------------------- mounting
+def is_mounted(path):
+    """True while PATH is a mount point in the mount table. Unlike os.path.ismount this
+    also sees a FUSE mount whose daemon is gone (stat gives ENOTCONN there), so tests
+    that kill a daemon still clean its mount up."""
+    want = os.path.abspath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return os.path.ismount(path)
+    for ln in lines:
+        mp = ln.split(" ")[4].replace("\\040", " ").replace("\\134", "\\")
+        if mp == want:
+            return True
+    return False
+
+
 def binary_supports(flag):
     try:
         out = subprocess.run([BIN, "mount", "--help"], capture_output=True, text=True, timeout=30)
@@ -49,9 +66,9 @@ def unmount(mnt):
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             continue
-        if p.returncode == 0 and not os.path.ismount(mnt):
+        if p.returncode == 0 and not is_mounted(mnt):
             return True
-    return not os.path.ismount(mnt)
+    return not is_mounted(mnt)
 
 
 # ----------------------------------------------------------------------------- h5py walkers

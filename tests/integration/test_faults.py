@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import mount, unmount
+from h5t_helpers import is_mounted, mount, unmount
 
 MiB = 1 << 20
 
@@ -34,7 +34,7 @@ class Env:
         return os.path.join(self.backing, *parts)
 
     def close(self):
-        if os.path.ismount(self.mnt):
+        if is_mounted(self.mnt):
             assert unmount(self.mnt)
 
 

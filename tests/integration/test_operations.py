@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import BIN, REPO, mount, unmount
+from h5t_helpers import BIN, REPO, is_mounted, mount, unmount
 from test_write_path import commit, create, status, tiles_of, write_tile
 
 
@@ -59,7 +59,7 @@ class Env:
 def env():
     e = Env()
     yield e
-    if os.path.ismount(e.mnt):
+    if is_mounted(e.mnt):
         unmount(e.mnt)
     shutil.rmtree(e.root, ignore_errors=True)
 
@@ -118,12 +118,49 @@ def test_status_exit_codes(env):
     assert "gone" in p.stderr and "umount" in p.stderr
 
 
+def test_status_detects_a_stuck_request(env):
+    """A file on which libhdf5 1.10.8 loops forever (kept from fuzzing) hangs the request
+    that opens it; the control file needs no HDF5, so `status` still answers and names
+    the stuck request (exit 2), and `status | head` keeps the exit code."""
+    shutil.copy(os.path.join(REPO, "fuzz", "known_hangs", "h5_open", "vds-global-heap-hang.h5"),
+                os.path.join(env.backing, "hang.h5"))
+    env.mount()
+    pid = env.stats()["pid"]
+    p = env.status("--stuck-after", "1")
+    # the read of the control file is itself in flight
+    assert p.returncode == 0 and "state:           alive" in p.stdout, p.stdout
+    walker = subprocess.Popen(["ls", "-R", env.mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.5)
+        assert walker.poll() is None, "the walk was expected to hang on hang.h5"
+        p = env.status("--stuck-after", "1")
+        assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+        assert "state:           stuck" in p.stdout and "stuck" in p.stderr
+        inflight = [ln for ln in p.stdout.splitlines() if ln.startswith("in flight:")]
+        assert inflight and "requests, oldest" in inflight[0], p.stdout
+        assert int(inflight[0].split("oldest ")[1].split(" ms")[0]) >= 1000, p.stdout
+        # a generous threshold: the same daemon counts as alive
+        assert env.status("--stuck-after", "600").returncode == 0
+        sh = subprocess.run(f"'{BIN}' status '{env.mnt}' --stuck-after 1 | head -1; exit ${{PIPESTATUS[0]}}",
+                            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60)
+        assert sh.returncode == 2 and "panicked" not in sh.stderr, sh.stderr
+        j = env.status("--json", "--stuck-after", "1")
+        assert j.returncode == 2 and json.loads(j.stdout)["stats"]["inflight"]["oldest_ms"] >= 1000
+    finally:
+        # the hung thread never returns: kill the daemon; the walker then gets ENOTCONN
+        os.kill(pid, signal.SIGKILL)
+        env.wait_gone(pid)
+        unmount(env.mnt)
+        walker.kill()
+        walker.wait(timeout=30)
+
+
 def test_sigterm_unmounts_and_exits(env):
     env.mount()
     pid = env.stats()["pid"]
     os.kill(pid, signal.SIGTERM)
     assert env.wait_gone(pid), "daemon still running after SIGTERM"
-    assert not os.path.ismount(env.mnt)
+    assert not is_mounted(env.mnt)
     log = open(env.log).read()
     assert "shutting down" in log and "unmounted" in log
 
@@ -137,7 +174,7 @@ def test_sigterm_keeps_serving_open_files_then_exits(env):
         os.kill(pid, signal.SIGTERM)
         time.sleep(0.5)
         # detached: the name is gone, the open file still reads, the daemon lives
-        assert not os.path.ismount(env.mnt)
+        assert not is_mounted(env.mnt)
         assert env.alive(pid)
         assert os.pread(fd, len(want), 0) == want
     finally:

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import BIN, mount, unmount
+from h5t_helpers import BIN, is_mounted, mount, unmount
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -41,7 +41,7 @@ class Env:
 
     def close(self):
         for m in self.mnts:
-            if os.path.ismount(m):
+            if is_mounted(m):
                 unmount(m)
 
 
