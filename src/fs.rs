@@ -159,6 +159,8 @@ pub struct FsOptions {
     pub allow_other: bool,
     pub threads: usize,
     pub gpu: crate::gpu::GpuMode,
+    /// Threads per large READ_TO_GPU request (parallel cuFile pieces).
+    pub gpu_io_threads: usize,
 }
 
 impl Default for FsOptions {
@@ -170,6 +172,7 @@ impl Default for FsOptions {
             allow_other: false,
             threads: 8,
             gpu: crate::gpu::GpuMode::Auto,
+            gpu_io_threads: 16,
         }
     }
 }
@@ -441,6 +444,7 @@ impl Fs {
         let ns = Namespace::new(backing)?;
         let ns_root = ns.root.clone();
         let gpu_mode = opts.gpu;
+        let gpu_io_threads = opts.gpu_io_threads;
         let model_opts = ModelOptions {
             tile_bytes: opts.tile_bytes.max(1),
             root: ns.root.clone(),
@@ -457,7 +461,7 @@ impl Fs {
             bytes_served: AtomicU64::new(0),
             read_requests: AtomicU64::new(0),
             pending: Pending::new(&ns_root),
-            gpu: crate::gpu::Gpu::new(gpu_mode),
+            gpu: crate::gpu::Gpu::new(gpu_mode, gpu_io_threads),
             buffers: DashMap::new(),
             next_buffer: AtomicU64::new(1),
             gpu_bytes: AtomicU64::new(0),

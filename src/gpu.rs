@@ -23,6 +23,27 @@ pub enum GpuMode {
 /// Staging buffer for decoded bytes, per transfer (pinned when possible).
 const STAGE_BYTES: usize = 32 << 20;
 
+/// A verbatim run longer than this is split into pieces of this size read by several
+/// threads at once: one `cuFileRead` is one stream of I/O (in compatibility mode, one
+/// thread doing pread and copies), so a large run goes faster as parallel pieces.
+const DIRECT_PIECE: u64 = 16 << 20;
+
+/// A cuFile handle to pass to the piece threads of one transfer.
+#[derive(Clone, Copy)]
+struct SendHandle(cf::CUfileHandle_t);
+// SAFETY: cuFile handles are usable from any thread; the handle outlives the scoped
+// threads of the transfer that uses it (it lives in `Loaded::files`).
+unsafe impl Send for SendHandle {}
+// SAFETY: as above.
+unsafe impl Sync for SendHandle {}
+
+impl SendHandle {
+    /// Through a method, so closures capture the whole (Send) wrapper, not its field.
+    fn get(self) -> cf::CUfileHandle_t {
+        self.0
+    }
+}
+
 fn no_dev(msg: impl Into<String>) -> Error {
     Error::new(libc::ENODEV, msg)
 }
@@ -70,13 +91,16 @@ struct Loaded {
 
 pub struct Gpu {
     mode: GpuMode,
+    /// Threads per transfer for the pieces of a long verbatim run (`--gpu-io-threads`).
+    io_threads: usize,
     state: OnceLock<std::result::Result<Loaded, String>>,
 }
 
 impl Gpu {
-    pub fn new(mode: GpuMode) -> Gpu {
+    pub fn new(mode: GpuMode, io_threads: usize) -> Gpu {
         Gpu {
             mode,
+            io_threads: io_threads.max(1),
             state: OnceLock::new(),
         }
     }
@@ -286,6 +310,74 @@ impl Gpu {
         Ok(p as usize)
     }
 
+    /// Reads `len` bytes at `file_off` of the file behind `h` into the mapping at
+    /// `dev_off` with cuFile; a long run is read as parallel pieces.
+    fn direct_read(
+        &self,
+        l: &Loaded,
+        m: &Mapping,
+        h: SendHandle,
+        file_off: u64,
+        dev_off: u64,
+        len: u64,
+    ) -> Result<()> {
+        let read_piece = |a: u64, b: u64| -> Result<()> {
+            let mut done = a;
+            while done < b {
+                let n = (b - done).min(1 << 30) as usize;
+                // SAFETY: dev_off+done..+n lies inside the registered buffer (checked by
+                // the caller); h is a live cuFile handle.
+                let r = unsafe {
+                    cf::cuFileRead(
+                        h.get(),
+                        m.base as *mut _,
+                        n,
+                        (file_off + done) as i64,
+                        (dev_off + done) as i64,
+                    )
+                };
+                if r <= 0 {
+                    return Err(Error::io(format!("cuFileRead returned {r}")));
+                }
+                done += r as u64;
+            }
+            Ok(())
+        };
+        let pieces = len.div_ceil(DIRECT_PIECE);
+        if pieces <= 1 {
+            return read_piece(0, len);
+        }
+        let next = std::sync::atomic::AtomicU64::new(0);
+        let threads = (pieces as usize).min(self.io_threads);
+        std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    sc.spawn(|| -> Result<()> {
+                        self.bind(l, m.device)?;
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= pieces {
+                                return Ok(());
+                            }
+                            let a = i * DIRECT_PIECE;
+                            read_piece(a, (a + DIRECT_PIECE).min(len))?;
+                        }
+                    })
+                })
+                .collect();
+            let mut first = Ok(());
+            for w in workers {
+                let r = w
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::io("a cuFile read thread panicked")));
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        })
+    }
+
     /// Places the extents (destination offsets are file offsets; the window `[w0, w1)`
     /// of the file goes to `m.base + buf_offset`) in device memory. Verbatim runs go
     /// through cuFile; the rest is materialized on the host in two pinned buffers that
@@ -349,25 +441,14 @@ impl Gpu {
                         unsafe { cu::cuStreamSynchronize(stream) },
                         "cuStreamSynchronize",
                     )?;
-                    let mut done = 0u64;
-                    while done < t - s {
-                        let n = (t - s - done).min(1 << 30) as usize;
-                        // SAFETY: dev..dev+n lies inside the registered buffer (checked by
-                        // the caller); h is a live cuFile handle.
-                        let r = unsafe {
-                            cf::cuFileRead(
-                                h,
-                                m.base as *mut _,
-                                n,
-                                (offset + (s - e.dst) + done) as i64,
-                                (dev - m.base + done) as i64,
-                            )
-                        };
-                        if r <= 0 {
-                            return Err(Error::io(format!("cuFileRead returned {r}")));
-                        }
-                        done += r as u64;
-                    }
+                    self.direct_read(
+                        l,
+                        m,
+                        SendHandle(h),
+                        offset + (s - e.dst),
+                        dev - m.base,
+                        t - s,
+                    )?;
                     direct += t - s;
                     continue;
                 }

@@ -81,6 +81,9 @@ struct MountArgs {
     /// ioctl); `off` never touches them.
     #[arg(long, value_enum, default_value = "auto")]
     gpu: h5tilefs::gpu::GpuMode,
+    /// Threads that read one large READ_TO_GPU request as parallel cuFile pieces.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
+    gpu_io_threads: u16,
     /// Kernel readahead for the mount, in KiB (set through sysfs when permitted).
     #[arg(long, default_value_t = 4096)]
     readahead_kb: u32,
@@ -92,7 +95,8 @@ struct MountArgs {
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
     /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
-    /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH.
+    /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH,
+    /// gpu_io_threads=N.
     /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
@@ -108,6 +112,13 @@ fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
         match (k, v) {
             ("ro", None) => args.read_only = true,
             ("allow_other", None) => args.allow_other = true,
+            ("gpu_io_threads", Some(v)) => {
+                args.gpu_io_threads = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| format!("bad gpu_io_threads={v} (1 to 64)"))?
+            }
             ("threads", Some(v)) => {
                 args.threads = Some(v.parse().map_err(|_| format!("bad threads={v}"))?)
             }
@@ -293,6 +304,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         allow_other,
         threads,
         gpu: args.gpu,
+        gpu_io_threads: args.gpu_io_threads.into(),
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);

@@ -120,6 +120,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sizes", default="256M,1G,4G")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--mount-args", default="", help="extra daemon options, e.g. '--gpu-io-threads 16'")
     ap.add_argument("--legate-config", default="--gpus 1 --cpus 2 --sysmem 16000 --fbmem 40000 --zcmem 6000")
     a = ap.parse_args()
     if a.step == "make":
@@ -138,7 +139,9 @@ def main():
     me = [sys.executable, os.path.abspath(__file__)]
     env = {**os.environ, "LEGATE_CONFIG": a.legate_config, "LEGATE_AUTO_CONFIG": "0"}
     results = {"legate_config": a.legate_config, "rows": []}
-    subprocess.run([a.bin, "mount", backing, mnt, "--log-file", os.path.join(a.out, "daemon.log")], check=True)
+    subprocess.run([a.bin, "mount", backing, mnt, "--log-file", os.path.join(a.out, "daemon.log"), *a.mount_args.split()],
+                   check=True)
+    results["mount_args"] = a.mount_args
     try:
         for s in a.sizes.split(","):
             n = parse_size(s)

@@ -190,13 +190,14 @@ def run_adapter(mnt, backing):
           info["path"] == "ioctl+bounce" and cp.asnumpy(pooled).tobytes() == c[2 * t0:3 * t0].tobytes(),
           **info, reason=_taskio.GPU_READS.get("fallback_reason"))
     _taskio._Bounce.close_all()
-    old = _taskio.BOUNCE_BYTES
-    _taskio.BOUNCE_BYTES = 3 << 20     # several pieces per read
+    old = _taskio.BOUNCE_BYTES, _taskio.GPU_PIECE
+    _taskio.BOUNCE_BYTES = 3 << 20     # several pieces per read, 3 slots of the ring
+    _taskio.GPU_PIECE = 1 << 20
     with cp.cuda.using_allocator(cp.cuda.MemoryAsyncPool().malloc):
         whole = cp.zeros(c.shape, dtype=cp.float32)
     info = _taskio.read_to_device(big, whole, np.float32)
     _taskio._Bounce.close_all()
-    _taskio.BOUNCE_BYTES = old
+    _taskio.BOUNCE_BYTES, _taskio.GPU_PIECE = old
     check("adapter GPU task: 32 MiB through a 3 MiB bounce buffer",
           info["path"] == "ioctl+bounce" and cp.asnumpy(whole).tobytes() == c[()].tobytes(), **info)
     k = h5py.File(os.path.join(backing, "chunked.h5"))["x"]

@@ -149,6 +149,29 @@ def test_many_tiles_per_processor(m):
     assert bool(cn.array_equal(got, big))
 
 
+def test_whole_row_tiles_read_as_one_slice_per_processor(m):
+    """Tiles of whole rows are read in blocks of consecutive tiles, one per processor
+    (each block through its slice/ file); other tile shapes stay a task per tile."""
+    from h5tilefs import numpy as hnp
+
+    a = np.random.default_rng(9).random((61, 47))
+    p = os.path.join(m.mnt, "rows.h5")
+    hnp.write(a, p, "/r", tile_shape=(7, 47))
+    assert len(os.listdir(os.path.join(p, "r", "tiles"))) == 9
+    assert ours._read_block((61, 47), [7, 47]) == [35, 47]      # 9 row tiles over 2 CPUs
+    assert ours._read_block((61, 47), [11, 10]) == [11, 10]     # not whole rows
+    assert ours._read_block((8, 47), [7, 47]) == [7, 47]        # fewer tiles than CPUs
+    got = np.asarray(cn.asarray(ours.from_file(p, dataset_name="/r")))
+    assert np.array_equal(got, a)
+    with h5py.File(os.path.join(m.backing, "rows.h5")) as f:
+        assert np.array_equal(f["r"][()], a)
+    one = np.arange(1000, dtype=np.int16)
+    q = os.path.join(m.mnt, "one.h5")
+    hnp.write(one, q, "/v", tile_shape=(64,))
+    assert ours._read_block((1000,), [64]) == [512]
+    assert np.array_equal(np.asarray(cn.asarray(ours.from_file(q, dataset_name="/v"))), one)
+
+
 def test_task_variants_cover_every_processor_kind():
     """GPU point tasks exist (they read with READ_TO_GPU); on this CPU-only machine the
     CPU variant runs."""

@@ -9,6 +9,7 @@ docs/adapter-notes.md).
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -139,6 +140,8 @@ GPU_READS = {"ioctl": 0, "host": 0, "fallback_reason": None}
 #: Size of the per-device bounce buffer used when the destination cannot be shared
 #: with the daemon (Legate's framebuffer pools are not CUDA-IPC memory).
 BOUNCE_BYTES = 256 << 20
+#: Size of one READ_TO_GPU request into the bounce buffer.
+GPU_PIECE = 64 << 20
 
 
 class _Bounce:
@@ -159,9 +162,21 @@ class _Bounce:
         err, self.ptr = driver.cuMemAlloc(BOUNCE_BYTES)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise OSError(f"cuMemAlloc({BOUNCE_BYTES}): {err}")
-        err, self.stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        err, self.ctx = driver.cuCtxGetCurrent()
         if err != driver.CUresult.CUDA_SUCCESS:
-            raise OSError(f"cuStreamCreate: {err}")
+            raise OSError(f"cuCtxGetCurrent: {err}")
+        self.streams = []
+        # BOUNCE_BYTES and GPU_PIECE are read at creation (tests shrink them)
+        self.size = BOUNCE_BYTES
+        self.piece = min(GPU_PIECE, BOUNCE_BYTES)
+        for _ in range(max(1, self.size // self.piece)):
+            err, st = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise OSError(f"cuStreamCreate: {err}")
+            self.streams.append(st)
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(len(self.streams), thread_name_prefix="h5tilefs-bounce")
         self.buf = gpu.Buffer.from_pointer(int(self.ptr), BOUNCE_BYTES, device, mount=mount)
         self.lock = threading.Lock()
 
@@ -187,47 +202,60 @@ class _Bounce:
         if cls._lock is None:
             return
         with cls._lock:
+            from cuda.bindings import driver
+
             for b in cls._all.values():
+                b.pool.shutdown(wait=True)
                 b.buf.close()
+                for st in b.streams:
+                    driver.cuStreamDestroy(st)
+                driver.cuMemFree(b.ptr)
             cls._all = {}
 
     def read(self, path: str, dst_ptr: int, nbytes: int) -> tuple[int, int]:
-        """READ_TO_GPU of ``path`` into the bounce buffer, piece by piece, each piece
-        copied to ``dst_ptr`` on the GPU; returns (direct, staged) bytes."""
+        """READ_TO_GPU of ``path`` into the bounce buffer, copied on the GPU to
+        ``dst_ptr``; returns (direct, staged) bytes.
+
+        The buffer is a ring of GPU_PIECE slots, one per worker thread. Each worker
+        takes the next piece, has the daemon read it into its slot (the daemon splits
+        it into parallel cuFile reads), copies the slot out on its own stream and goes
+        on. Requests stay in flight all the time: no worker waits for the slowest piece
+        of a round."""
         from cuda.bindings import driver
 
-        done, direct, staged = 0, 0, 0
-        with self.lock:
-            while done < nbytes:
-                n = min(BOUNCE_BYTES, nbytes - done)
-                # Several READ_TO_GPU requests at once keep several daemon threads
-                # reading (one request is one pread stream).
-                parts = [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
+        pieces = [(a, min(a + self.piece, nbytes)) for a in range(0, nbytes, self.piece)]
+        nxt = itertools.count()
 
-                def one(part, base=done):
-                    a, b = part
-                    r = self.buf.read_into(path, offset=base + a, length=b - a, buf_offset=a)
-                    if r.bytes_read != b - a:
-                        raise OSError(f"short read of {path} at {base + a}")
-                    return r.direct_bytes, r.staged_bytes
-
-                if len(parts) == 1:
-                    res = [one(parts[0])]
-                else:
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    with ThreadPoolExecutor(STREAMS) as ex:
-                        res = list(ex.map(one, parts))
-                (err,) = driver.cuMemcpyDtoDAsync(dst_ptr + done, self.ptr, n, self.stream)
+        def worker(slot: int) -> tuple[int, int]:
+            (err,) = driver.cuCtxSetCurrent(self.ctx)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise OSError(f"cuCtxSetCurrent: {err}")
+            base = slot * self.piece
+            d = s = 0
+            while True:
+                i = next(nxt)  # atomic in CPython
+                if i >= len(pieces):
+                    return d, s
+                a, b = pieces[i]
+                r = self.buf.read_into(path, offset=a, length=b - a, buf_offset=base)
+                if r.bytes_read != b - a:
+                    raise OSError(f"short read of {path} at {a}")
+                (err,) = driver.cuMemcpyDtoDAsync(dst_ptr + a, int(self.ptr) + base, b - a, self.streams[slot])
                 if err == driver.CUresult.CUDA_SUCCESS:
-                    # The next READ_TO_GPU overwrites the bounce buffer: wait for the copy.
-                    (err,) = driver.cuStreamSynchronize(self.stream)
+                    # the slot is reused by this worker's next request: wait for the copy
+                    (err,) = driver.cuStreamSynchronize(self.streams[slot])
                 if err != driver.CUresult.CUDA_SUCCESS:
                     raise OSError(f"device copy: {err}")
-                done += n
-                direct += sum(d for d, _ in res)
-                staged += sum(s for _, s in res)
-        return direct, staged
+                d += r.direct_bytes
+                s += r.staged_bytes
+
+        with self.lock:
+            workers = min(len(self.streams), len(pieces))
+            if workers <= 1:
+                res = [worker(0)]
+            else:
+                res = list(self.pool.map(worker, range(workers)))
+        return sum(d for d, _ in res), sum(s for _, s in res)
 
 
 def read_to_device(path: str, arr, dtype: np.dtype) -> dict:

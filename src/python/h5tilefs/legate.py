@@ -86,12 +86,37 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     write_bytes(p, memoryview(data.reshape(-1).view(np.uint8)))
 
 
+def _piece_path(st, ds_dir: str, tile: str, block: str) -> str:
+    """The file a read task reads: its tile, or, for a block of several tiles, the
+    ``slice/`` file of its piece."""
+    if block == tile:
+        return _tile_path(st, ds_dir, tile)
+    lo, hi = tuple(st.domain.lo), tuple(st.domain.hi)
+    name = ",".join(f"{a}:{b + 1}" for a, b in zip(lo, hi))
+    return os.path.join(ds_dir, "slice", name)
+
+
+def _read_block(shape, tile) -> list:
+    """The piece a read task takes. Tiles of whole rows (every dimension but the first
+    complete) are grouped into runs of consecutive tiles, one run per processor: each
+    run is one slice whose backing bytes are one run per tile, and fewer, larger tasks
+    pay the per-task and per-request costs less often (one GPU reads the whole dataset
+    in large READ_TO_GPU requests). Other tile shapes stay one task per tile."""
+    if len(shape) == 0 or list(tile[1:]) != list(shape[1:]):
+        return list(tile)
+    n_rows = -(-shape[0] // tile[0])
+    procs = max(1, get_legate_runtime().get_machine().count())
+    if n_rows <= procs:
+        return list(tile)
+    return [tile[0] * -(-n_rows // procs)] + list(tile[1:])
+
+
 @task(variants=VARIANTS)
-def _read_tile(out: OutputArray, ds_dir: str, tile: str, dtype: str) -> None:
-    """Point task: reads this point's tile file into its piece of the output; on a GPU
-    straight into device memory (READ_TO_GPU)."""
+def _read_tile(out: OutputArray, ds_dir: str, tile: str, block: str, dtype: str) -> None:
+    """Point task: reads this point's tile file (or the slice of its block of tiles)
+    into its piece of the output; on a GPU straight into device memory (READ_TO_GPU)."""
     st = out.data()
-    p = _tile_path(st, ds_dir, tile)
+    p = _piece_path(st, ds_dir, tile, block)
     if _on_gpu(st):
         read_to_device(p, st, np.dtype(dtype))
         return
@@ -179,7 +204,7 @@ def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
 
 def from_file(path, dataset_name: str) -> LogicalArray:
     """Reads dataset ``dataset_name`` of ``path`` (inside an h5tilefs mount): one point
-    task per tile."""
+    task per tile, or per block of whole-row tiles (see ``_read_block``)."""
     ds_dir, meta = _meta(path, dataset_name)
     shape = tuple(meta["shape"])
     dtype = np.dtype(meta["dtype"])
@@ -188,7 +213,10 @@ def from_file(path, dataset_name: str) -> LogicalArray:
     if math.prod(shape) == 0:
         return LogicalArray.from_store(store)
     tile = list(meta["tile_shape"])
-    _launch_per_tile(_read_tile, store, tile, "output", ds_dir, ",".join(map(str, tile)), dtype.str)
+    block = _read_block(shape, tile)
+    _launch_per_tile(
+        _read_tile, store, block, "output", ds_dir, ",".join(map(str, tile)), ",".join(map(str, block)), dtype.str
+    )
     return LogicalArray.from_store(store)
 
 
