@@ -28,6 +28,21 @@ const STAGE_BYTES: usize = 32 << 20;
 /// thread doing pread and copies), so a large run goes faster as parallel pieces.
 const DIRECT_PIECE: u64 = 16 << 20;
 
+/// Splits a run of `len` bytes at file offset `file_off` into pieces of at most
+/// `piece` bytes, cut at multiples of `piece` in the file, so that every piece but the
+/// first starts 4 KiB-aligned in the file. Offsets are relative to the run.
+fn piece_bounds(file_off: u64, len: u64, piece: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(len.div_ceil(piece) as usize + 1);
+    let mut a = 0u64;
+    while a < len {
+        let next_cut = (file_off + a) / piece * piece + piece - file_off;
+        let b = next_cut.min(len);
+        out.push((a, b));
+        a = b;
+    }
+    out
+}
+
 /// A cuFile handle to pass to the piece threads of one transfer.
 #[derive(Clone, Copy)]
 struct SendHandle(cf::CUfileHandle_t);
@@ -343,12 +358,13 @@ impl Gpu {
             }
             Ok(())
         };
-        let pieces = len.div_ceil(DIRECT_PIECE);
-        if pieces <= 1 {
+        let cuts = piece_bounds(file_off, len, DIRECT_PIECE);
+        if cuts.len() <= 1 {
             return read_piece(0, len);
         }
-        let next = std::sync::atomic::AtomicU64::new(0);
-        let threads = (pieces as usize).min(self.io_threads);
+        let pieces = cuts.len();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = pieces.min(self.io_threads);
         std::thread::scope(|sc| {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
@@ -359,8 +375,8 @@ impl Gpu {
                             if i >= pieces {
                                 return Ok(());
                             }
-                            let a = i * DIRECT_PIECE;
-                            read_piece(a, (a + DIRECT_PIECE).min(len))?;
+                            let (a, b) = cuts[i];
+                            read_piece(a, b)?;
                         }
                     })
                 })
@@ -512,3 +528,35 @@ impl Gpu {
 }
 
 use std::os::unix::fs::OpenOptionsExt;
+
+#[cfg(test)]
+mod tests {
+    use super::piece_bounds;
+
+    #[test]
+    fn pieces_cover_the_run_and_cut_at_aligned_file_offsets() {
+        let p = 16 << 20;
+        for (off, len) in [
+            (0u64, 1u64),
+            (0, p),
+            (0, p + 1),
+            (4096, 3 * p),
+            (12_345, 5 * p + 77),
+            (p - 1, 2),
+            (7 * p, 64 << 20),
+        ] {
+            let cuts = piece_bounds(off, len, p);
+            assert_eq!(cuts.first().map(|c| c.0), Some(0));
+            assert_eq!(cuts.last().map(|c| c.1), Some(len));
+            for w in cuts.windows(2) {
+                assert_eq!(w[0].1, w[1].0, "contiguous");
+                assert_eq!((off + w[1].0) % p, 0, "cut at a piece boundary of the file");
+            }
+            for &(a, b) in &cuts {
+                assert!(b > a && b - a <= p);
+            }
+        }
+        assert_eq!(piece_bounds(0, 0, p), vec![]);
+        assert_eq!(piece_bounds(4096, 2 * p, p).len(), 3);
+    }
+}
