@@ -553,7 +553,11 @@ mod tests {
             assert_eq!(cuts.last().map(|c| c.1), Some(len));
             for w in cuts.windows(2) {
                 assert_eq!(w[0].1, w[1].0, "contiguous");
-                assert_eq!((off + w[1].0) % p, 0, "cut at a piece boundary of the buffer");
+                assert_eq!(
+                    (off + w[1].0) % p,
+                    0,
+                    "cut at a piece boundary of the buffer"
+                );
             }
             for &(a, b) in &cuts {
                 assert!(b > a && b - a <= p);
