@@ -19,6 +19,7 @@ pub mod ioctl;
 pub mod model;
 pub mod namespace;
 pub mod pending;
+pub mod reaper;
 pub mod selection;
 pub mod staging;
 pub mod stats;

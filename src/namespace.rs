@@ -117,8 +117,16 @@ impl Namespace {
                 abs.display()
             )));
         }
-        // Drop the stale version first so the library really reopens the file.
-        self.files.remove(abs);
+        // Drop the stale version first so the library really reopens the file. A file
+        // replaced by a new one (another inode) may hold deleted sources whose release
+        // takes a while: the reaper closes it, off this request.
+        if let Some((_, (old, _))) = self.files.remove(abs) {
+            if old.ident.dev == ident.dev && old.ident.ino == ident.ino {
+                drop(old);
+            } else {
+                crate::reaper::drop_later(old);
+            }
+        }
         match H5File::open(abs) {
             Ok(f) => {
                 let f = Arc::new(f);
@@ -169,6 +177,15 @@ impl Namespace {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Closes the cached file at `rel` now (when nothing else holds it): called when
+    /// the file is removed through the mount, so that the space of its tile sources is
+    /// freed when rmdir returns, as after `rm`.
+    pub fn forget(&self, rel: &Path) {
+        if let Ok(abs) = self.abs(rel) {
+            self.files.remove(&abs);
+        }
     }
 
     /// Number of HDF5 files currently open (by the cache).

@@ -112,6 +112,33 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::from_io(what, e)
 }
 
+/// Allocates a tile's data region up front, so that tiles written at the same time by
+/// many writers do not interleave on disk (reads of one tile stay sequential) and a
+/// full backing file system fails the tile's first write with ENOSPC rather than a
+/// later one. File systems without `fallocate` keep the sparse file.
+fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(Error::new(libc::EFBIG, "tile too large"));
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the fd is owned by `f`, open for writing, and outlives the call.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, off, n) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+            tracing::debug!(error = %e, "fallocate not supported; tile source stays sparse");
+            Ok(())
+        }
+        _ => Err(Error::from_io("reserving tile space", e)),
+    }
+}
+
 impl Pending {
     pub fn new(root: &Path) -> Pending {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -319,7 +346,14 @@ impl Pending {
             }
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
             let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
-            let off = self.make_tile_file(&tmp, &dir, &meta.dtype, &count, size)?;
+            let off = match self.make_tile_file(&tmp, &dir, &meta.dtype, &count, size) {
+                Ok(off) => off,
+                Err(e) => {
+                    // a half-made source (disk full) must not hold space
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+            };
             match std::fs::hard_link(&tmp, &path) {
                 // Ours won: we know where its data starts; remember it for the index
                 // that commit leaves next to the sources.
@@ -410,6 +444,7 @@ impl Pending {
             }
         };
         let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        reserve(&f, t.offset, t.nbytes)?;
         f.write_all_at(&t.head, 0)
             .map_err(io("writing tile source"))?;
         if !t.tail.is_empty() {

@@ -395,7 +395,9 @@ impl Fs {
     /// Deletes an HDF5 file, the tile sources we made for it and its pending state.
     fn remove_file(&self, file: &Path) -> Result<()> {
         let abs = self.ns.abs(file)?;
-        if let Ok(EntryKind::H5File) = self.ns.classify(file) {
+        let is_h5 = matches!(self.ns.classify(file), Ok(EntryKind::H5File));
+        self.ns.forget(file);
+        if is_h5 {
             std::fs::remove_file(&abs)
                 .map_err(|e| Error::from_io(format!("removing {}", abs.display()), e))?;
         }
@@ -414,6 +416,7 @@ impl Fs {
         let tmp = stage.join("remove.tmp.h5");
         crate::writer::delete_objects(&tmp, &abs, &[path.to_string()])?;
         std::fs::rename(&tmp, &abs).map_err(|e| Error::from_io("renaming", e))?;
+        self.ns.forget(file);
         let dir = abs.parent().unwrap_or(Path::new("/"));
         let _ = std::fs::remove_dir_all(
             dir.join(Pending::sources_rel(file)?)

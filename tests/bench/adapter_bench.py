@@ -15,10 +15,16 @@ import sys
 import tempfile
 import time
 
-import cupynumeric as cn
 import numpy as np
-from legate.core import get_legate_runtime
+from legate.core import LogicalArray, get_legate_runtime
+from legate.core import types as ty
+from legate.core.task import OutputArray, task
 from legate.io import hdf5 as lgh5
+
+try:
+    import cupynumeric as cn
+except ImportError:  # machines with Legate only: arrays are made by a Legate task
+    cn = None
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
 from h5tilefs import legate as ours  # noqa: E402
@@ -30,6 +36,36 @@ def fence():
     get_legate_runtime().issue_execution_fence(block=True)
 
 
+@task
+def _fill(out: OutputArray, cols: int) -> None:
+    """arange over the array, one piece per processor (as cn.arange would partition it)."""
+    st = out.data()
+    lo, hi = tuple(st.domain.lo), tuple(st.domain.hi)
+    rows = hi[0] - lo[0] + 1
+    np.asarray(st)[...] = np.arange(lo[0] * cols, (lo[0] + rows) * cols, dtype=np.float64).reshape(rows, cols)
+
+
+def make_array(n, cols):
+    """An n-element float64 arange of `cols` columns, partitioned across the processors:
+    cupynumeric's when installed, else a Legate store filled by one task per piece."""
+    if cn is not None:
+        return cn.arange(n, dtype=cn.float64).reshape(n // cols, cols)
+    rt = get_legate_runtime()
+    store = rt.create_store(ty.float64, shape=(n // cols, cols))
+    procs = max(1, rt.get_machine().count())
+    part = store.partition_by_tiling((-(-(n // cols) // procs), cols))
+    t = rt.create_manual_task(_fill.library, _fill.task_id, part.color_shape)
+    t.add_output(part)
+    t.add_scalar_arg(cols, ty.int64)
+    t.execute()
+    return LogicalArray.from_store(store)
+
+
+def consume(la):
+    """What a reader does with the result: cupynumeric sums it; without cupynumeric the
+    fence that ends the timing waits for the read tasks."""
+    if cn is not None:
+        cn.asarray(la).sum()
 
 
 def timed(fn):
@@ -70,6 +106,10 @@ def main():
     ap.add_argument("--gib", default="1", help="comma-separated array sizes in GiB")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--reps", type=int, default=3, help="runs per measurement (the median is reported)")
+    ap.add_argument("--prefault-gib", type=float, default=None,
+                    help="touch at most this much free memory first (default: all but 2 GiB)")
+    ap.add_argument("--raw-streams", type=int, default=4, help="threads of the raw-disk ceiling")
+    ap.add_argument("--json", default=None, help="also write the medians and every run here")
     args = ap.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="h5tilefs-abench-")
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
@@ -77,16 +117,16 @@ def main():
     os.makedirs(mnt, exist_ok=True)
     subprocess.run([args.bin, "mount", backing, mnt], check=True)
     # host-backed guest memory for both sides (see benchlib.prefault_memory)
-    t_pf = prefault_memory()
-    rows = []
+    t_pf = prefault_memory(limit_gib=args.prefault_gib)
+    rows, runs = [], []
     med = statistics.median
     try:
         for g in [float(x) for x in args.gib.split(",")]:
             n = int(g * (1 << 30)) // 8
             cols = 4096
-            a = cn.arange(n, dtype=cn.float64).reshape(n // cols, cols)
+            a = make_array(n, cols)
             fence()
-            nbytes = a.nbytes
+            nbytes = n * 8
             ours_path, lg_path = os.path.join(mnt, "o.h5"), os.path.join(backing, "l.h5")
             r = {k: [] for k in ("ow", "lw", "ls", "orc", "lrc", "orw", "lrw", "rw", "rr")}
             host = np.arange(n, dtype=np.float64)
@@ -108,10 +148,10 @@ def main():
                 r["ls"].append(time.perf_counter() - t)
 
             def ours_r(key):
-                r[key].append(timed(lambda: cn.asarray(ours.from_file(ours_path, dataset_name="/x")).sum()))
+                r[key].append(timed(lambda: consume(ours.from_file(ours_path, dataset_name="/x"))))
 
             def lg_r(key):
-                r[key].append(timed(lambda: cn.asarray(lgh5.from_file(lg_path, dataset_name="/x")).sum()))
+                r[key].append(timed(lambda: consume(lgh5.from_file(lg_path, dataset_name="/x"))))
 
             # Round 0 is a warm-up, not reported: it touches Legate's memory pools
             # and the allocator, whose first-touch cost (page faults that must reclaim
@@ -122,21 +162,22 @@ def main():
                 for w in ((ours_w, lg_w) if rep % 2 == 0 else (lg_w, ours_w)):
                     w()
                 t = time.perf_counter()
-                raw_write(raw_path, host)
+                raw_write(raw_path, host, streams=args.raw_streams)
                 r["rw"].append(time.perf_counter() - t)
-                drop_caches()
+                drop_caches(backing)
                 t = time.perf_counter()
-                raw_read(raw_path, host)
+                raw_read(raw_path, host, streams=args.raw_streams)
                 r["rr"].append(time.perf_counter() - t)
                 os.remove(raw_path)
                 os.sync()
                 time.sleep(1.1)
                 for side in ((ours_r, lg_r) if rep % 2 == 0 else (lg_r, ours_r)):
-                    cold = drop_caches()
+                    cold = drop_caches(backing)
                     side("orc" if side is ours_r else "lrc")
                 for side in ((ours_r, lg_r) if rep % 2 == 0 else (lg_r, ours_r)):
                     side("orw" if side is ours_r else "lrw")
             rows.append((nbytes, {k: med(v[1:]) for k, v in r.items()}, cold))
+            runs.append({"bytes": nbytes, "runs": r})
             os.rmdir(ours_path)
             os.remove(lg_path)
             shutil.rmtree(os.path.join(backing, "l_legate_vds"), ignore_errors=True)
@@ -167,6 +208,13 @@ def main():
         lws = m["lw"] + m["ls"]
         print(f"| {nb >> 20} MiB | {m['rw']:.2f} s ({gb / m['rw']:.2f} GB/s) | {m['rw'] / m['ow']:.2f} | {m['rw'] / lws:.2f} | "
               f"{m['rr']:.2f} s ({gb / m['rr']:.2f} GB/s) | {m['rr'] / m['orc']:.2f} | {m['rr'] / m['lrc']:.2f} |")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"machine": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+                       "legate_config": os.environ.get("LEGATE_CONFIG"), "cupynumeric": cn is not None,
+                       "reps": args.reps, "medians": [{"bytes": nb, **m} for nb, m, _ in rows],
+                       "all_runs_first_is_warmup": runs}, f, indent=1)
     if rows and not rows[0][2]:
         print("\n(could not drop the page cache: 'cold' reads were warm)")
 

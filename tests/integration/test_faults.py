@@ -206,6 +206,43 @@ def test_backing_full(small_fs):
     alive(e)
 
 
+def test_removed_file_frees_its_space_at_once(small_fs):
+    """A committed file the daemon has served (its tile sources open in the daemon)
+    gives its space back when rmdir returns, like `rm`; a file replaced behind the
+    mount gives it back once the daemon has seen the new one."""
+    e = small_fs
+    empty = free_bytes(e.backing)
+    a = np.random.default_rng(2).random((8, MiB // 4)).astype("<f4")     # 8 MiB
+    d = create(e, "f.h5", "x", a.shape, a.dtype, (1, MiB // 4))
+    write_rows(d, a)
+    assert commit_errno(e, "f.h5") == 0
+    time.sleep(1.1)
+    assert rb(e.m("f.h5", "x", "data")) == a.tobytes()       # sources opened by the daemon
+    assert free_bytes(e.backing) < empty - 7 * MiB
+    os.rmdir(e.m("f.h5"))
+    assert free_bytes(e.backing) > empty - MiB, (empty, free_bytes(e.backing))
+    assert "f.h5" not in os.listdir(e.m())
+    # the same through a replacement the daemon only learns of by looking
+    d = create(e, "g.h5", "x", a.shape, a.dtype, (1, MiB // 4))
+    write_rows(d, a)
+    assert commit_errno(e, "g.h5") == 0
+    time.sleep(1.1)
+    assert rb(e.m("g.h5", "x", "data")) == a.tobytes()
+    for p in os.listdir(e.backing):
+        if p.startswith("g_h5tilefs_vds"):
+            shutil.rmtree(e.b(p))
+    with h5py.File(e.b("g.tmp"), "w") as f:
+        f["x"] = np.arange(4, dtype="<f4")
+    os.rename(e.b("g.tmp"), e.b("g.h5"))
+    time.sleep(1.1)
+    assert rb(e.m("g.h5", "x", "data")) == np.arange(4, dtype="<f4").tobytes()
+    deadline = time.time() + 10
+    while free_bytes(e.backing) < empty - MiB and time.time() < deadline:
+        time.sleep(0.05)
+    assert free_bytes(e.backing) > empty - MiB, (empty, free_bytes(e.backing))
+    alive(e)
+
+
 # ----------------------------------------------------------------------------- b) backing file changes
 def _make(path, seed):
     a = np.random.default_rng(seed).random((1024, 1024)).astype("<f4")       # 4 MiB
