@@ -200,7 +200,7 @@ def main():
               f"{lws / m['ow']:.2f}x | {m['orc']:.2f} s ({gb / m['orc']:.2f} GB/s) | {m['lrc']:.2f} s ({gb / m['lrc']:.2f} GB/s) | "
               f"{m['lrc'] / m['orc']:.2f}x | {m['orw']:.2f} s ({gb / m['orw']:.2f} GB/s) | {m['lrw']:.2f} s ({gb / m['lrw']:.2f} GB/s) | "
               f"{m['lrw'] / m['orw']:.2f}x |")
-    print("\nThe ceiling on this disk, same bytes, same run (4 threads of 16 MiB pwrite + fsync; cold preadv):\n")
+    print(f"\nThe ceiling on this disk, same bytes, same run ({args.raw_streams} threads of 16 MiB pwrite + fsync; cold preadv):\n")
     print("| array | raw write + fsync | ours / raw | legate+sync / raw | raw cold read | ours / raw | legate / raw |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for nb, m, cold in rows:
