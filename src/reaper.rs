@@ -4,13 +4,13 @@
 //! for releasing the old one.
 
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 type Item = Box<dyn Send>;
 
-static QUEUE: OnceLock<Option<Mutex<Sender<Item>>>> = OnceLock::new();
+static QUEUE: OnceLock<Option<Sender<Item>>> = OnceLock::new();
 
-fn queue() -> Option<&'static Mutex<Sender<Item>>> {
+fn queue() -> Option<&'static Sender<Item>> {
     QUEUE
         .get_or_init(|| {
             let (tx, rx) = channel::<Item>();
@@ -22,22 +22,17 @@ fn queue() -> Option<&'static Mutex<Sender<Item>>> {
                     }
                 })
                 .ok()
-                .map(|_| Mutex::new(tx))
+                .map(|_| tx)
         })
         .as_ref()
 }
 
 /// Drops `v` on the reaper thread (or here, if that thread could not be started).
 pub fn drop_later<T: Send + 'static>(v: T) {
-    let item: Item = Box::new(v);
-    let Some(q) = queue() else {
-        return;
-    };
-    let rejected = match q.lock() {
-        Ok(tx) => tx.send(item).err().map(|e| e.0),
-        Err(_) => Some(item),
-    };
-    drop(rejected);
+    if let Some(tx) = queue() {
+        // A failed send hands the value back inside the error, dropped here.
+        let _ = tx.send(Box::new(v));
+    }
 }
 
 #[cfg(test)]

@@ -1,24 +1,22 @@
 #!/usr/bin/env python3
 """Does on-disk layout matter for cold reads on this disk? Writes N files of SIZE
 concurrently in 1 MiB pieces (as parallel tile writers do), once sparse and once
-fallocate-d first, then reads them cold with 1..8 threads of 16 MiB. Root only (drops
-the page cache). Prints a table; used for docs/performance.md.
+fallocate-d first, then reads them cold with 1..8 threads of 16 MiB (page cache dropped
+with benchlib.drop_caches). Prints a table; used for docs/performance.md.
 
     python tests/bench/layout_probe.py DIR --files 2 --mib 512
 """
 import argparse
 import os
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_caches  # noqa: E402
+
 MiB = 1 << 20
-
-
-def drop():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def write(paths, size, prealloc):
@@ -45,7 +43,7 @@ def extents(p):
 
 
 def read(paths, size, streams):
-    drop()
+    drop_caches(os.path.dirname(paths[0]))
     fds = [os.open(p, os.O_RDONLY) for p in paths]
     buf = bytearray(16 * MiB * streams)
     mv = memoryview(buf)
