@@ -164,6 +164,9 @@ def test_backing_full(small_fs):
             break
     assert err == errno.ENOSPC, (written, err)
     assert 10 <= written < 24
+    # the tile source that could not be made leaves no half-made file behind
+    left = [f for _, _, fs in os.walk(e.backing) for f in fs if f.endswith(".tmp")]
+    assert not left, left
     # the committed file is untouched, on disk and through the mount
     assert np.array_equal(h5read(e.b("keep.h5"), "k"), keep)
     assert rb(e.m("keep.h5", "k", "data")) == keep.tobytes()
