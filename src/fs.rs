@@ -331,7 +331,8 @@ pub struct Fs {
     pub opts: FsOptions,
     model_opts: ModelOptions,
     inodes: InodeTable,
-    handles: DashMap<u64, Handle>,
+    /// Open handles; cloned out (`Fs::handle`) so no map guard is held across I/O.
+    handles: DashMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
     /// File generation seen at the last open of each inode, for keep_cache.
     opened_gen: DashMap<u64, u64>,
@@ -1346,15 +1347,20 @@ impl Fs {
         };
         let direct = !matches!(handle, Handle::View { .. });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.insert(fh, handle);
+        self.handles.insert(fh, Arc::new(handle));
         Ok((fh, keep, direct))
     }
 
-    pub fn read(&self, fh: u64, off: u64, size: u32) -> Result<Vec<u8>> {
-        let h = self
-            .handles
+    /// The open handle `fh`, cloned out of the map: callers do I/O with it.
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles
             .get(&fh)
-            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown handle {fh}")))?;
+            .map(|h| h.clone())
+            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown handle {fh}")))
+    }
+
+    pub fn read(&self, fh: u64, off: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
         let out = match &*h {
             Handle::Bytes(b) | Handle::Control(b) => {
                 let s = (off.min(b.len() as u64)) as usize;
@@ -1397,14 +1403,16 @@ impl Fs {
     }
 
     pub fn release(&self, fh: u64) {
-        if let Some((_, Handle::Control(_))) = self.handles.remove(&fh) {
-            self.release_buffers(fh);
+        if let Some((_, h)) = self.handles.remove(&fh) {
+            if matches!(*h, Handle::Control(_)) {
+                self.release_buffers(fh);
+            }
         }
     }
 
     /// The model and selection behind an open handle (for the extent-map consumers).
     pub fn handle_view(&self, fh: u64) -> Result<(Arc<DatasetModel>, Hyperslab)> {
-        match self.handles.get(&fh).as_deref() {
+        match self.handles.get(&fh).map(|h| h.clone()).as_deref() {
             Some(Handle::View { model, sel, .. }) => Ok((model.clone(), sel.clone())),
             Some(Handle::PendingIo { model, .. }) => {
                 Ok((model.clone(), Hyperslab::full(&model.shape)))

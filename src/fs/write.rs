@@ -159,10 +159,7 @@ impl Fs {
     /// write: meta.json of a pending node, pending tiles and data, `.commit`.
     pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
-        let h = self
-            .handles
-            .get(&fh)
-            .ok_or_else(|| Error::new(libc::EBADF, format!("unknown handle {fh}")))?;
+        let h = self.handle(fh)?;
         match &*h {
             Handle::MetaWrite {
                 file,
@@ -266,7 +263,7 @@ impl Fs {
 
     /// flush (close): a meta.json that never became valid JSON is an error now.
     pub fn flush(&self, fh: u64) -> Result<()> {
-        if let Some(h) = self.handles.get(&fh) {
+        if let Ok(h) = self.handle(fh) {
             if let Handle::MetaWrite {
                 file,
                 path,
