@@ -188,20 +188,29 @@ struct IdentEntry<H, O> {
 /// `Arc`s handed out to users: dropping an entry never frees a value still in use. No
 /// lock is held while a value is built or dropped (both may do I/O).
 struct IdentCache<H, O> {
-    inner: Mutex<(HashMap<(u64, u64), IdentEntry<H, O>>, u64)>,
+    inner: Mutex<IdentMap<H, O>>,
     cap: usize,
+}
+
+/// The entries of an [`IdentCache`] by (dev, ino), and the clock of their last use.
+struct IdentMap<H, O> {
+    map: HashMap<(u64, u64), IdentEntry<H, O>>,
+    tick: u64,
 }
 
 impl<H, O> IdentCache<H, O> {
     fn new(cap: usize) -> Self {
         IdentCache {
-            inner: Mutex::new((HashMap::new(), 0)),
+            inner: Mutex::new(IdentMap {
+                map: HashMap::new(),
+                tick: 0,
+            }),
             cap: cap.max(1),
         }
     }
 
     fn len(&self) -> usize {
-        self.inner.lock().0.len()
+        self.inner.lock().map.len()
     }
 
     /// The value for this version of the inode, built with `make` on a miss or when the
@@ -217,7 +226,7 @@ impl<H, O> IdentCache<H, O> {
         let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
         {
             let mut g = self.inner.lock();
-            let (map, tick) = &mut *g;
+            let IdentMap { map, tick } = &mut *g;
             *tick += 1;
             let now = *tick;
             if let Some(e) = map.get_mut(&key) {
@@ -238,7 +247,7 @@ impl<H, O> IdentCache<H, O> {
         let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
         let out = {
             let mut g = self.inner.lock();
-            let (map, tick) = &mut *g;
+            let IdentMap { map, tick } = &mut *g;
             *tick += 1;
             let now = *tick;
             // Another thread may have built the same version meanwhile: keep one.
@@ -823,7 +832,7 @@ mod tests {
         c.get(ident(9, 1, 1), &gone, make).unwrap();
         drop(gone);
         c.get(ident(2, 1, 1), &keep, make).unwrap();
-        assert!(!c.inner.lock().0.contains_key(&(1, 9)));
+        assert!(!c.inner.lock().map.contains_key(&(1, 9)));
     }
 
     #[test]

@@ -443,6 +443,7 @@ def main():
     backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
     os.makedirs(backing)
     os.makedirs(mnt)
+    os.makedirs(args.out, exist_ok=True)
     dev = cp.cuda.runtime.getDeviceProperties(0)
     RESULTS["env"] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
