@@ -170,12 +170,16 @@ impl Fs {
             match &*h {
                 // As read(): a file rewritten in place while open no longer matches the
                 // extents planned from it; its bytes would be read at the old offsets.
-                Handle::View { _file: f, .. } if f.modified_in_place() => {
+                Handle::View {
+                    _file: f, model, ..
+                } if f.modified_in_place() => {
                     return Err(Error::new(
                         libc::ESTALE,
                         format!(
-                            "{} was modified in place while open; open it again",
-                            f.abs.display()
+                            "{} was modified in place while {} was open for READ_TO_GPU; \
+                             open it again",
+                            f.abs.display(),
+                            model.name
                         ),
                     ));
                 }
