@@ -25,8 +25,9 @@ impl TileGrid {
             .collect()
     }
 
+    /// Saturating: a grid from a corrupt file may hold more tiles than u64 counts.
     pub fn num_tiles(&self) -> u64 {
-        self.grid().iter().product()
+        self.grid().iter().fold(1u64, |a, &g| a.saturating_mul(g))
     }
 
     /// The clipped hyperslab of tile `idx`, or None when `idx` is outside the grid.
@@ -51,9 +52,16 @@ impl TileGrid {
     /// Tile indices in C order.
     pub fn indices(&self) -> impl Iterator<Item = Vec<u64>> + '_ {
         let grid = self.grid();
-        let total: u64 = grid.iter().product();
+        let total = self.num_tiles();
         (0..total).map(move |lin| unravel(lin, &grid))
     }
+}
+
+/// Bytes of an array of `dims` elements of `elem` bytes, `None` when that overflows u64:
+/// dims come from files and users, and a wrapped size would mis-size every buffer and
+/// offset computed from it.
+pub fn checked_bytes(dims: &[u64], elem: u64) -> Option<u64> {
+    dims.iter().try_fold(elem, |a, &d| a.checked_mul(d))
 }
 
 /// C-order multi-index of linear index `lin` in `shape`.

@@ -127,8 +127,12 @@ impl LazySource {
                 .unwrap_or_default();
             if let Some((off, len)) = source_index(dir).and_then(|ix| ix.get(name).copied()) {
                 if let Ok(f) = std::fs::File::open(&self.path) {
-                    let nbytes = self.count.iter().product::<u64>() * itemsize;
-                    if f.metadata().map(|m| m.len()).ok() == Some(len) && off + nbytes <= len {
+                    // The index is a file in the backing directory: checked sums only.
+                    let end = crate::geometry::checked_bytes(&self.count, itemsize)
+                        .and_then(|n| n.checked_add(off));
+                    if f.metadata().map(|m| m.len()).ok() == Some(len)
+                        && end.is_some_and(|e| e <= len)
+                    {
                         return Ok(Arc::new(DatasetModel::raw(
                             &self.dset,
                             self.count.clone(),
@@ -171,7 +175,7 @@ impl LazySource {
                 .iter()
                 .zip(&self.count)
                 .zip(&model.shape)
-                .any(|((s, c), n)| s + c > *n)
+                .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
         {
             return Err("mapping reaches past the source's extent".into());
         }
@@ -313,7 +317,8 @@ impl DatasetModel {
         if layout == Layout::Contiguous && !matches!(dtype, DType::Unsupported { .. }) {
             let segs = h5::external_segments(&dcpl)?;
             if !segs.is_empty() {
-                let nbytes = shape.iter().product::<u64>().saturating_mul(elem);
+                // Not too_big (checked above): the product fits.
+                let nbytes = crate::geometry::checked_bytes(&shape, elem).unwrap_or(u64::MAX);
                 match external_source(&segs, &file.abs, &opts.root, nbytes) {
                     Ok(x) => external = Some(x),
                     Err(reason) => {
@@ -338,6 +343,24 @@ impl DatasetModel {
                     None => Storage::Fill,
                 },
                 Layout::Contiguous => match h5::contiguous_offset(id) {
+                    // Every extent offset is `offset + k * itemsize` with k below the
+                    // element count: checked once here, for all of them.
+                    Some(offset)
+                        if crate::geometry::checked_bytes(&shape, elem)
+                            .and_then(|n| offset.checked_add(n))
+                            .is_none() =>
+                    {
+                        let reason = format!(
+                            "contiguous data at offset {offset} runs past any file offset \
+                             (corrupt layout message)"
+                        );
+                        tracing::warn!(file = %file.abs.display(), dataset = name, %reason, "not served");
+                        dtype = DType::Unsupported {
+                            reason,
+                            itemsize: elem,
+                        };
+                        Storage::None
+                    }
                     Some(offset) => Storage::Contiguous {
                         file: file.backing.clone(),
                         offset,
@@ -351,18 +374,47 @@ impl DatasetModel {
                     if c.len() != rank || c.contains(&0) {
                         return Err(Error::io(format!("{name}: bad chunk shape {c:?}")));
                     }
-                    tile_shape = c.clone();
-                    Storage::Chunked(Arc::new(ChunkStore::new(
+                    match ChunkStore::new(
+                        name,
                         file.backing.clone(),
                         ds.clone(),
                         shape.clone(),
-                        c,
+                        c.clone(),
                         elem,
                         filters.clone(),
-                    )))
+                    ) {
+                        Ok(store) => {
+                            tile_shape = c;
+                            Storage::Chunked(Arc::new(store))
+                        }
+                        Err(e) => {
+                            tracing::warn!(dataset = name, error = %e, "not served");
+                            dtype = DType::Unsupported {
+                                reason: e.message,
+                                itemsize: elem,
+                            };
+                            Storage::None
+                        }
+                    }
                 }
                 Layout::Virtual => {
-                    let maps = h5::virtual_mappings(&dcpl)?;
+                    let maps = match h5::virtual_mappings(&dcpl) {
+                        Ok(m) => m,
+                        // Not even HDF5 may read it: its sources cannot be checked to
+                        // lie inside the backing directory without reading them all.
+                        Err(e) if e.errno == libc::EFBIG => {
+                            tracing::warn!(dataset = name, error = %e, "not served");
+                            dtype = DType::Unsupported {
+                                reason: e.message,
+                                itemsize: elem,
+                            };
+                            return Ok(Self::assemble(
+                                name, shape, maxshape, dtype, layout, chunks, filters, fill,
+                                fill_defined, attrs, tile_shape, Storage::None, 0, vec![],
+                            ));
+                        }
+                        Err(e) => return Err(e),
+                    };
                     virtual_count = maps.len();
                     let descr = match &dtype {
                         DType::Numeric { descr, .. } => descr.clone(),
@@ -398,7 +450,42 @@ impl DatasetModel {
                 }
             }
         };
-        Ok(DatasetModel {
+        Ok(Self::assemble(
+            name,
+            shape,
+            maxshape,
+            dtype,
+            layout,
+            chunks,
+            filters,
+            fill,
+            fill_defined,
+            attrs,
+            tile_shape,
+            storage,
+            virtual_count,
+            missing_sources,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        name: &str,
+        shape: Vec<u64>,
+        maxshape: Vec<Option<u64>>,
+        dtype: DType,
+        layout: Layout,
+        chunks: Option<Vec<u64>>,
+        filters: Vec<FilterInfo>,
+        fill: Arc<[u8]>,
+        fill_defined: bool,
+        attrs: serde_json::Map<String, Value>,
+        tile_shape: Vec<u64>,
+        storage: Storage,
+        virtual_count: usize,
+        missing_sources: Vec<String>,
+    ) -> DatasetModel {
+        DatasetModel {
             name: name.to_string(),
             shape,
             maxshape,
@@ -414,7 +501,7 @@ impl DatasetModel {
             virtual_count,
             missing_sources,
             meta: OnceLock::new(),
-        })
+        }
     }
 
     /// The extents covering bytes `[off, off + len)` of the C-order image of `sel`,
@@ -422,7 +509,7 @@ impl DatasetModel {
     /// Returns that boundary too, so callers can trim.
     pub fn plan(&self, sel: &Hyperslab, off: u64, len: u64) -> Result<(u64, Vec<Extent>)> {
         let es = self.itemsize();
-        let total = sel.num_elements() * es;
+        let total = selection_bytes(self, sel)?;
         let end = off.saturating_add(len).min(total);
         if es == 0 || off >= end {
             return Ok((off, vec![]));
@@ -510,8 +597,12 @@ impl DatasetModel {
                         self.name
                     )));
                 }
-                let covered: u64 = blocks.iter().map(|b| b.count.iter().product::<u64>()).sum();
-                if covered < self.shape.iter().product::<u64>() {
+                // Blocks may overlap: their sum can exceed u64 where the dataset cannot.
+                let covered: u128 = blocks
+                    .iter()
+                    .map(|b| b.count.iter().map(|&c| c as u128).product::<u128>())
+                    .fold(0u128, |a, n| a.saturating_add(n));
+                if covered < self.shape.iter().map(|&c| c as u128).product::<u128>() {
                     emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
                 }
                 for b in blocks {
@@ -771,7 +862,7 @@ fn map_virtual(
             .iter()
             .zip(count)
             .zip(shape)
-            .any(|((s, c), n)| s + c > *n)
+            .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
         {
             return Err("mapping exceeds the dataset".into());
         }
@@ -811,7 +902,7 @@ fn map_virtual(
                     .iter()
                     .zip(count)
                     .zip(&model.shape)
-                    .any(|((s, c), n)| s + c > *n)
+                    .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
             {
                 return Err("mapping reaches past the source's extent".into());
             }
@@ -926,6 +1017,12 @@ fn external_source(
         return Err(format!(
             "external file {} lies outside the backing directory",
             seg.name
+        ));
+    }
+    if seg.offset.checked_add(nbytes).is_none() {
+        return Err(format!(
+            "external segment offset {} plus the data ({nbytes} bytes) overflows",
+            seg.offset
         ));
     }
     if seg.size < nbytes {
@@ -1056,6 +1153,44 @@ fn read_full(f: &std::fs::File, buf: &mut [u8], mut off: u64) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of the C-order image of `sel`, checked: the selection comes from a user
+/// (`slice/` name, ioctl) and must lie inside the dataset, whose size fits (`build`
+/// refuses larger ones), so every offset computed from it below fits too.
+fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
+    let bad = |why: String| Error::invalid(format!("{}: selection {why}", model.name));
+    if sel.rank() != model.shape.len() {
+        return Err(bad(format!(
+            "has rank {} but the dataset has rank {}",
+            sel.rank(),
+            model.shape.len()
+        )));
+    }
+    for (d, (s, &n)) in sel.dims.iter().zip(&model.shape).enumerate() {
+        if s.count == 0 {
+            continue;
+        }
+        let last = (s.count - 1)
+            .checked_mul(s.step)
+            .and_then(|x| x.checked_add(s.start));
+        if s.step == 0 || last.is_none_or(|l| l >= n) {
+            return Err(bad(format!(
+                "{}:{}:{} of dimension {d} reaches past its length {n}",
+                s.start, s.count, s.step
+            )));
+        }
+    }
+    crate::geometry::checked_bytes(&sel.counts(), model.itemsize()).ok_or_else(|| {
+        Error::new(
+            libc::EFBIG,
+            format!(
+                "{}: selection of {:?} elements is too large",
+                model.name,
+                sel.counts()
+            ),
+        )
+    })
+}
+
 /// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`.
 pub fn read_selection(
     model: &DatasetModel,
@@ -1064,7 +1199,7 @@ pub fn read_selection(
     len: u64,
     cache: &crate::decode::CellCache,
 ) -> Result<Vec<u8>> {
-    let total = sel.num_elements() * model.itemsize();
+    let total = selection_bytes(model, sel)?;
     let end = off.saturating_add(len).min(total);
     if off >= end {
         return Ok(vec![]);

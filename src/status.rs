@@ -3,7 +3,10 @@
 //!
 //! Exit codes: 0 the daemon answered; 1 MOUNTPOINT is not an h5tilefs mount; 2 the
 //! mount is there but its daemon is gone (ENOTCONN), did not answer in time, or has
-//! a request running longer than `--stuck-after` seconds.
+//! a request running longer than `--stuck-after` seconds; 3 the daemon is there but its
+//! backing directory is unreachable (removed, unmounted from under it, or hanging).
+//! 2 asks for an unmount and a new mount; 3 asks for the backing file system to be
+//! restored, with h5tilefs left mounted.
 
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -78,6 +81,103 @@ fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
     }
 }
 
+/// Exit code for "the backing directory is unreachable".
+pub const BACKING_UNREACHABLE: u8 = 3;
+
+/// What the helper thread found about the backing directory.
+struct BackingProbe {
+    /// `stat` of the backing path, and the file system type (`statfs`) under it.
+    path: std::io::Result<(std::fs::Metadata, i64)>,
+    /// The daemon's working directory (it changes to the backing directory when it
+    /// starts): `readlink`, device and file system type.
+    cwd: Option<(PathBuf, u64, i64)>,
+}
+
+fn fs_type(p: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path and `st` a zeroed statfs we own.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        (libc::statfs(c.as_ptr(), &mut st) == 0).then_some(st.f_type as i64)
+    }
+}
+
+/// Devices (`major:minor`) mounted in this mount namespace.
+fn mounted_devices() -> std::collections::HashSet<(u32, u32)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (maj, min) = l.split(' ').nth(2)?.split_once(':')?;
+            Some((maj.parse().ok()?, min.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Why the backing directory cannot serve the daemon, or `None` when it looks fine.
+/// Every file system access runs on a helper thread: a hung network file system gives
+/// a timeout, not a hung health check. `pid` is the daemon's, to compare the directory
+/// it started in with what the path shows now.
+fn backing_problem(backing: &Path, pid: Option<u64>, timeout: Duration) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = backing.to_path_buf();
+    std::thread::spawn(move || {
+        let path = std::fs::metadata(&p).map(|m| {
+            let t = fs_type(&p).unwrap_or(0);
+            (m, t)
+        });
+        let cwd = pid.and_then(|pid| {
+            let link = PathBuf::from(format!("/proc/{pid}/cwd"));
+            let target = std::fs::read_link(&link).ok()?;
+            let dev = std::fs::metadata(&link).ok()?.dev();
+            Some((target, dev, fs_type(&link).unwrap_or(0)))
+        });
+        let _ = tx.send(BackingProbe { path, cwd });
+    });
+    let probe = match rx.recv_timeout(timeout) {
+        Ok(p) => p,
+        Err(_) => {
+            return Some(format!(
+                "it did not answer a stat within {} s (a hung network file system?)",
+                timeout.as_secs()
+            ))
+        }
+    };
+    let (meta, ftype) = match probe.path {
+        Ok(x) => x,
+        Err(e) => return Some(format!("{e}")),
+    };
+    if !meta.is_dir() {
+        return Some("it is no longer a directory".into());
+    }
+    // The daemon's working directory is the backing directory it started on. If that
+    // file system is mounted nowhere now (it was unmounted lazily from under the daemon)
+    // and the path shows another kind of file system (the directory underneath), the
+    // daemon serves an empty stand-in. The same kind again means it was remounted.
+    if let Some((target, dev, cwd_type)) = probe.cwd {
+        let detached = !mounted_devices().contains(&(libc::major(dev), libc::minor(dev)));
+        if target != backing && detached && cwd_type != ftype {
+            return Some(
+                "the file system that held it was unmounted from under the daemon \
+                 (the path now shows the directory underneath)"
+                    .into(),
+            );
+        }
+    }
+    None
+}
+
+/// The exit-3 message: what is wrong and what to do (not an unmount).
+fn unreachable_message(mnt: &Path, backing: &str, why: &str, daemon: &str) -> String {
+    format!(
+        "the backing directory {backing} of {} is unreachable: {why}. {daemon}: restore or \
+         remount the backing file system at {backing}; do not unmount h5tilefs, it serves \
+         the files again once the directory is back",
+        mnt.display()
+    )
+}
+
 fn human(n: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
@@ -108,9 +208,26 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
         );
         return 1;
     };
-    let v = match read_control(&mnt, Duration::from_secs(timeout.max(1))) {
+    let wait = Duration::from_secs(timeout.max(1));
+    let v = match read_control(&mnt, wait) {
         Ok(v) => v,
         Err((code, msg)) => {
+            // A daemon blocked on a hanging backing file system does not answer either:
+            // the backing directory is then the thing to fix.
+            if !msg.contains("(transport endpoint not connected)") {
+                if let Some(why) = backing_problem(Path::new(&me.source), None, wait) {
+                    eprintln!(
+                        "h5tilefs: {}",
+                        unreachable_message(
+                            &mnt,
+                            &me.source,
+                            &why,
+                            "The daemon did not answer either, probably waiting on it"
+                        )
+                    );
+                    return BACKING_UNREACHABLE;
+                }
+            }
             eprintln!("h5tilefs: {msg}");
             return code;
         }
@@ -118,7 +235,27 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
     let inflight = &v["stats"]["inflight"];
     let oldest_ms = inflight["oldest_ms"].as_u64().unwrap_or(0);
     let stuck = oldest_ms > stuck_after.saturating_mul(1000);
-    let code = if stuck { 2 } else { 0 };
+    let backing = v["backing_dir"].as_str().unwrap_or(&me.source).to_string();
+    let pid = v["stats"]["pid"].as_u64();
+    let unreachable = backing_problem(Path::new(&backing), pid, wait);
+    if let Some(why) = &unreachable {
+        eprintln!(
+            "h5tilefs: {}",
+            unreachable_message(
+                &mnt,
+                &backing,
+                why,
+                &format!("The daemon (pid {}) is alive", pid.unwrap_or(0))
+            )
+        );
+    }
+    let code = if unreachable.is_some() {
+        BACKING_UNREACHABLE
+    } else if stuck {
+        2
+    } else {
+        0
+    };
     // The report is built first and written once: a closed pipe (`status | head`)
     // must not turn the exit code into a panic.
     let mut out = String::new();
@@ -155,7 +292,9 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
         })
         .unwrap_or_default();
     say!("mountpoint:      {}", mnt.display());
-    let state = if stuck {
+    let state = if unreachable.is_some() {
+        "backing dir unreachable"
+    } else if stuck {
         "stuck"
     } else if st["draining"].as_bool() == Some(true) {
         "draining (shutting down)"
