@@ -184,9 +184,7 @@ pub fn decode_chunk(
             1 => {
                 // The bytes before this filter ran: the chunk plus the checksums of
                 // the Fletcher-32 filters that ran earlier.
-                let sums = (0..i)
-                    .filter(|&j| active(j) && filters[j].id == 3)
-                    .count();
+                let sums = (0..i).filter(|&j| active(j) && filters[j].id == 3).count();
                 let cap = expect.saturating_add(4 * sums);
                 match inflate_bounded(&buf, cap)? {
                     Some(out) => out,

@@ -409,8 +409,20 @@ impl DatasetModel {
                                 itemsize: elem,
                             };
                             return Ok(Self::assemble(
-                                name, shape, maxshape, dtype, layout, chunks, filters, fill,
-                                fill_defined, attrs, tile_shape, Storage::None, 0, vec![],
+                                name,
+                                shape,
+                                maxshape,
+                                dtype,
+                                layout,
+                                chunks,
+                                filters,
+                                fill,
+                                fill_defined,
+                                attrs,
+                                tile_shape,
+                                Storage::None,
+                                0,
+                                vec![],
                             ));
                         }
                         Err(e) => return Err(e),

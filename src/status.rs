@@ -222,7 +222,11 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
                             &mnt,
                             &me.source,
                             &why,
-                            "The daemon did not answer either, probably waiting on it"
+                            if msg.contains("did not answer") {
+                                "The daemon did not answer either, probably waiting on it"
+                            } else {
+                                "The daemon is there, but cannot even serve its control file"
+                            }
                         )
                     );
                     return BACKING_UNREACHABLE;
