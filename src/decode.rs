@@ -555,15 +555,82 @@ mod tests {
         let filters = vec![f(1), f(3)];
         assert_eq!(
             decode_chunk(z.clone(), &filters, 0, 4, data.len()),
-            Some(data.clone())
+            Ok(Some(data.clone()))
         );
         // A corrupted checksum is not trusted: HDF5 decides.
         let mut bad = z;
         let n = bad.len();
         bad[n - 1] ^= 0xff;
-        assert_eq!(decode_chunk(bad, &filters, 0, 4, data.len()), None);
+        assert_eq!(decode_chunk(bad, &filters, 0, 4, data.len()), Ok(None));
         // Wrong expected size is refused.
-        assert_eq!(decode_chunk(vec![1, 2, 3], &[], 0, 1, 4), None);
+        assert_eq!(decode_chunk(vec![1, 2, 3], &[], 0, 1, 4), Ok(None));
+    }
+
+    fn filter(id: i32) -> FilterInfo {
+        FilterInfo {
+            id,
+            name: String::new(),
+            cd_values: vec![],
+            optional: false,
+        }
+    }
+
+    /// A zlib stream of `n` zeros, made without holding them.
+    fn zeros_stream(n: usize) -> Vec<u8> {
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let block = vec![0u8; 1 << 20];
+        for _ in 0..n >> 20 {
+            enc.write_all(&block).unwrap();
+        }
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn deflate_bomb_fails_fast_with_bounded_memory() {
+        // 1 GiB of zeros declared as a 4 KiB chunk: refused after 4 KiB + 1 byte of
+        // output, where the unbounded read_to_end allocated and filled 1 GiB.
+        let z = zeros_stream(1 << 30);
+        assert!(z.len() < 2 << 20);
+        let t = std::time::Instant::now();
+        let r = decode_chunk(z, &[filter(1)], 0, 4, 4096);
+        let why = r.expect_err("a stream inflating past its chunk must be refused");
+        assert!(
+            why.contains("inflates beyond") && why.contains("4096"),
+            "{why}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        // The same bound holds after a shuffle and with a checksum inside the deflate.
+        let z = zeros_stream(64 << 20);
+        assert!(decode_chunk(z, &[filter(2), filter(1)], 0, 4, 4096).is_err());
+        // A stream of exactly the chunk's size still decodes, checksum inside included:
+        // the Fletcher-32 that ran before deflate adds 4 bytes to what it inflates to.
+        let data = vec![7u8; 4096];
+        let mut inner = data.clone();
+        inner.extend_from_slice(&fletcher32(&data).to_le_bytes());
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(4));
+        enc.write_all(&inner).unwrap();
+        let z = enc.finish().unwrap();
+        assert_eq!(
+            decode_chunk(z.clone(), &[filter(3), filter(1)], 0, 1, 4096),
+            Ok(Some(data))
+        );
+        // One byte short of the checksum: it no longer fits.
+        assert!(decode_chunk(z, &[filter(1)], 0, 1, 4096).is_err());
+        // A filter skipped by the chunk's mask is not run.
+        assert_eq!(
+            decode_chunk(vec![9u8; 16], &[filter(1)], 1, 1, 16),
+            Ok(Some(vec![9u8; 16]))
+        );
+    }
+
+    #[test]
+    fn stored_size_bound() {
+        assert_eq!(max_stored_bytes(4096), 8192 + 65536);
+        assert_eq!(max_stored_bytes(u64::MAX), u64::MAX);
     }
 
     struct Counting(AtomicU64);

@@ -153,6 +153,22 @@ mod tests {
     }
 
     #[test]
+    fn sizes_and_counts_do_not_wrap() {
+        assert_eq!(checked_bytes(&[4, 5], 8), Some(160));
+        assert_eq!(checked_bytes(&[], 8), Some(8));
+        // 2^32 * 2^32 elements: wrapped to 0 with a plain product in release builds.
+        assert_eq!(checked_bytes(&[1 << 32, 1 << 32], 1), None);
+        assert_eq!(checked_bytes(&[1 << 31, 1 << 31], 4), None);
+        assert_eq!(checked_bytes(&[0, u64::MAX], 8), Some(0));
+        let g = TileGrid::new(vec![u64::MAX, u64::MAX, 4], vec![1, 1, 1]);
+        assert_eq!(g.num_tiles(), u64::MAX);
+        let g = TileGrid::new(vec![1 << 32, 1 << 32], vec![1, 1]);
+        assert_eq!(g.num_tiles(), u64::MAX);
+        assert_eq!(g.indices().next(), Some(vec![0, 0]));
+        assert_eq!(TileGrid::new(vec![0, u64::MAX], vec![1, 1]).num_tiles(), 0);
+    }
+
+    #[test]
     fn names() {
         assert_eq!(tile_name(&[1, 3]), "1.3");
         assert_eq!(tile_name(&[]), "0");

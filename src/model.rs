@@ -170,17 +170,24 @@ impl LazySource {
         }
         if model.shape.len() != self.count.len()
             || (self.whole && model.shape != self.count)
-            || self
-                .sstart
-                .iter()
-                .zip(&self.count)
-                .zip(&model.shape)
-                .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
+            || !block_fits(&self.sstart, &self.count, &model.shape)
         {
             return Err("mapping reaches past the source's extent".into());
         }
         Ok(model)
     }
+}
+
+/// Whether the block `start + count` (from a virtual mapping in a file) lies inside
+/// `shape`. Checked sums: a start near 2^64 must not wrap around into range.
+fn block_fits(start: &[u64], count: &[u64], shape: &[u64]) -> bool {
+    start.len() == shape.len()
+        && count.len() == shape.len()
+        && start
+            .iter()
+            .zip(count)
+            .zip(shape)
+            .all(|((s, c), n)| s.checked_add(*c).is_some_and(|e| e <= *n))
 }
 
 /// Knobs that shape models.
@@ -870,12 +877,7 @@ fn map_virtual(
                 "mapping source {scount:?} and destination {count:?} differ in shape"
             ));
         }
-        if vstart
-            .iter()
-            .zip(count)
-            .zip(shape)
-            .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
-        {
+        if !block_fits(vstart, count, shape) {
             return Err("mapping exceeds the dataset".into());
         }
         let mut block = VBlock {
@@ -910,11 +912,7 @@ fn map_virtual(
             }
             if model.shape.len() != shape.len()
                 || (whole && &model.shape != count)
-                || sstart
-                    .iter()
-                    .zip(count)
-                    .zip(&model.shape)
-                    .any(|((s, c), n)| s.checked_add(*c).is_none_or(|e| e > *n))
+                || !block_fits(&sstart, count, &model.shape)
             {
                 return Err("mapping reaches past the source's extent".into());
             }
@@ -1397,4 +1395,102 @@ pub fn flatten(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
     segs.into_iter()
         .map(|(s, (t, i, skip))| (s, t, extents[i].clone(), skip))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selection::DimSel;
+
+    fn model(shape: Vec<u64>, itemsize: u64) -> DatasetModel {
+        let tile = shape.iter().map(|_| 1).collect();
+        DatasetModel::raw(
+            "/x",
+            shape,
+            "<f8",
+            itemsize,
+            tile,
+            vec![0; itemsize as usize],
+            Storage::Fill,
+        )
+    }
+
+    #[test]
+    fn mapping_ends_do_not_wrap() {
+        assert!(block_fits(&[2, 0], &[3, 4], &[5, 4]));
+        assert!(!block_fits(&[3, 0], &[3, 4], &[5, 4]));
+        // u64::MAX + 2 wrapped to 1 <= 10: accepted before, reads far outside.
+        assert!(!block_fits(&[u64::MAX], &[2], &[10]));
+        assert!(!block_fits(&[1], &[u64::MAX], &[u64::MAX]));
+        assert!(!block_fits(&[0], &[1, 1], &[5]));
+    }
+
+    #[test]
+    fn selection_size_is_checked() {
+        // 2^62 elements of 8 bytes: the byte count wrapped to 0 and the read was empty.
+        let m = model(vec![1 << 31, 1 << 31], 8);
+        let e = m.plan(&Hyperslab::full(&m.shape), 0, 4096).unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG, "{e}");
+        assert!(e.message.contains("/x"), "{e}");
+        let e = read_selection(
+            &m,
+            &Hyperslab::full(&m.shape),
+            0,
+            8,
+            &crate::decode::CellCache::new(0),
+        )
+        .unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG);
+        // A selection reaching past the dataset, by a wrapping end or plainly.
+        let m = model(vec![10], 8);
+        for d in [
+            DimSel {
+                start: u64::MAX,
+                count: 2,
+                step: 1,
+            },
+            DimSel {
+                start: 1,
+                count: 2,
+                step: u64::MAX,
+            },
+            DimSel {
+                start: 5,
+                count: 6,
+                step: 1,
+            },
+            DimSel {
+                start: 0,
+                count: 2,
+                step: 0,
+            },
+        ] {
+            let sel = Hyperslab {
+                dims: vec![d.clone()],
+            };
+            let e = m.plan(&sel, 0, 16).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{d:?}: {e}");
+        }
+        let e = m.plan(&Hyperslab::full(&[10, 1]), 0, 8).unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL);
+        // In range: served.
+        let sel = Hyperslab {
+            dims: vec![DimSel {
+                start: 1,
+                count: 3,
+                step: 4,
+            }],
+        };
+        let (base, ext) = m.plan(&sel, 0, 24).unwrap();
+        assert_eq!(base, 0);
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), 24);
+        let sel = Hyperslab {
+            dims: vec![DimSel {
+                start: 0,
+                count: 0,
+                step: 1,
+            }],
+        };
+        assert!(m.plan(&sel, 0, 8).unwrap().1.is_empty());
+    }
 }
