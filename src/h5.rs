@@ -754,8 +754,15 @@ pub fn read_attr_raw(attr: hid_t) -> Result<(Hid, Vec<u8>, usize)> {
         .checked_mul(size)
         .filter(|&b| b <= 1 << 24)
         .ok_or_else(|| Error::io("attribute too large"))?;
+    // Variable-length data read in the file type is memory HDF5 allocates per element
+    // and the caller must reclaim: it is read (and freed) by the hdf5 crate instead.
+    // SAFETY: t is a valid datatype id, closed by its guard.
+    let vlen = sync(|| unsafe {
+        hdf5_sys::h5t::H5Tdetect_class(t.id(), H5T_class_t::H5T_VLEN) > 0
+            || hdf5_sys::h5t::H5Tis_variable_str(t.id()) > 0
+    });
     let mut buf = vec![0u8; bytes];
-    if n > 0 {
+    if n > 0 && !vlen {
         let r = sync(|| unsafe { hdf5_sys::h5a::H5Aread(attr, t.id(), buf.as_mut_ptr().cast()) });
         if r < 0 {
             return Err(Error::io("H5Aread failed"));
