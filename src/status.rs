@@ -6,7 +6,8 @@
 //! a request running longer than `--stuck-after` seconds; 3 the daemon is there but its
 //! backing directory is unreachable (removed, unmounted from under it, or hanging).
 //! 2 asks for an unmount and a new mount; 3 asks for the backing file system to be
-//! restored, with h5tilefs left mounted.
+//! restored, with h5tilefs left mounted. Every access that can hang runs in a forked
+//! child with a timeout, so the check itself returns.
 
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -50,18 +51,127 @@ fn h5tilefs_mounts() -> Vec<MountEntry> {
         .collect()
 }
 
-/// Reads the control file on a helper thread, so a hung daemon gives a timeout
+/// Runs `f` in a forked child and returns the bytes it produced, or `None` when it
+/// has not finished within `timeout` (the child is then killed and left behind).
+///
+/// A thread is not enough: a FUSE request that its server has already read (our own
+/// daemon blocked on a hanging backing dir, or a FUSE backing file system such as a
+/// GlusterFS client) waits uninterruptibly, and one stuck thread keeps the process,
+/// and the exit code a script waits for, alive. A stuck child does not.
+fn in_child(timeout: Duration, f: impl FnOnce() -> Vec<u8>) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two new fds into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: both fds were just created and are owned here only.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the status command never starts a thread, so the child is a complete copy
+    // of a single-threaded process and may allocate and do I/O.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return None;
+    }
+    if pid == 0 {
+        drop(rd);
+        // A child left stuck must not hold the caller's pipes open (`status | head`,
+        // a script reading our output would wait for it).
+        // SAFETY: plain fd calls on this process's own descriptors.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+                if null > 2 {
+                    libc::close(null);
+                }
+            }
+        }
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_default();
+        let _ = std::fs::File::from(wr).write_all(&out);
+        // SAFETY: ends the child at once, without the parent's exit handlers or buffers.
+        unsafe { libc::_exit(0) };
+    }
+    drop(wr);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut file = std::fs::File::from(rd);
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let done = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd of ours.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if r <= 0 {
+            break false;
+        }
+        match file.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    // SAFETY: signals and reaps our own child; WNOHANG never blocks on a stuck one.
+    unsafe {
+        if !done {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        libc::waitpid(
+            pid,
+            std::ptr::null_mut(),
+            if done { 0 } else { libc::WNOHANG },
+        );
+    }
+    done.then_some(out)
+}
+
+/// Reads the control file in a child process, so a hung daemon gives a timeout
 /// instead of hanging the health check.
 fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
     let p = mnt.join(".h5tilefs");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::fs::read(&p));
+    // The child answers 0 + the file, or 1 + errno.
+    let answer = in_child(timeout, || match std::fs::read(&p) {
+        Ok(mut b) => {
+            b.insert(0, 0);
+            b
+        }
+        Err(e) => {
+            let mut b = vec![1];
+            b.extend(e.raw_os_error().unwrap_or(libc::EIO).to_le_bytes());
+            b
+        }
     });
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(bytes)) => serde_json::from_slice(&bytes)
+    let read = match answer.as_deref() {
+        Some([0, rest @ ..]) => Ok(rest.to_vec()),
+        Some([1, a, b, c, d]) => Err(i32::from_le_bytes([*a, *b, *c, *d])),
+        Some(_) => Err(libc::EIO),
+        None => {
+            return Err((
+                2,
+                format!(
+                    "the daemon of {} did not answer within {} s (hung or overloaded)",
+                    mnt.display(),
+                    timeout.as_secs()
+                ),
+            ))
+        }
+    };
+    match read {
+        Ok(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| (2, format!("the daemon's stats are not JSON: {e}"))),
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => Err((
+        Err(libc::ENOTCONN) => Err((
             2,
             format!(
                 "the daemon of {} is gone (transport endpoint not connected); \
@@ -69,13 +179,12 @@ fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
                 mnt.display()
             ),
         )),
-        Ok(Err(e)) => Err((2, format!("reading {}/.h5tilefs: {e}", mnt.display()))),
-        Err(_) => Err((
+        Err(errno) => Err((
             2,
             format!(
-                "the daemon of {} did not answer within {} s (hung or overloaded)",
+                "reading {}/.h5tilefs: {}",
                 mnt.display(),
-                timeout.as_secs()
+                std::io::Error::from_raw_os_error(errno)
             ),
         )),
     }
@@ -83,15 +192,6 @@ fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
 
 /// Exit code for "the backing directory is unreachable".
 pub const BACKING_UNREACHABLE: u8 = 3;
-
-/// What the helper thread found about the backing directory.
-struct BackingProbe {
-    /// `stat` of the backing path, and the file system type (`statfs`) under it.
-    path: std::io::Result<(std::fs::Metadata, i64)>,
-    /// The daemon's working directory (it changes to the backing directory when it
-    /// starts): `readlink`, device and file system type.
-    cwd: Option<(PathBuf, u64, i64)>,
-}
 
 fn fs_type(p: &Path) -> Option<i64> {
     use std::os::unix::ffi::OsStrExt;
@@ -115,49 +215,62 @@ fn mounted_devices() -> std::collections::HashSet<(u32, u32)> {
 }
 
 /// Why the backing directory cannot serve the daemon, or `None` when it looks fine.
-/// Every file system access runs on a helper thread: a hung network file system gives
-/// a timeout, not a hung health check. `pid` is the daemon's, to compare the directory
+/// Every file system access runs in a child process (`in_child`): a hung network file
+/// system gives a timeout, not a hung health check. `pid` is the daemon's, to compare the directory
 /// it started in with what the path shows now.
 fn backing_problem(backing: &Path, pid: Option<u64>, timeout: Duration) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
-    let (tx, rx) = std::sync::mpsc::channel();
     let p = backing.to_path_buf();
-    std::thread::spawn(move || {
-        let path = std::fs::metadata(&p).map(|m| {
-            let t = fs_type(&p).unwrap_or(0);
-            (m, t)
-        });
-        let cwd = pid.and_then(|pid| {
-            let link = PathBuf::from(format!("/proc/{pid}/cwd"));
-            let target = std::fs::read_link(&link).ok()?;
-            let dev = std::fs::metadata(&link).ok()?.dev();
-            Some((target, dev, fs_type(&link).unwrap_or(0)))
-        });
-        let _ = tx.send(BackingProbe { path, cwd });
+    // The child answers JSON: {"error"} or {"is_dir", "ftype", "cwd": [path, dev, ftype]}.
+    let answer = in_child(timeout, move || {
+        let v = match std::fs::metadata(&p) {
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+            Ok(m) => {
+                let cwd = pid.and_then(|pid| {
+                    let link = PathBuf::from(format!("/proc/{pid}/cwd"));
+                    let target = std::fs::read_link(&link).ok()?;
+                    let dev = std::fs::metadata(&link).ok()?.dev();
+                    let t = fs_type(&link).unwrap_or(0);
+                    Some(serde_json::json!([
+                        String::from_utf8_lossy(target.as_os_str().as_bytes()),
+                        dev,
+                        t
+                    ]))
+                });
+                serde_json::json!({
+                    "is_dir": m.is_dir(),
+                    "ftype": fs_type(&p).unwrap_or(0),
+                    "cwd": cwd,
+                })
+            }
+        };
+        serde_json::to_vec(&v).unwrap_or_default()
     });
-    let probe = match rx.recv_timeout(timeout) {
-        Ok(p) => p,
-        Err(_) => {
-            return Some(format!(
-                "it did not answer a stat within {} s (a hung network file system?)",
-                timeout.as_secs()
-            ))
-        }
+    let Some(answer) = answer else {
+        return Some(format!(
+            "it did not answer a stat within {} s (a hung network file system?)",
+            timeout.as_secs()
+        ));
     };
-    let (meta, ftype) = match probe.path {
-        Ok(x) => x,
-        Err(e) => return Some(format!("{e}")),
-    };
-    if !meta.is_dir() {
+    let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    if let Some(e) = v["error"].as_str() {
+        return Some(e.to_string());
+    }
+    if v["is_dir"] != Value::Bool(true) {
         return Some("it is no longer a directory".into());
     }
     // The daemon's working directory is the backing directory it started on. If that
     // file system is mounted nowhere now (it was unmounted lazily from under the daemon)
     // and the path shows another kind of file system (the directory underneath), the
     // daemon serves an empty stand-in. The same kind again means it was remounted.
-    if let Some((target, dev, cwd_type)) = probe.cwd {
+    if let (Some(target), Some(dev), Some(cwd_type)) = (
+        v["cwd"][0].as_str(),
+        v["cwd"][1].as_u64(),
+        v["cwd"][2].as_i64(),
+    ) {
         let detached = !mounted_devices().contains(&(libc::major(dev), libc::minor(dev)));
-        if target != backing && detached && cwd_type != ftype {
+        if Path::new(target) != backing && detached && Some(cwd_type) != v["ftype"].as_i64() {
             return Some(
                 "the file system that held it was unmounted from under the daemon \
                  (the path now shows the directory underneath)"

@@ -24,6 +24,7 @@ class Env:
         self.mnt = os.path.join(self.root, "mnt")
         os.makedirs(self.backing)
         os.makedirs(self.mnt)
+        self.extra_mounts = []
 
     def tmpfs(self):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", self.backing], check=True)
@@ -46,6 +47,13 @@ def env():
     yield e
     if is_mounted(e.mnt):
         unmount(e.mnt)
+    for m in e.extra_mounts:
+        # the outer daemon may still be exiting (its working directory is in there)
+        end = time.time() + 30
+        while is_mounted(m) and not unmount(m) and time.time() < end:
+            time.sleep(0.5)
+        if is_mounted(m):
+            subprocess.run(["umount", "-l", m])
     while os.path.ismount(e.backing):
         subprocess.run(["umount", "-l", e.backing])
     shutil.rmtree(e.root, ignore_errors=True)
@@ -102,3 +110,42 @@ def test_backing_dir_removed(env):
     assert "unreachable" in p.stderr and "No such file or directory" in p.stderr
     os.makedirs(env.backing)
     assert env.status().returncode == 0
+
+
+def test_backing_dir_that_hangs(env):
+    """The backing dir lies on a file system that stops answering (the stand-in for a
+    hung network file system: another h5tilefs daemon, stopped). Our daemon then blocks
+    on it too, inside requests the kernel cannot abort, so status must neither hang on
+    the control file nor on the backing dir: it gives 3 within its timeout."""
+    import json
+    inner_backing = os.path.join(env.root, "inner_backing")
+    inner = os.path.join(env.root, "inner")
+    os.makedirs(inner_backing)
+    os.makedirs(inner)
+    with h5py.File(os.path.join(inner_backing, "a.h5"), "w") as f:
+        f["x"] = np.arange(10, dtype="<i4")
+    mount(inner_backing, inner)
+    env.extra_mounts.append(inner)
+    with open(os.path.join(inner, ".h5tilefs")) as f:
+        inner_pid = json.load(f)["stats"]["pid"]
+    proc = None
+    try:
+        mount(inner, env.mnt)
+        assert env.status().returncode == 0
+        os.kill(inner_pid, signal.SIGSTOP)
+        time.sleep(1.5)  # past the kernel's 1 s attribute cache of the inner mount
+        out, err = (open(os.path.join(env.root, n), "w+") for n in ("out", "err"))
+        t = time.time()
+        proc = subprocess.Popen([BIN, "status", env.mnt, "--timeout", "2"], stdout=out, stderr=err)
+        try:
+            rc = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"status still running after {time.time() - t:.0f} s")
+        err.seek(0)
+        msg = err.read()
+        assert rc == 3, (rc, msg)
+        assert "did not answer" in msg and "do not unmount" in msg, msg
+    finally:
+        os.kill(inner_pid, signal.SIGCONT)
+        if proc is not None:
+            proc.wait(timeout=60)
