@@ -404,107 +404,56 @@ impl DatasetModel {
                         }
                     }
                 }
-                Layout::Virtual => {
-                    let maps = match h5::virtual_mappings(&dcpl) {
-                        Ok(m) => m,
-                        // Not even HDF5 may read it: its sources cannot be checked to
-                        // lie inside the backing directory without reading them all.
-                        Err(e) if e.errno == libc::EFBIG => {
-                            tracing::warn!(dataset = name, error = %e, "not served");
-                            dtype = DType::Unsupported {
-                                reason: e.message,
-                                itemsize: elem,
-                            };
-                            return Ok(Self::assemble(
-                                name,
-                                shape,
-                                maxshape,
-                                dtype,
-                                layout,
-                                chunks,
-                                filters,
-                                fill,
-                                fill_defined,
-                                attrs,
-                                tile_shape,
-                                Storage::None,
-                                0,
-                                vec![],
-                            ));
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    virtual_count = maps.len();
-                    let descr = match &dtype {
-                        DType::Numeric { descr, .. } => descr.clone(),
-                        DType::Unsupported { .. } => String::new(),
-                    };
-                    match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
-                        Ok((blocks, missing)) => {
-                            missing_sources = missing;
-                            if let Some(t) = regular_grid(&blocks, &shape) {
-                                tile_shape = t;
-                            }
-                            Storage::Virtual(blocks)
-                        }
-                        Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
-                            // HDF5 would follow it; we may run as root.
-                            Some(src) => {
-                                let reason = format!(
-                                    "virtual source {src} lies outside the backing directory"
-                                );
-                                tracing::warn!(dataset = name, %reason, "not served");
-                                dtype = DType::Unsupported {
-                                    reason,
-                                    itemsize: elem,
-                                };
-                                Storage::None
-                            }
-                            None => {
-                                tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
-                                hdf_cells(ds.clone())
-                            }
-                        },
+                Layout::Virtual => match h5::virtual_mappings(&dcpl) {
+                    // Not even HDF5 may read it: its sources cannot be checked to lie
+                    // inside the backing directory without reading them all.
+                    Err(e) if e.errno == libc::EFBIG => {
+                        tracing::warn!(dataset = name, error = %e, "not served");
+                        dtype = DType::Unsupported {
+                            reason: e.message,
+                            itemsize: elem,
+                        };
+                        Storage::None
                     }
-                }
+                    Err(e) => return Err(e),
+                    Ok(maps) => {
+                        virtual_count = maps.len();
+                        let descr = match &dtype {
+                            DType::Numeric { descr, .. } => descr.clone(),
+                            DType::Unsupported { .. } => String::new(),
+                        };
+                        match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
+                            Ok((blocks, missing)) => {
+                                missing_sources = missing;
+                                if let Some(t) = regular_grid(&blocks, &shape) {
+                                    tile_shape = t;
+                                }
+                                Storage::Virtual(blocks)
+                            }
+                            Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
+                                // HDF5 would follow it; we may run as root.
+                                Some(src) => {
+                                    let reason = format!(
+                                        "virtual source {src} lies outside the backing directory"
+                                    );
+                                    tracing::warn!(dataset = name, %reason, "not served");
+                                    dtype = DType::Unsupported {
+                                        reason,
+                                        itemsize: elem,
+                                    };
+                                    Storage::None
+                                }
+                                None => {
+                                    tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
+                                    hdf_cells(ds.clone())
+                                }
+                            },
+                        }
+                    }
+                },
             }
         };
-        Ok(Self::assemble(
-            name,
-            shape,
-            maxshape,
-            dtype,
-            layout,
-            chunks,
-            filters,
-            fill,
-            fill_defined,
-            attrs,
-            tile_shape,
-            storage,
-            virtual_count,
-            missing_sources,
-        ))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        name: &str,
-        shape: Vec<u64>,
-        maxshape: Vec<Option<u64>>,
-        dtype: DType,
-        layout: Layout,
-        chunks: Option<Vec<u64>>,
-        filters: Vec<FilterInfo>,
-        fill: Arc<[u8]>,
-        fill_defined: bool,
-        attrs: serde_json::Map<String, Value>,
-        tile_shape: Vec<u64>,
-        storage: Storage,
-        virtual_count: usize,
-        missing_sources: Vec<String>,
-    ) -> DatasetModel {
-        DatasetModel {
+        Ok(DatasetModel {
             name: name.to_string(),
             shape,
             maxshape,
@@ -520,7 +469,7 @@ impl DatasetModel {
             virtual_count,
             missing_sources,
             meta: OnceLock::new(),
-        }
+        })
     }
 
     /// The extents covering bytes `[off, off + len)` of the C-order image of `sel`,
