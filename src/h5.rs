@@ -581,7 +581,8 @@ pub fn external_segments(dcpl: &Hid) -> Result<Vec<ExternalSegment>> {
 }
 
 /// Most mappings of one virtual dataset we read: each becomes a block of the model
-/// (about 200 bytes with its strings); more are read through HDF5 instead.
+/// (about 200 bytes with its strings). A dataset with more is not served: its sources
+/// could not be checked to lie inside the backing directory.
 pub const MAX_VIRTUAL_MAPPINGS: usize = 1 << 20;
 
 /// Reads the mappings with the raw `H5Pget_virtual_*` calls; EFBIG above
