@@ -216,9 +216,16 @@ fn mounted_devices() -> std::collections::HashSet<(u32, u32)> {
 
 /// Why the backing directory cannot serve the daemon, or `None` when it looks fine.
 /// Every file system access runs in a child process (`in_child`): a hung network file
-/// system gives a timeout, not a hung health check. `pid` is the daemon's, to compare the directory
-/// it started in with what the path shows now.
-fn backing_problem(backing: &Path, pid: Option<u64>, timeout: Duration) -> Option<String> {
+/// system gives a timeout, not a hung health check. `pid` is the daemon's, to compare
+/// the directory it started in with what the path shows now; `reported` is the
+/// `backing_id` (device, file system type) the daemon recorded at mount, when its
+/// control file has one.
+fn backing_problem(
+    backing: &Path,
+    pid: Option<u64>,
+    reported: (Option<u64>, Option<i64>),
+    timeout: Duration,
+) -> Option<String> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let p = backing.to_path_buf();
@@ -260,17 +267,27 @@ fn backing_problem(backing: &Path, pid: Option<u64>, timeout: Duration) -> Optio
     if v["is_dir"] != Value::Bool(true) {
         return Some("it is no longer a directory".into());
     }
-    // The daemon's working directory is the backing directory it started on. If that
-    // file system is mounted nowhere now (it was unmounted lazily from under the daemon)
+    // What the daemon started on: the backing dir's device and file system type as the
+    // daemon reports them (`backing_id` in its control file, recorded at mount), else its
+    // working directory (it changes to the backing dir when it daemonizes; a
+    // `--foreground` daemon's is elsewhere and still mounted, so it never matches). If
+    // that file system is mounted nowhere now (unmounted lazily from under the daemon)
     // and the path shows another kind of file system (the directory underneath), the
     // daemon serves an empty stand-in. The same kind again means it was remounted.
-    if let (Some(target), Some(dev), Some(cwd_type)) = (
-        v["cwd"][0].as_str(),
-        v["cwd"][1].as_u64(),
-        v["cwd"][2].as_i64(),
-    ) {
+    let started_on = match (reported.0, reported.1) {
+        (Some(dev), Some(t)) => Some((dev, t)),
+        _ => match (
+            v["cwd"][0].as_str(),
+            v["cwd"][1].as_u64(),
+            v["cwd"][2].as_i64(),
+        ) {
+            (Some(target), Some(dev), Some(t)) if Path::new(target) != backing => Some((dev, t)),
+            _ => None,
+        },
+    };
+    if let Some((dev, t)) = started_on {
         let detached = !mounted_devices().contains(&(libc::major(dev), libc::minor(dev)));
-        if Path::new(target) != backing && detached && Some(cwd_type) != v["ftype"].as_i64() {
+        if detached && Some(t) != v["ftype"].as_i64() {
             return Some(
                 "the file system that held it was unmounted from under the daemon \
                  (the path now shows the directory underneath)"
@@ -328,7 +345,8 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
             // A daemon blocked on a hanging backing file system does not answer either:
             // the backing directory is then the thing to fix.
             if !msg.contains("(transport endpoint not connected)") {
-                if let Some(why) = backing_problem(Path::new(&me.source), None, wait) {
+                if let Some(why) = backing_problem(Path::new(&me.source), None, (None, None), wait)
+                {
                     eprintln!(
                         "h5tilefs: {}",
                         unreachable_message(
@@ -354,7 +372,11 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
     let stuck = oldest_ms > stuck_after.saturating_mul(1000);
     let backing = v["backing_dir"].as_str().unwrap_or(&me.source).to_string();
     let pid = v["stats"]["pid"].as_u64();
-    let unreachable = backing_problem(Path::new(&backing), pid, wait);
+    let reported = (
+        v["backing_id"]["dev"].as_u64(),
+        v["backing_id"]["fs_type"].as_i64(),
+    );
+    let unreachable = backing_problem(Path::new(&backing), pid, reported, wait);
     if let Some(why) = &unreachable {
         eprintln!(
             "h5tilefs: {}",
