@@ -1,0 +1,407 @@
+"""Cross-node coherence on a shared file system: two h5tilefs daemons, each in its own
+mount namespace ("node") with its own GlusterFS client of one volume (and, for the
+removal race, two daemons over one local directory). Every check compares bytes with
+the array written, read back through both nodes' views, with h5py on both nodes'
+GlusterFS clients and with h5py on the brick itself.
+
+A change made through one node must show on the other within LAG seconds (the other
+client's attribute cache, then the daemon's 1 s TTL); reads retry within that window and
+then fail, naming what differs and where."""
+import errno
+import os
+import time
+
+import numpy as np
+import pytest
+
+import cluster_ops as ops
+from h5t_cluster import LAG
+
+SLICES = [  # (view name, the NumPy selection it stands for), for 2-D arrays
+    ("5:40:3,7:", np.s_[5:40:3, 7:]),
+    ("-1", np.s_[-1]),
+    (":,10", np.s_[:, 10]),
+    ("17:33,::5", np.s_[17:33, ::5]),
+]
+
+
+@pytest.fixture
+def nodes(cluster):
+    return cluster.nodes["A"], cluster.nodes["B"]
+
+
+def start_soon(delay=0.3):
+    return time.time() + delay
+
+
+def expected_views(a, tile, slices=SLICES):
+    """{view path relative to the dataset dir: bytes} for the committed array A."""
+    out = {"data": a.tobytes()}
+    for idx, sl in ops.tiles_of(a.shape, tile):
+        out["tiles/" + ops.tname(idx)] = np.ascontiguousarray(a[sl]).tobytes()
+    if a.ndim == 2:
+        for name, sel in slices:
+            out["slice/" + name] = np.ascontiguousarray(a[sel]).tobytes()
+    return out
+
+
+def snapshot(gfile, dsdir, ds, names):
+    """Runs on a node: h5py through its GlusterFS client, then its view, read afresh.
+    Values are bytes, or the errno / the error text when the read failed."""
+    out = {}
+    try:
+        out["h5py"] = ops.h5_read(gfile, ds)
+    except Exception as e:  # noqa: BLE001 - reported as a difference
+        out["h5py"] = f"{type(e).__name__}: {e}"
+    for n in names:
+        try:
+            out[n] = ops.read(os.path.join(dsdir, n))
+        except OSError as e:
+            out[n] = e.errno
+    return out
+
+
+def _diff(got, want):
+    if isinstance(got, str):
+        return got
+    return ops.describe_diff(got, want)
+
+
+def check_node(cluster, node, rel, ds, want, window=LAG):
+    """Reads h5py + view on NODE until everything equals WANT or WINDOW passes.
+    Returns (seconds it took, [differences left])."""
+    gfile = os.path.join(cluster.backing, rel)
+    dsdir = os.path.join(cluster.mnt, rel, ds.lstrip("/"))
+    want = dict(want)
+    names = [n for n in want if n != "h5py"]
+    t0 = time.monotonic()
+    while True:
+        got = node.call(snapshot, gfile, dsdir, ds, names)
+        bad = {k: _diff(got[k], w) for k, w in want.items() if got[k] != w}
+        if not bad or time.monotonic() - t0 > window:
+            return time.monotonic() - t0, [f"node {node.name} {k}: {v}" for k, v in sorted(bad.items())]
+        time.sleep(0.1)
+
+
+def check_everywhere(cluster, rel, ds, a, tile, slices=SLICES):
+    """The committed dataset equals A: on the brick (at once), and through h5py and the
+    view on both nodes (within LAG). Fails listing every difference."""
+    a = np.ascontiguousarray(a)
+    problems = []
+    brick = ops.h5_read(os.path.join(cluster.brick_backing, rel), ds)
+    if brick != a.tobytes():
+        problems.append(f"brick h5py: {ops.describe_diff(brick, a.tobytes())}")
+    want = {"h5py": a.tobytes(), **expected_views(a, tile, slices)}
+    lags = {}
+    for node in (cluster.nodes["A"], cluster.nodes["B"]):
+        lags[node.name], bad = check_node(cluster, node, rel, ds, want)
+        problems += bad
+    if problems:
+        raise AssertionError(f"{rel}:{ds} after commit:\n" + "\n".join(problems))
+    return lags
+
+
+def wait_pending_visible(node, dsdir, window=LAG):
+    t0 = time.monotonic()
+    while True:
+        try:
+            meta = node.call(ops.read_json, os.path.join(dsdir, "meta.json"))
+            if meta.get("state") == "pending" and "tile_grid" in meta:
+                return meta
+        except OSError:
+            pass
+        assert time.monotonic() - t0 < window, f"node {node.name}: {dsdir} is no pending dataset after {window} s"
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- 1
+def test_write_path_across_nodes(cluster, nodes):
+    """Declared on A, half the tiles written from A and half from B (two processes per
+    node at once), committed from B right after the writers return."""
+    A, B = nodes
+    rel, ds = "t1/out.h5", "/fields/u"
+    shape, tile, dtype, seed = (48, 80), (16, 32), "<f8", 11
+    d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile)
+    meta = wait_pending_visible(B, d)
+    assert meta["tile_grid"] == [3, 3], meta
+    idxs = [idx for idx, _ in ops.tiles_of(shape, tile)]
+    mine = {"A": idxs[0::2], "B": idxs[1::2]}
+    t0 = start_soon()
+    futs = []
+    for node in (A, B):
+        for k, w in enumerate(node.w[1:3]):
+            futs.append(w.submit(ops.write_tiles, d, shape, tile, dtype, seed, mine[node.name][k::2], t0=t0))
+    assert sum(f.result() for f in futs) == len(idxs)
+    rc = B.call(ops.commit, cluster.mnt, rel)
+    assert rc == 0, (f"commit from B right after both nodes' writers returned failed with "
+                     f"{errno.errorcode.get(rc, rc)}: {B.call(ops.status, cluster.mnt, rel)}")
+    check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile)
+
+
+def rounds_report(failures, n):
+    return f"{len(failures)} of {n} rounds failed:\n" + "\n".join(failures)
+
+
+# ----------------------------------------------------------------------------- 2
+def test_interleaved_pages_of_one_tile_from_both_nodes(cluster, nodes):
+    """A writes the even 4 KiB pages and B the odd ones of every tile (512 KiB tiles), at
+    the same time; committed from A or B in turn. Every byte must read back everywhere:
+    a daemon that opened the other node's new tile source (to learn its data offset)
+    must not leave stale pages in its client's cache."""
+    A, B = nodes
+    shape, tile, dtype = (256, 1024), (64, 1024), "<f8"
+    n, failures = 8, []
+    for r in range(n):
+        rel, ds, seed = f"t2/r{r}.h5", "/x", 200 + r
+        d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile)
+        wait_pending_visible(B, d)
+        t0 = start_soon()
+        fa = A.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, 0, t0=t0)
+        fb = B.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, 1, t0=t0)
+        assert fa.result() + fb.result() == 4 * 128
+        committer = (A, B)[r % 2]
+        rc = committer.call(ops.commit, cluster.mnt, rel)
+        if rc != 0:
+            failures.append(f"round {r}: commit from {committer.name} failed with {errno.errorcode.get(rc, rc)}: "
+                            f"{committer.call(ops.status, cluster.mnt, rel)['last_commit']}")
+            continue
+        try:
+            check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile, slices=[])
+        except AssertionError as e:
+            failures.append(f"round {r} (committed from {committer.name}): {e}")
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
+# ----------------------------------------------------------------------------- 3
+def test_replace_across_nodes(cluster, nodes):
+    """A committed dataset is read on B (data, a tile and the file in h5py kept open); A removes it, writes
+    it again with new values (same shape) and commits, three times. B's fresh opens read
+    the new bytes within LAG; B's old handles read whole old or whole new bytes or fail
+    with ESTALE or ENOENT, never a mix."""
+    A, B = nodes
+    rel, ds = "t3/rep.h5", "/x"
+    shape, tile, dtype = (32, 64), (16, 32), "<f4"
+    all_tiles = [idx for idx, _ in ops.tiles_of(shape, tile)]
+    dsdir = os.path.join(cluster.mnt, rel, "x")
+
+    def write_and_commit(seed):
+        d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile)
+        assert A.call(ops.write_tiles, d, shape, tile, dtype, seed, all_tiles) == len(all_tiles)
+        rc = A.call(ops.commit, cluster.mnt, rel)
+        assert rc == 0, f"commit from A: {errno.errorcode.get(rc, rc)}: {A.call(ops.status, cluster.mnt, rel)}"
+
+    write_and_commit(300)
+    v1 = ops.array(shape, dtype, 300)
+    check_everywhere(cluster, rel, ds, v1, tile)
+    held = {"data": v1.tobytes(), "tiles/0.0": np.ascontiguousarray(v1[:16, :32]).tobytes()}
+    for key, want in held.items():
+        got = B.w[0].call(ops.hold_open, key, os.path.join(dsdir, key))
+        assert got == want, f"B {key} before the replace: {ops.describe_diff(got, want)}"
+    # ... and the file itself open in h5py through B's GlusterFS client
+    got = B.w[0].call(ops.h5_hold, "h5py", os.path.join(cluster.backing, rel), ds)
+    assert got == v1.tobytes(), f"B h5py before the replace: {ops.describe_diff(got, v1.tobytes())}"
+    failures = []
+    try:
+        for r in range(3):
+            seed = 301 + r
+            rc, _ = A.call(ops.rmdir, dsdir)
+            assert rc == 0, f"round {r}: rmdir of the committed dataset on A failed with {errno.errorcode.get(rc, rc)}"
+            write_and_commit(seed)
+            try:
+                check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile)
+            except AssertionError as e:
+                failures.append(f"round {r}: {e}")
+            new = ops.array(shape, dtype, seed)
+            new = {"data": new.tobytes(), "tiles/0.0": np.ascontiguousarray(new[:16, :32]).tobytes()}
+            for key, want in held.items():
+                # The kernel's page cache belongs to the inode, and the daemon gives the
+                # replacement the same inode number: once a fresh open has read the new
+                # bytes, the old handle reads them too (also on one mount). Whole old or
+                # whole new bytes, or ESTALE/ENOENT; never a mix, zeros or another error.
+                got = B.w[0].call(ops.read_held, key, len(want))
+                if got not in (want, new[key], errno.ESTALE, errno.ENOENT):
+                    failures.append(f"round {r}: B's handle on {key} opened before the replace reads "
+                                    f"{ops.describe_diff(got, want)} (old or new bytes, ESTALE or ENOENT expected)")
+    finally:
+        for key in (*held, "h5py"):
+            B.w[0].call(ops.close_held, key)
+    if failures:
+        pytest.fail(rounds_report(failures, 3), pytrace=False)
+
+
+# ----------------------------------------------------------------------------- 4
+def eventually_equal(node, fn, args, want, window=LAG):
+    t0 = time.monotonic()
+    while True:
+        try:
+            got = node.call(fn, *args)
+        except OSError as e:
+            got = f"{type(e).__name__}: {e}"
+        if got == want or time.monotonic() - t0 > window:
+            return got
+        time.sleep(0.1)
+
+
+def removal_rounds(cluster, mnt, truth_dir, tag, n, on_gluster):
+    """N rounds: a committed file of 5 datasets; d0, d1 removed through A and d2, d3
+    through B at the same moment (one process each), `keep` left alone."""
+    A, B = cluster.nodes["A"], cluster.nodes["B"]
+    names = ["d0", "d1", "d2", "d3"]
+    vals = {nm: np.full(8, k + 1, "<i4") for k, nm in enumerate(names + ["keep"])}
+    failures, counts = [], {"ok": 0}
+    for r in range(n):
+        rel = f"{tag}/f{r}.h5"
+        for nm, v in vals.items():
+            d = A.call(ops.declare, mnt, rel, "/" + nm, (8,), "<i4", (8,))
+            A.call(_write_value, d, v)
+        rc = A.call(ops.commit, mnt, rel)
+        assert rc == 0, f"{tag} round {r}: commit from A failed with {errno.errorcode.get(rc, rc)}"
+        got = eventually_equal(B, ops.members, (os.path.join(mnt, rel),), sorted(vals))
+        assert got == sorted(vals), f"{tag} round {r}: B lists {got}, not the committed datasets"
+        t0 = start_soon()
+        futs = {nm: node.w[1 + k].submit(ops.rmdir, os.path.join(mnt, rel, nm), t0=t0)
+                for node, pair in ((A, names[:2]), (B, names[2:])) for k, nm in enumerate(pair)}
+        res = {nm: f.result()[0] for nm, f in futs.items()}
+        truth = os.path.join(truth_dir, rel)
+        keys = ops.h5_keys(truth)
+        bad = []
+        for nm, rc in res.items():
+            who = "A" if nm in names[:2] else "B"
+            if rc == 0 and nm in keys:
+                bad.append(f"rmdir {nm} through {who} returned 0 but {nm} is still in the file")
+            elif rc == errno.EIO:
+                bad.append(f"rmdir {nm} through {who} failed with EIO")
+            elif rc != 0 and nm not in keys:
+                bad.append(f"rmdir {nm} through {who} failed with {errno.errorcode.get(rc, rc)} but {nm} is gone")
+        if "keep" not in keys or ops.h5_read(truth, "/keep") != vals["keep"].tobytes():
+            bad.append(f"dataset keep (never removed) lost or changed: file holds {keys}")
+        for nm in keys:
+            if nm in vals and ops.h5_read(truth, "/" + nm) != vals[nm].tobytes():
+                bad.append(f"dataset {nm} left with wrong bytes")
+        for node in (A, B):
+            got = eventually_equal(node, ops.members, (os.path.join(mnt, rel),), keys)
+            if got != keys:
+                bad.append(f"node {node.name} lists {got}; the file holds {keys}")
+            if on_gluster:
+                got = eventually_equal(node, ops.h5_keys, (os.path.join(cluster.backing, rel),), keys)
+                if got != keys:
+                    bad.append(f"node {node.name} h5py sees {got}; the brick holds {keys}")
+        if bad:
+            failures.append(f"round {r} (rmdir results {({k: errno.errorcode.get(v, v) if v else 0 for k, v in res.items()})}): "
+                            + "; ".join(bad))
+        else:
+            counts["ok"] += 1
+    if failures:
+        pytest.fail(f"{tag}: " + rounds_report(failures, n), pytrace=False)
+
+
+def _write_value(d, v):
+    fd = os.open(os.path.join(d, "tiles", "0"), os.O_WRONLY)
+    try:
+        os.pwrite(fd, v.tobytes(), 0)
+    finally:
+        os.close(fd)
+
+
+def test_concurrent_removals_gluster(cluster):
+    removal_rounds(cluster, cluster.mnt, cluster.brick_backing, "t4g", 10, on_gluster=True)
+
+
+def test_concurrent_removals_local(cluster):
+    """The same race over one local directory: two daemons, two namespaces, no Gluster."""
+    removal_rounds(cluster, cluster.mnt_local, cluster.local, "t4l", 20, on_gluster=False)
+
+
+# ----------------------------------------------------------------------------- 5
+MODES = {
+    0: "both declared and written, A commits, then B",
+    1: "both declared and written, A and B commit at the same moment",
+    2: "A commits /a while B declares and writes /b, then B commits",
+}
+
+
+def _commit_until_done(node, mnt, rel, tries=20):
+    """Commits; EBUSY (another node's commit holds the lock) is retried. Returns the
+    errnos met, last one first-class (0 = committed)."""
+    seen = []
+    for _ in range(tries):
+        rc = node.call(ops.commit, mnt, rel)
+        seen.append(rc)
+        if rc != errno.EBUSY:
+            break
+        time.sleep(0.05)
+    return seen
+
+
+def test_concurrent_declares_and_commits(cluster, nodes):
+    """Both nodes declare a different dataset in one pending file at the same moment and
+    write it; commits from both (in turn, at once, or one while the other declares).
+    Every commit succeeds (EBUSY while the other runs is retried), the second finds
+    nothing or commits the rest, and both datasets are in the file with every byte."""
+    A, B = nodes
+    mnt = cluster.mnt
+    shape, tile, dtype = (40, 24), (16, 8), "<f8"
+    tiles = [idx for idx, _ in ops.tiles_of(shape, tile)]
+    n, failures = 6, []
+    for r in range(n):
+        mode = r % 3
+        rel = f"t5/c{r}.h5"
+        seeds = {"a": 500 + r, "b": 600 + r}
+        bad = []
+
+        def declare_write(node, nm, t0):
+            d = node.w[1].call(ops.declare, mnt, rel, "/" + nm, shape, dtype, tile, t0=t0)
+            return node.w[1].call(ops.write_tiles, d, shape, tile, dtype, seeds[nm], tiles)
+
+        if mode in (0, 1):
+            t0 = start_soon()
+            fa = A.w[1].submit(ops.declare, mnt, rel, "/a", shape, dtype, tile, t0=t0)
+            fb = B.w[1].submit(ops.declare, mnt, rel, "/b", shape, dtype, tile, t0=t0)
+            da, db = fa.result(), fb.result()
+            t0 = start_soon()
+            fa = A.w[1].submit(ops.write_tiles, da, shape, tile, dtype, seeds["a"], tiles, t0=t0)
+            fb = B.w[1].submit(ops.write_tiles, db, shape, tile, dtype, seeds["b"], tiles, t0=t0)
+            assert fa.result() == fb.result() == len(tiles)
+            if mode == 0:
+                rcs = {"A": _commit_until_done(A, mnt, rel), "B": _commit_until_done(B, mnt, rel)}
+            else:
+                t0 = start_soon()
+                fa = A.w[1].submit(ops.commit, mnt, rel, t0=t0)
+                fb = B.w[1].submit(ops.commit, mnt, rel, t0=t0)
+                first = {"A": fa.result(), "B": fb.result()}
+                rcs = {k: [v] + (_commit_until_done(nd, mnt, rel) if v == errno.EBUSY else [])
+                       for (k, v), nd in zip(first.items(), (A, B))}
+        else:
+            assert declare_write(A, "a", None) == len(tiles)
+            t0 = start_soon()
+            fa = A.w[1].submit(ops.commit, mnt, rel, t0=t0)
+            fb = B.w[2].submit(ops.declare, mnt, rel, "/b", shape, dtype, tile, t0=t0)
+            rca = fa.result()
+            db = fb.result()
+            assert B.w[2].call(ops.write_tiles, db, shape, tile, dtype, seeds["b"], tiles) == len(tiles)
+            rcs = {"A": [rca] + (_commit_until_done(A, mnt, rel) if rca == errno.EBUSY else []),
+                   "B": _commit_until_done(B, mnt, rel)}
+        for who, seq in rcs.items():
+            if seq[-1] != 0:
+                st = (A if who == "A" else B).call(ops.status, mnt, rel)
+                bad.append(f"commit from {who} ended with {[errno.errorcode.get(x, x) for x in seq]}: "
+                           f"{st['last_commit']}")
+        truth = os.path.join(cluster.brick_backing, rel)
+        keys = ops.h5_keys(truth) if os.path.exists(truth) else "no file"
+        if keys != ["a", "b"]:
+            bad.append(f"the file holds {keys}, not ['a', 'b']")
+        else:
+            for nm in ("a", "b"):
+                try:
+                    check_everywhere(cluster, rel, "/" + nm, ops.array(shape, dtype, seeds[nm]), tile, slices=[])
+                except AssertionError as e:
+                    bad.append(str(e))
+        for node in (A, B):
+            got = eventually_equal(node, ops.is_pending, (mnt, rel), False)
+            if got is not False:
+                bad.append(f"node {node.name} .status still says pending={got}")
+        if bad:
+            failures.append(f"round {r} ({MODES[mode]}): " + "; ".join(bad))
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
