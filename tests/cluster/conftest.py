@@ -13,7 +13,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from h5t_cluster import BIN, Cluster, fuse_available  # noqa: E402
+from h5t_cluster import BIN, LAG, Cluster, fuse_available  # noqa: E402
 
 _STATE = {}
 
@@ -44,6 +44,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.section("cluster")
     tr.write_line(f"binary: {BIN}")
     tr.write_line("setup seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in c.timings.items()))
+    for name, v in sorted(c.lags.items()):
+        v = sorted(v)
+        tr.write_line(f"node {name}: {len(v)} committed datasets read exactly after {v[len(v) // 2]:.2f} s "
+                      f"(median), {v[-1]:.2f} s (max; the window is {LAG} s)")
     for e in _STATE.get("teardown_errors") or []:
         tr.write_line(f"teardown: {e}")
     if exitstatus != 0:

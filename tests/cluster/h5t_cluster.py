@@ -255,8 +255,10 @@ class Node:
         for w in self.workers:
             w.stop()
         for m in mounts:
+            t = time.monotonic()
             if not self.unmount(m):
                 errs.append(f"node {self.name}: could not unmount {m}")
+            print(f"node {self.name}: unmount {m} {time.monotonic() - t:.2f} s")
         # Daemons and GlusterFS clients exit once unmounted; whatever is left was started
         # here by this harness (the namespace is private to it).
         try:
@@ -304,6 +306,7 @@ class Cluster:
         self.timings = {}
         self.closed = False
         self.log_lines = {}
+        self.lags = {}  # node name: seconds until a committed dataset read right there
         atexit.register(self.close)
 
     def log(self, name):
@@ -395,8 +398,10 @@ class Cluster:
             except Exception as e:  # noqa: BLE001 - teardown goes on
                 errs.append(f"{what}: {e}")
 
+        t0 = time.monotonic()
         for node in self.nodes.values():
             step(f"node {node.name}", lambda node=node: errs.extend(node.close([self.mnt, self.mnt_local, self.gmnt])))
+        self.timings["teardown: nodes"] = time.monotonic() - t0
         if self.volume_made:
             step("volume stop", lambda: self.gluster("volume", "stop", self.volume, "force"))
             step("volume delete", lambda: self.gluster("volume", "delete", self.volume))
@@ -407,6 +412,7 @@ class Cluster:
             if d.isdigit() and self.brick in _cmdline(d).split():
                 errs.append(f"killed leftover brick process {d}")
                 step("brick process", lambda d=d: self._stop_pid(int(d)))
+        self.timings["teardown: all"] = time.monotonic() - t0
         if self.hosts_added:
             step("/etc/hosts", self._remove_hosts_line)
         # What glusterd and the brick left outside ROOT, named after our volume and brick.

@@ -8,6 +8,7 @@ A change made through one node must show on the other within LAG seconds (the ot
 client's attribute cache, then the daemon's 1 s TTL); reads retry within that window and
 then fail, naming what differs and where."""
 import errno
+import json
 import os
 import time
 
@@ -95,6 +96,8 @@ def check_everywhere(cluster, rel, ds, a, tile, slices=SLICES):
     lags = {}
     for node in (cluster.nodes["A"], cluster.nodes["B"]):
         lags[node.name], bad = check_node(cluster, node, rel, ds, want)
+        if not bad:
+            cluster.lags.setdefault(node.name, []).append(lags[node.name])
         problems += bad
     if problems:
         raise AssertionError(f"{rel}:{ds} after commit:\n" + "\n".join(problems))
@@ -245,7 +248,10 @@ def eventually_equal(node, fn, args, want, window=LAG):
 
 def removal_rounds(cluster, mnt, truth_dir, tag, n, on_gluster):
     """N rounds: a committed file of 5 datasets; d0, d1 removed through A and d2, d3
-    through B at the same moment (one process each), `keep` left alone."""
+    through B at the same moment (one process each), `keep` left alone. An rmdir that
+    returns 0 has removed its dataset from the file; one that fails does so with EBUSY
+    and leaves it (never EIO, nor ENOENT/ESTALE for a dataset that exists); `keep` and
+    the datasets left keep their bytes; both views list what the file holds."""
     A, B = cluster.nodes["A"], cluster.nodes["B"]
     names = ["d0", "d1", "d2", "d3"]
     vals = {nm: np.full(8, k + 1, "<i4") for k, nm in enumerate(names + ["keep"])}
@@ -270,10 +276,13 @@ def removal_rounds(cluster, mnt, truth_dir, tag, n, on_gluster):
             who = "A" if nm in names[:2] else "B"
             if rc == 0 and nm in keys:
                 bad.append(f"rmdir {nm} through {who} returned 0 but {nm} is still in the file")
-            elif rc == errno.EIO:
-                bad.append(f"rmdir {nm} through {who} failed with EIO")
-            elif rc != 0 and nm not in keys:
-                bad.append(f"rmdir {nm} through {who} failed with {errno.errorcode.get(rc, rc)} but {nm} is gone")
+            elif rc not in (0, errno.EBUSY):
+                # Each dataset exists and is removed once: only EBUSY (another removal
+                # or commit of the file holds it) is an honest failure.
+                bad.append(f"rmdir {nm} through {who} failed with {errno.errorcode.get(rc, rc)}"
+                           f"{'' if nm in keys else f' but {nm} is gone'}")
+            elif rc == errno.EBUSY and nm not in keys:
+                bad.append(f"rmdir {nm} through {who} failed with EBUSY but {nm} is gone")
         if "keep" not in keys or ops.h5_read(truth, "/keep") != vals["keep"].tobytes():
             bad.append(f"dataset keep (never removed) lost or changed: file holds {keys}")
         for nm in keys:
@@ -379,9 +388,15 @@ def test_concurrent_declares_and_commits(cluster, nodes):
             fb = B.w[2].submit(ops.declare, mnt, rel, "/b", shape, dtype, tile, t0=t0)
             rca = fa.result()
             db = fb.result()
+            # A commit takes every pending dataset of the file: when B's declare came
+            # first, A's commit refuses B's unwritten /b with EIO (documented), and B's
+            # commit then takes both. Any other failure counts.
+            a_refused_b = rca == errno.EIO and "/b" in json.dumps(A.call(ops.status, mnt, rel)["last_commit"])
             assert B.w[2].call(ops.write_tiles, db, shape, tile, dtype, seeds["b"], tiles) == len(tiles)
             rcs = {"A": [rca] + (_commit_until_done(A, mnt, rel) if rca == errno.EBUSY else []),
                    "B": _commit_until_done(B, mnt, rel)}
+            if a_refused_b:
+                rcs["A"].append(0)
         for who, seq in rcs.items():
             if seq[-1] != 0:
                 st = (A if who == "A" else B).call(ops.status, mnt, rel)
