@@ -225,3 +225,61 @@ def describe_diff(got, want):
     more = f" (+{len(runs) - 8} more runs)" if len(runs) > 8 else ""
     return (f"{head}{bad.size} of {n} bytes differ, first at byte {bad[0]}; differing pages {txt}{more}"
             f"{'; all of them read as zeros' if zero else ''}")
+
+
+# ----------------------------------------------------------------------------- file system facts
+def flock_hold(key, path):
+    """Takes an exclusive flock on PATH and keeps it (HELD[KEY]) until close_held."""
+    import fcntl
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    HELD[key] = fd
+
+
+def try_flock(path):
+    """0 when an exclusive flock on PATH could be taken (and released) at once, else errno."""
+    import fcntl
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+
+
+def create_excl(path, data=b""):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as e:
+        return e.errno
+    os.write(fd, data)
+    os.close(fd)
+    return 0
+
+
+def link(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def write_file(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def rename(src, dst):
+    os.rename(src, dst)
+
+
+def size(path):
+    return os.stat(path).st_size
+
+
+def append(path, data):
+    with open(path, "ab") as f:
+        f.write(data)

@@ -420,3 +420,38 @@ def test_concurrent_declares_and_commits(cluster, nodes):
             failures.append(f"round {r} ({MODES[mode]}): " + "; ".join(bad))
     if failures:
         pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
+# ----------------------------------------------------------------------------- harness facts
+def test_gluster_client_facts(cluster, nodes):
+    """What the daemons rely on between the two GlusterFS clients (commit lock, tile
+    source publication, atomic replace), and the attribute lag the other tests allow."""
+    A, B = nodes
+    base = os.path.join(cluster.backing, "facts")
+    A.call(os.makedirs, base, exist_ok=True)
+    lock = os.path.join(base, "lock")
+    A.w[0].call(ops.flock_hold, "lock", lock)
+    try:
+        assert B.call(ops.try_flock, lock) == errno.EWOULDBLOCK, "flock on A does not exclude B"
+    finally:
+        A.w[0].call(ops.close_held, "lock")
+    assert B.call(ops.try_flock, lock) == 0, "B cannot flock after A released"
+    name = os.path.join(base, "excl")
+    assert A.call(ops.create_excl, name, b"a") == 0
+    assert B.call(ops.create_excl, name, b"b") == errno.EEXIST, "O_EXCL on B does not see A's file"
+    A.call(ops.write_file, name + ".a", b"a")
+    B.call(ops.write_file, name + ".b", b"b")
+    assert A.call(ops.link, name + ".a", name + ".l") == 0
+    assert B.call(ops.link, name + ".b", name + ".l") == errno.EEXIST, "link() on B does not see A's link"
+    target = os.path.join(base, "target")
+    A.call(ops.write_file, target, b"old")
+    assert B.call(ops.read, target) == b"old"
+    A.call(ops.write_file, target + ".new", b"new!")
+    A.call(ops.rename, target + ".new", target)
+    got = eventually_equal(B, ops.read, (target,), b"new!")
+    assert got == b"new!", f"B reads {got!r} after A's rename over the file"
+    A.call(ops.append, target, b"x" * 100)
+    t0 = time.monotonic()
+    got = eventually_equal(B, ops.size, (target,), 104)
+    assert got == 104, f"B's stat says {got} bytes {LAG} s after A appended (104 expected)"
+    cluster.timings["facts: B saw A's append after"] = time.monotonic() - t0
