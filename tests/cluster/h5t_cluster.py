@@ -255,10 +255,8 @@ class Node:
         for w in self.workers:
             w.stop()
         for m in mounts:
-            t = time.monotonic()
             if not self.unmount(m):
                 errs.append(f"node {self.name}: could not unmount {m}")
-            print(f"node {self.name}: unmount {m} {time.monotonic() - t:.2f} s")
         # Daemons and GlusterFS clients exit once unmounted; whatever is left was started
         # here by this harness (the namespace is private to it).
         try:
@@ -412,7 +410,7 @@ class Cluster:
             if d.isdigit() and self.brick in _cmdline(d).split():
                 errs.append(f"killed leftover brick process {d}")
                 step("brick process", lambda d=d: self._stop_pid(int(d)))
-        self.timings["teardown: all"] = time.monotonic() - t0
+        self.timings["teardown: gluster"] = time.monotonic() - t0
         if self.hosts_added:
             step("/etc/hosts", self._remove_hosts_line)
         # What glusterd and the brick left outside ROOT, named after our volume and brick.
@@ -420,8 +418,10 @@ class Cluster:
         step("gluster leftovers", lambda: (shutil.rmtree(f"/var/run/gluster/vols/{self.volume}", ignore_errors=True),
                                            os.path.exists(brick_log) and os.unlink(brick_log)))
         self.log_lines = self._log_warnings()
+        t = time.monotonic()
         if not os.environ.get("H5TILEFS_KEEP_TMP"):
             shutil.rmtree(self.root, ignore_errors=True)
+        self.timings["teardown: rm"] = time.monotonic() - t
         for e in errs:
             print(f"cluster teardown: {e}")
         return errs
