@@ -6,6 +6,7 @@ Environment:
     H5TILEFS_KEEP_TMP   keep the cluster's directory (brick, logs) after the run
 """
 import os
+import signal
 import sys
 
 import pytest
@@ -18,6 +19,10 @@ from h5t_cluster import BIN, LAG, Cluster, fuse_available  # noqa: E402
 _STATE = {}
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     ok, why = fuse_available()
@@ -27,6 +32,8 @@ def cluster():
         pytest.fail("cluster tests need root (mount namespaces, GlusterFS, /etc/hosts)")
     if not os.path.exists(BIN):
         pytest.fail(f"h5tilefs binary not found at {BIN} (run `make build` or set H5TILEFS_BIN)")
+    # SIGTERM (a CI timeout, `kill`) interrupts the session like ^C, so the teardown runs.
+    signal.signal(signal.SIGTERM, _interrupt)
     c = Cluster()
     _STATE["cluster"] = c
     try:
