@@ -145,15 +145,18 @@ def check_everywhere(cluster, rel, ds, a, tile, slices=SLICES, be=None):
 
 
 def wait_pending_visible(node, dsdir, window=LAG):
+    """meta.json of the pending dataset DSDIR as NODE reads it, within WINDOW."""
     t0 = time.monotonic()
     while True:
         try:
             meta = node.call(ops.read_json, os.path.join(dsdir, "meta.json"))
             if meta.get("state") == "pending" and "tile_grid" in meta:
                 return meta
-        except OSError:
-            pass
-        assert time.monotonic() - t0 < window, f"node {node.name}: {dsdir} is no pending dataset after {window} s"
+            last = f"meta.json {meta}"
+        except (OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        assert time.monotonic() - t0 < window, \
+            f"node {node.name}: {dsdir} is no pending dataset after {window} s (last read: {last})"
         time.sleep(0.1)
 
 
