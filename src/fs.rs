@@ -1679,3 +1679,189 @@ fn meta_bytes(m: &PendingMeta) -> Vec<u8> {
     v.push(b'\n');
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn ident(v: u64) -> Ident {
+        Ident {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: v as i128,
+            ctime_ns: v as i128,
+        }
+    }
+
+    fn tile(i: u64) -> Node {
+        Node::Tile {
+            file: PathBuf::from("f.h5"),
+            path: "/ds".into(),
+            idx: vec![i],
+        }
+    }
+
+    /// Every inode number maps to one node; every node's entry names an inode that maps
+    /// back to it; detached inodes belong to no entry; and the lookup counts the table
+    /// keeps equal what the kernel (`held`) was told and has not forgotten.
+    fn check(t: &InodeTable, held: &HashMap<u64, u64>) {
+        let mut in_entries = HashMap::new();
+        for e in t.by_node.iter() {
+            let ino = e.value().ino;
+            assert!(
+                in_entries.insert(ino, e.value().count).is_none(),
+                "ino {ino} twice"
+            );
+            assert_eq!(t.by_ino.get(&ino).as_deref(), Some(e.key()), "ino {ino}");
+        }
+        for d in t.detached.iter() {
+            assert!(
+                !in_entries.contains_key(d.key()),
+                "detached {} in use",
+                d.key()
+            );
+            assert!(
+                t.by_ino.contains_key(d.key()),
+                "detached {} unknown",
+                d.key()
+            );
+        }
+        for (&ino, &n) in held {
+            let kept = in_entries
+                .get(&ino)
+                .copied()
+                .or_else(|| t.detached.get(&ino).map(|c| *c))
+                .unwrap_or(0);
+            assert_eq!(kept, n, "lookup count of ino {ino}");
+        }
+        for e in t.by_node.iter() {
+            let ino = e.value().ino;
+            if ino != ROOT_INO {
+                assert_eq!(e.value().count, held.get(&ino).copied().unwrap_or(0));
+            }
+        }
+        for d in t.detached.iter() {
+            assert_eq!(*d.value(), held.get(d.key()).copied().unwrap_or(0));
+        }
+        // Only inodes the kernel holds (and entries being made) stay.
+        assert_eq!(
+            t.by_ino.len(),
+            1 + held
+                .iter()
+                .filter(|(&i, &n)| i != ROOT_INO && n > 0)
+                .count()
+        );
+    }
+
+    #[test]
+    fn new_version_gets_new_inode_and_old_one_lives_until_forgotten() {
+        let t = InodeTable::new();
+        let (a, s) = t.lookup(&tile(0), Some(ident(1)), 7);
+        assert!(s.is_none());
+        assert_eq!(t.lookup(&tile(0), Some(ident(1)), 7).0, a);
+        assert_eq!(t.peek(&tile(0), Some(ident(1))), a);
+        assert_ne!(t.peek(&tile(0), Some(ident(2))), a);
+        let (b, s) = t.lookup(&tile(0), Some(ident(2)), 9);
+        let s = s.expect("the old inode is reported");
+        assert_ne!(a, b);
+        assert_eq!((s.ino, s.parent), (a, 7));
+        assert_eq!(s.node.name().as_deref(), Some("0"));
+        // The old inode still answers (the kernel holds 2 lookups), as a stale one.
+        assert_eq!(t.node(a).unwrap(), tile(0));
+        assert!(t.version(a, &tile(0)).is_err());
+        assert_eq!(t.version(b, &tile(0)), Ok(Some(ident(2))));
+        t.forget(a, 1);
+        assert!(t.node(a).is_ok());
+        t.forget(a, 1);
+        assert_eq!(t.node(a).unwrap_err().errno, libc::ESTALE);
+        // Outdated nodes of the file, then detached for the new version.
+        assert!(t.outdated(Path::new("f.h5"), ident(2)).is_empty());
+        assert_eq!(t.outdated(Path::new("f.h5"), ident(3)), vec![tile(0)]);
+        assert!(t
+            .detach_if(&tile(0), |e| e.version == Some(ident(3)))
+            .is_none());
+        let s = t
+            .detach_if(&tile(0), |e| e.version != Some(ident(3)))
+            .unwrap();
+        assert_eq!((s.ino, s.parent), (b, 9));
+        assert_eq!(t.node(b).unwrap(), tile(0));
+        t.forget(b, 1);
+        check(&t, &HashMap::new());
+    }
+
+    /// Lookups of a few nodes in two versions, forgets and detaches from many threads;
+    /// each thread plays a kernel that forgets only what it looked up.
+    #[test]
+    fn inode_table_invariants_under_concurrency() {
+        let t = Arc::new(InodeTable::new());
+        let threads = 8;
+        let rounds = 20_000u64;
+        let barrier = Arc::new(std::sync::Barrier::new(threads));
+        let handles: Vec<_> = (0..threads as u64)
+            .map(|id| {
+                let (t, barrier) = (t.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut held: HashMap<u64, u64> = HashMap::new();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (id + 1);
+                    let mut rnd = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    barrier.wait();
+                    for _ in 0..rounds {
+                        let r = rnd();
+                        let node = tile(r % 6);
+                        match (r >> 8) % 10 {
+                            0..=4 => {
+                                let v = Some(ident(1 + (r >> 16) % 2));
+                                let (ino, _) = t.lookup(&node, v, 1);
+                                assert_eq!(t.node(ino).unwrap(), node);
+                                *held.entry(ino).or_default() += 1;
+                            }
+                            5..=8 => {
+                                let Some((&ino, &n)) = held.iter().next() else {
+                                    continue;
+                                };
+                                let k = 1 + (r >> 16) % n;
+                                // Still known until the last lookup is forgotten.
+                                assert!(t.node(ino).is_ok(), "ino {ino} lost while held");
+                                t.forget(ino, k);
+                                if n == k {
+                                    held.remove(&ino);
+                                } else {
+                                    held.insert(ino, n - k);
+                                }
+                            }
+                            _ => {
+                                t.detach(&node);
+                            }
+                        }
+                    }
+                    held
+                })
+            })
+            .collect();
+        let mut held: HashMap<u64, u64> = HashMap::new();
+        let mut all = Vec::new();
+        for h in handles {
+            let h = h.join().expect("thread panicked");
+            for (&ino, &n) in &h {
+                *held.entry(ino).or_default() += n;
+            }
+            all.push(h);
+        }
+        check(&t, &held);
+        for h in all {
+            for (ino, n) in h {
+                t.forget(ino, n);
+            }
+        }
+        check(&t, &HashMap::new());
+        assert_eq!(t.len(), 1, "only the root is left");
+        assert!(t.detached.is_empty());
+    }
+}
