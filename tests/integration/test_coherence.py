@@ -233,3 +233,60 @@ def test_backing_file_changed_behind_daemon(env, how):
         os.close(old_fd)
     reader.check()
     check_views(x, truth, tile, "after the old handle closed")
+
+
+def test_kernel_drops_entries_of_old_version_at_once(env):
+    """Once the daemon sees a new version of a file (here through an open of `data`),
+    the kernel is told to drop the dentries of the old version's inodes: a name looked
+    up just before the change resolves to a new inode well within the 1 s entry TTL."""
+    make_file(env.b("f.h5"), values(20))
+    env.mount("--tile-bytes", str(48 * 1024))
+    x = env.m("f.h5", "x")
+    tile = tile_of_backing(env)
+    name, sl = list(tiles_of(SHAPE, tile))[1]
+    tpath = os.path.join(x, "tiles", name)
+    new = values(21)
+    make_file(env.b("f.h5.part"), new)
+    t0 = time.monotonic()
+    old_ino = os.stat(tpath).st_ino           # looked up now: entry valid for 1 s
+    os.rename(env.b("f.h5.part"), env.b("f.h5"))
+    assert rb(os.path.join(x, "data")) == new.tobytes()   # the daemon learns here
+    while True:
+        ino = os.stat(tpath).st_ino
+        if ino != old_ino or time.monotonic() - t0 > 0.6:
+            break
+        time.sleep(0.01)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 0.9, f"too slow to tell the notice from the TTL ({elapsed:.2f} s)"
+    assert ino != old_ino, "the old version's dentry was still used"
+    assert rb(tpath) == np.ascontiguousarray(new[sl]).tobytes()
+
+
+def control_stats(env):
+    """The control file's stats, read with one read request (its size can change
+    between the stat and the read, which would vary the number of requests)."""
+    fd = os.open(env.m(".h5tilefs"), os.O_RDONLY)
+    try:
+        return json.loads(os.read(fd, 1 << 16))["stats"]
+    finally:
+        os.close(fd)
+
+
+def test_unchanged_file_rereads_from_page_cache(env):
+    """keep_cache while the version is unchanged: a second open of `data` and of a
+    tile is served from the kernel's page cache (no read request reaches the daemon)."""
+    a = values(30)
+    make_file(env.b("f.h5"), a)
+    env.mount("--tile-bytes", str(48 * 1024))
+    x = env.m("f.h5", "x")
+    tpath = os.path.join(x, "tiles", "1.0")
+    assert rb(os.path.join(x, "data")) == a.tobytes()
+    first = rb(tpath)
+    time.sleep(1.2)                           # attributes revalidated: same version
+    # reading the control file counts its own read requests: measure them
+    r0 = control_stats(env)["read_requests"]
+    r1 = control_stats(env)["read_requests"]
+    assert rb(os.path.join(x, "data")) == a.tobytes()
+    assert rb(tpath) == first
+    r2 = control_stats(env)["read_requests"]
+    assert r2 - r1 == r1 - r0, f"{r2 - r1 - (r1 - r0)} reads reached the daemon"
