@@ -73,11 +73,11 @@ def values(seed):
     return np.random.default_rng(seed).random(SHAPE).astype(DTYPE)
 
 
-def declare_and_write(mnt_ds, a):
+def declare_and_write(mnt_ds, a, tile=TILE):
     os.makedirs(mnt_ds)
     with open(os.path.join(mnt_ds, "meta.json"), "w") as f:
-        f.write(json.dumps({"shape": list(SHAPE), "dtype": DTYPE, "tile_shape": list(TILE)}))
-    for name, sl in tiles_of(SHAPE, TILE):
+        f.write(json.dumps({"shape": list(a.shape), "dtype": a.dtype.str, "tile_shape": list(tile)}))
+    for name, sl in tiles_of(a.shape, tile):
         fd = os.open(os.path.join(mnt_ds, "tiles", name), os.O_WRONLY)
         try:
             os.pwrite(fd, np.ascontiguousarray(a[sl]).tobytes(), 0)
@@ -176,6 +176,41 @@ def test_dataset_replaced_through_mount(env):
         reader.check()
         check_views(ds, truth, TILE, f"round {rnd}, after the old handle closed")
         cur = new
+
+
+def test_dataset_replaced_by_another_shape_and_dtype(env):
+    """The replacement's tile 1.1 is larger and of another dtype: a fresh open right
+    after the commit (the kernel may still hold the old tile's dentry and size) reads
+    all of the new tile, while the old handle reads the old one."""
+    env.mount()
+    fdir = env.m("f.h5")
+    ds = os.path.join(fdir, "ds")
+    old = values(40)
+    declare_and_write(ds, old)
+    commit(fdir)
+    tpath = os.path.join(ds, "tiles", "1.1")
+    old_fd = os.open(tpath, os.O_RDONLY)
+    want_old = np.ascontiguousarray(old[64:128, 48:96]).tobytes()
+    try:
+        assert os.pread(old_fd, len(want_old), 0) == want_old
+        os.rmdir(ds)
+        new = (np.random.default_rng(41).random((200, 150)) * 1e6).astype("<i4")
+        new_tile = (100, 100)
+        declare_and_write(ds, new, new_tile)
+        commit(fdir)
+        want_new = np.ascontiguousarray(new[100:200, 100:150]).tobytes()
+        assert len(want_new) != len(want_old)
+        assert rb(tpath) == want_new, "fresh open right after the commit"
+        assert os.pread(old_fd, len(want_old), 0) == want_old, "the old handle"
+        assert os.pread(old_fd, 4096, len(want_old) - 4096) == want_old[-4096:]
+        with h5py.File(env.b("f.h5"), "r") as f:
+            truth = f["ds"][()]
+        assert np.array_equal(truth, new)
+        check_views(ds, truth, new_tile, "right after the commit")
+        time.sleep(1.2)
+        check_views(ds, truth, new_tile, "1.2 s after the commit")
+    finally:
+        os.close(old_fd)
 
 
 def make_file(path, a):
