@@ -325,3 +325,28 @@ def test_unchanged_file_rereads_from_page_cache(env):
     assert rb(tpath) == first
     r2 = control_stats(env)["read_requests"]
     assert r2 - r1 == r1 - r0, f"{r2 - r1 - (r1 - r0)} reads reached the daemon"
+
+
+@pytest.mark.parametrize("rows", [64, 16], ids=["larger", "smaller"])
+def test_file_replaced_by_other_size_within_ttl(env, rows):
+    """The file is renamed over by one whose only tile has another size, right after
+    the kernel cached the tile's entry and attributes: a fresh open reads every byte of
+    the new tile, no more and no less (the old size must not clip or pad it)."""
+    old = np.arange(32 * 96, dtype="<f8").reshape(32, 96)
+    make_file(env.b("f.h5"), old)
+    env.mount("--tile-bytes", str(48 * 1024))
+    tpath = env.m("f.h5", "x", "tiles", "0.0")
+    assert rb(tpath) == old.tobytes()
+    new = np.arange(rows * 96, dtype="<f8").reshape(rows, 96) + 0.5
+    make_file(env.b("f.h5.part"), new)
+    assert os.stat(tpath).st_size == old.nbytes     # entry and attributes cached
+    os.rename(env.b("f.h5.part"), env.b("f.h5"))
+    fd = os.open(tpath, os.O_RDONLY)
+    try:
+        got = b""
+        while chunk := os.read(fd, 1 << 20):
+            got += chunk
+    finally:
+        os.close(fd)
+    assert got == new.tobytes(), (len(got), new.nbytes)
+    assert os.stat(tpath).st_size == new.nbytes
