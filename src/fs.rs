@@ -189,6 +189,8 @@ pub struct Attr {
     pub atime: SystemTime,
     /// The node can change state at any time (pending data, commit): no kernel caching.
     pub volatile: bool,
+    /// The committed file version these attributes describe (None: not from one).
+    pub version: Option<Ident>,
 }
 
 #[derive(Clone, Debug)]
@@ -287,6 +289,10 @@ struct InodeTable {
     by_ino: DashMap<u64, Node>,
     /// Inodes given up by their node (see `detach`): kernel lookup counts left.
     detached: DashMap<u64, u64>,
+    /// Attributes of the version a data file's inode (`data`, a tile, a slice) was
+    /// made for, answered once that version is no longer current: the handles opened
+    /// on it still read it, and the kernel sizes their reads by these.
+    shown: DashMap<u64, Attr>,
     next: AtomicU64,
 }
 
@@ -296,6 +302,7 @@ impl InodeTable {
             by_node: DashMap::new(),
             by_ino: DashMap::new(),
             detached: DashMap::new(),
+            shown: DashMap::new(),
             next: AtomicU64::new(ROOT_INO + 1),
         };
         t.by_node.insert(
@@ -314,15 +321,27 @@ impl InodeTable {
     /// The inode of `node` showing `version`, counting one kernel lookup made in
     /// directory `parent`. A node registered for another version gets a new inode; the
     /// old one is detached and returned, so the kernel can be told to drop it.
-    fn lookup(&self, node: &Node, version: Option<Ident>, parent: u64) -> (u64, Option<Stale>) {
+    /// `shown`: the attributes answered for it (kept for data files, see `shown`).
+    fn lookup(
+        &self,
+        node: &Node,
+        version: Option<Ident>,
+        parent: u64,
+        shown: Option<&Attr>,
+    ) -> (u64, Option<Stale>) {
         let mut stale = None;
-        let mut e = self.by_node.entry(node.clone()).or_insert_with(|| Entry {
-            ino: self.next.fetch_add(1, Ordering::Relaxed),
-            count: 0,
-            version,
-            parent,
+        let mut fresh = false;
+        let mut e = self.by_node.entry(node.clone()).or_insert_with(|| {
+            fresh = true;
+            Entry {
+                ino: self.next.fetch_add(1, Ordering::Relaxed),
+                count: 0,
+                version,
+                parent,
+            }
         });
         if e.version != version {
+            fresh = true;
             let old = *e;
             *e = Entry {
                 ino: self.next.fetch_add(1, Ordering::Relaxed),
@@ -346,6 +365,11 @@ impl InodeTable {
         let ino = e.ino;
         drop(e);
         self.by_ino.entry(ino).or_insert_with(|| node.clone());
+        if let (true, Some(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) =
+            (fresh, shown, node)
+        {
+            self.shown.insert(ino, Attr { ino, ..a.clone() });
+        }
         (ino, stale)
     }
 
@@ -354,8 +378,19 @@ impl InodeTable {
         if count > 0 {
             self.detached.insert(ino, count);
         } else {
-            self.by_ino.remove(&ino);
+            self.drop_ino(ino);
         }
+    }
+
+    /// Forgets inode `ino` for good (the kernel holds no lookup of it).
+    fn drop_ino(&self, ino: u64) {
+        self.by_ino.remove(&ino);
+        self.shown.remove(&ino);
+    }
+
+    /// The attributes `ino` was made with, if it is a data file's inode.
+    fn shown(&self, ino: u64) -> Option<Attr> {
+        self.shown.get(&ino).map(|a| a.clone())
     }
 
     /// The inode of `node` if it has one for `version`, else a stable pseudo number
@@ -410,7 +445,7 @@ impl InodeTable {
                 let last = *c == 0;
                 drop(c);
                 if last && self.detached.remove_if(&ino, |_, c| *c == 0).is_some() {
-                    self.by_ino.remove(&ino);
+                    self.drop_ino(ino);
                 }
             }
             return;
@@ -423,7 +458,7 @@ impl InodeTable {
                 .remove_if(&node, |_, v| v.ino == ino && v.count == 0)
                 .is_some()
         {
-            self.by_ino.remove(&ino);
+            self.drop_ino(ino);
         }
     }
 
@@ -757,16 +792,6 @@ impl Fs {
         }
     }
 
-    /// The version a node made now would be bound to: the identity of its committed
-    /// file for versioned nodes, else `None`.
-    fn version_of(&self, node: &Node) -> Option<Ident> {
-        if !node.versioned() {
-            return None;
-        }
-        let (file, _) = node.file_and_path()?;
-        self.file(file).ok().map(|f| f.ident)
-    }
-
     fn model(&self, f: &H5File, path: &str) -> Result<Arc<DatasetModel>> {
         f.model(path, &self.model_opts, &self.ns)
     }
@@ -801,6 +826,7 @@ impl Fs {
             ctime: t(m.ctime(), m.ctime_nsec()),
             atime: t(m.atime(), m.atime_nsec()),
             volatile: false,
+            version: None,
         }
     }
 
@@ -996,6 +1022,8 @@ impl Fs {
                 let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
                 let f = self.file(file)?;
                 let m = &f.meta;
+                let version = Some(f.ident);
+                let with_version = |a: Attr| Attr { version, ..a };
                 match node {
                     Node::Group { .. } => {
                         if f.kind_of(path)? != ChildKind::Group {
@@ -1025,6 +1053,7 @@ impl Fs {
                     }
                     _ => Err(Error::io("unreachable node")),
                 }
+                .map(with_version)
             }
         }
     }
@@ -1188,13 +1217,11 @@ impl Fs {
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
         let pnode = self.inodes.node(parent)?;
         let node = self.child(&pnode, name)?;
-        // The version before the attributes: if the file changes in between, the inode
-        // is bound to the older version and its next open serves the newer one with
-        // direct I/O (see `open`), never the reverse.
-        let version = self.version_of(&node);
-        // Attributes first: a node that fails them is not registered.
+        // Attributes first: a node that fails them is not registered. The inode is bound
+        // to the version they were read from.
         let a = self.attr_of(0, &node)?;
-        let (ino, stale) = self.inodes.lookup(&node, version, parent);
+        let version = a.version.filter(|_| node.versioned());
+        let (ino, stale) = self.inodes.lookup(&node, version, parent, Some(&a));
         if let Some(st) = stale {
             // The kernel replaces the dentry being looked up itself (a new node id);
             // one it holds elsewhere (under an old parent inode) must be dropped.
@@ -1211,9 +1238,9 @@ impl Fs {
 
     /// Registers `node` (one kernel lookup) and returns its attributes.
     fn register(&self, node: &Node) -> Result<Attr> {
-        let version = self.version_of(node);
         let a = self.attr_of(0, node)?;
-        let (ino, stale) = self.inodes.lookup(node, version, 0);
+        let version = a.version.filter(|_| node.versioned());
+        let (ino, stale) = self.inodes.lookup(node, version, 0, Some(&a));
         if let Some(st) = stale {
             self.notify_stale(&st);
         }
@@ -1224,9 +1251,27 @@ impl Fs {
         self.inodes.forget(ino, n);
     }
 
+    /// Attributes of `ino`. A data file's inode made for a version that another
+    /// committed version replaced answers its own version's attributes: handles opened on it still read it,
+    /// and the kernel would clip or extend their reads to the new size. (New opens
+    /// through it use direct I/O, which the size does not limit; see `open`.)
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let node = self.inodes.node(ino)?;
-        self.attr_of(ino, &node)
+        let r = self.attr_of(ino, &node);
+        // Only against another committed version: a node answered as the pending one
+        // that replaces it (see `attr_of_replaced`) keeps that answer, for writes.
+        if let (Ok(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) = (&r, &node) {
+            let current = match self.inodes.version(ino, &node) {
+                Ok(v) => v == a.version,
+                Err(()) => false,
+            };
+            if !current && a.version.is_some() {
+                if let Some(old) = self.inodes.shown(ino) {
+                    return Ok(old);
+                }
+            }
+        }
+        r
     }
 
     /// Every entry of directory `ino` (without `.` and `..`).
@@ -1695,6 +1740,22 @@ mod tests {
         }
     }
 
+    fn attr(size: u64) -> Attr {
+        Attr {
+            ino: 0,
+            kind: Kind::File,
+            size,
+            perm: 0o444,
+            uid: 0,
+            gid: 0,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
+            atime: SystemTime::UNIX_EPOCH,
+            volatile: false,
+            version: None,
+        }
+    }
+
     fn tile(i: u64) -> Node {
         Node::Tile {
             file: PathBuf::from("f.h5"),
@@ -1715,6 +1776,14 @@ mod tests {
                 "ino {ino} twice"
             );
             assert_eq!(t.by_ino.get(&ino).as_deref(), Some(e.key()), "ino {ino}");
+        }
+        for s in t.shown.iter() {
+            assert!(
+                t.by_ino.contains_key(s.key()),
+                "attributes of gone ino {}",
+                s.key()
+            );
+            assert_eq!(s.value().ino, *s.key());
         }
         for d in t.detached.iter() {
             assert!(
@@ -1758,24 +1827,28 @@ mod tests {
     #[test]
     fn new_version_gets_new_inode_and_old_one_lives_until_forgotten() {
         let t = InodeTable::new();
-        let (a, s) = t.lookup(&tile(0), Some(ident(1)), 7);
+        let (a, s) = t.lookup(&tile(0), Some(ident(1)), 7, Some(&attr(100)));
         assert!(s.is_none());
-        assert_eq!(t.lookup(&tile(0), Some(ident(1)), 7).0, a);
+        assert_eq!(t.lookup(&tile(0), Some(ident(1)), 7, None).0, a);
         assert_eq!(t.peek(&tile(0), Some(ident(1))), a);
         assert_ne!(t.peek(&tile(0), Some(ident(2))), a);
-        let (b, s) = t.lookup(&tile(0), Some(ident(2)), 9);
+        let (b, s) = t.lookup(&tile(0), Some(ident(2)), 9, Some(&attr(200)));
         let s = s.expect("the old inode is reported");
         assert_ne!(a, b);
         assert_eq!((s.ino, s.parent), (a, 7));
         assert_eq!(s.node.name().as_deref(), Some("0"));
-        // The old inode still answers (the kernel holds 2 lookups), as a stale one.
+        // The old inode still answers (the kernel holds 2 lookups), as a stale one, with
+        // the attributes of its own version.
         assert_eq!(t.node(a).unwrap(), tile(0));
+        assert_eq!(t.shown(a).map(|x| (x.ino, x.size)), Some((a, 100)));
+        assert_eq!(t.shown(b).map(|x| (x.ino, x.size)), Some((b, 200)));
         assert!(t.version(a, &tile(0)).is_err());
         assert_eq!(t.version(b, &tile(0)), Ok(Some(ident(2))));
         t.forget(a, 1);
         assert!(t.node(a).is_ok());
         t.forget(a, 1);
         assert_eq!(t.node(a).unwrap_err().errno, libc::ESTALE);
+        assert!(t.shown(a).is_none());
         // Outdated nodes of the file, then detached for the new version.
         assert!(t.outdated(Path::new("f.h5"), ident(2)).is_empty());
         assert_eq!(t.outdated(Path::new("f.h5"), ident(3)), vec![tile(0)]);
@@ -1818,7 +1891,7 @@ mod tests {
                         match (r >> 8) % 10 {
                             0..=4 => {
                                 let v = Some(ident(1 + (r >> 16) % 2));
-                                let (ino, _) = t.lookup(&node, v, 1);
+                                let (ino, _) = t.lookup(&node, v, 1, Some(&attr(r % 7)));
                                 assert_eq!(t.node(ino).unwrap(), node);
                                 *held.entry(ino).or_default() += 1;
                             }
@@ -1863,5 +1936,6 @@ mod tests {
         check(&t, &HashMap::new());
         assert_eq!(t.len(), 1, "only the root is left");
         assert!(t.detached.is_empty());
+        assert!(t.shown.is_empty());
     }
 }

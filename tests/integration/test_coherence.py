@@ -331,22 +331,32 @@ def test_unchanged_file_rereads_from_page_cache(env):
 def test_file_replaced_by_other_size_within_ttl(env, rows):
     """The file is renamed over by one whose only tile has another size, right after
     the kernel cached the tile's entry and attributes: a fresh open reads every byte of
-    the new tile, no more and no less (the old size must not clip or pad it)."""
+    the new tile, no more and no less (the old size must not clip or pad it), and a
+    handle opened before reads all of the old tile, before and after the TTL."""
     old = np.arange(32 * 96, dtype="<f8").reshape(32, 96)
     make_file(env.b("f.h5"), old)
     env.mount("--tile-bytes", str(48 * 1024))
     tpath = env.m("f.h5", "x", "tiles", "0.0")
-    assert rb(tpath) == old.tobytes()
-    new = np.arange(rows * 96, dtype="<f8").reshape(rows, 96) + 0.5
-    make_file(env.b("f.h5.part"), new)
-    assert os.stat(tpath).st_size == old.nbytes     # entry and attributes cached
-    os.rename(env.b("f.h5.part"), env.b("f.h5"))
-    fd = os.open(tpath, os.O_RDONLY)
+    old_fd = os.open(tpath, os.O_RDONLY)
     try:
-        got = b""
-        while chunk := os.read(fd, 1 << 20):
-            got += chunk
+        assert os.pread(old_fd, 1 << 20, 0) == old.tobytes()
+        new = np.arange(rows * 96, dtype="<f8").reshape(rows, 96) + 0.5
+        make_file(env.b("f.h5.part"), new)
+        assert os.stat(tpath).st_size == old.nbytes     # entry and attributes cached
+        os.rename(env.b("f.h5.part"), env.b("f.h5"))
+        fd = os.open(tpath, os.O_RDONLY)
+        try:
+            got = b""
+            while chunk := os.read(fd, 1 << 20):
+                got += chunk
+        finally:
+            os.close(fd)
+        assert got == new.tobytes(), (len(got), new.nbytes)
+        for wait in (0, 1.2):
+            time.sleep(wait)
+            assert os.pread(old_fd, 1 << 20, 0) == old.tobytes(), f"old handle after {wait} s"
+            assert os.fstat(old_fd).st_size == old.nbytes
+        assert os.stat(tpath).st_size == new.nbytes
+        assert rb(tpath) == new.tobytes()
     finally:
-        os.close(fd)
-    assert got == new.tobytes(), (len(got), new.nbytes)
-    assert os.stat(tpath).st_size == new.nbytes
+        os.close(old_fd)
