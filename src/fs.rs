@@ -495,8 +495,11 @@ impl InodeTable {
         self.by_node
             .iter()
             .filter(|e| {
+                // Byte comparison: `Path`'s `==` compares component by component.
                 e.value().version.is_some_and(|v| v != current)
-                    && e.key().file_and_path().is_some_and(|(f, _)| f == file)
+                    && e.key()
+                        .file_and_path()
+                        .is_some_and(|(f, _)| f.as_os_str() == file.as_os_str())
             })
             .map(|e| e.key().clone())
             .collect()
