@@ -509,5 +509,9 @@ fn start(
     let fs = FuseFs { core: core.clone() };
     let session = fuser::Session::new(fs, mnt, &config)
         .map_err(|e| format!("mounting {}: {e}", mnt.display()))?;
+    // Inodes of replaced backing versions are invalidated in the kernel through this.
+    let inv = h5tilefs::fuse::invalidator(session.notifier())
+        .map_err(|e| format!("starting the kernel notification thread: {e}"))?;
+    core.set_invalidator(inv);
     Ok((session, core))
 }
