@@ -540,6 +540,27 @@ pub struct Fs {
     touched: DashMap<PathBuf, ()>,
     /// Set once SIGTERM started a drain: new writes are refused, reads still served.
     pub draining: std::sync::atomic::AtomicBool,
+    /// The backing directory's device, inode and file system type at mount: `status`
+    /// tells a backing file system unmounted or replaced under the daemon from a gone
+    /// daemon by comparing them with what the path shows now.
+    backing_id: serde_json::Value,
+}
+
+/// Device, inode and file system type (statfs f_type) of the backing directory.
+fn backing_id(root: &Path) -> serde_json::Value {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(root) else {
+        return serde_json::Value::Null;
+    };
+    let fs_type = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())
+        .ok()
+        .and_then(|c| {
+            // SAFETY: an all-zero statfs is a valid value to be overwritten.
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: a NUL-terminated path and a statfs we own.
+            (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+        });
+    serde_json::json!({"dev": m.dev(), "ino": m.ino(), "fs_type": fs_type})
 }
 
 /// Who asks: the kernel checks the file they open against its permissions
@@ -660,6 +681,7 @@ impl Fs {
             stats: crate::stats::Stats::default(),
             touched: DashMap::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            backing_id: backing_id(&ns_root),
         })
     }
 
@@ -669,6 +691,7 @@ impl Fs {
             "name": "h5tilefs",
             "version": env!("CARGO_PKG_VERSION"),
             "backing_dir": self.ns.root,
+            "backing_id": self.backing_id,
             "features": ["read", "extent-map", "write", "commit", "gpu-ioctl", "query-extents"],
             "gpu": self.gpu.describe(),
             "ioctl_abi": crate::ioctl::ABI_VERSION,
