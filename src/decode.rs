@@ -133,10 +133,7 @@ pub fn rust_decodable(filters: &[FilterInfo]) -> bool {
     filters.iter().all(|f| matches!(f.id, 1..=3))
 }
 
-/// The largest cell (decoded chunk, or block read through HDF5) the daemon allocates.
-/// HDF5 allows chunks up to 4 GiB; a tiny crafted file can declare one, and every
-/// reader thread would then allocate that much. Larger cells are refused with EFBIG.
-pub const MAX_CELL_BYTES: u64 = 1 << 30;
+pub use crate::h5::MAX_CELL_BYTES;
 
 /// The most a stored (filtered) chunk may exceed its decoded size: deflate's worst
 /// case is about 0.03 % plus a few bytes, each Fletcher-32 adds 4 bytes.

@@ -19,8 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// Name of the control file at the mount root.
-pub const CONTROL_NAME: &str = ".h5tilefs";
+pub use crate::namespace::CONTROL_NAME;
 pub const ROOT_INO: u64 = 1;
 
 mod gpu;
@@ -657,6 +656,7 @@ impl Fs {
         let gpu_mode = opts.gpu;
         let gpu_io_threads = opts.gpu_io_threads;
         let model_opts = ModelOptions {
+            direct: Arc::new(crate::h5file::DirectOpener),
             tile_bytes: opts.tile_bytes.max(1),
             root: ns.root.clone(),
         };

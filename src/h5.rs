@@ -13,6 +13,11 @@ use hdf5_sys::h5s::H5S_sel_type;
 use hdf5_sys::h5t::{H5T_class_t, H5T_order_t, H5T_sign_t};
 use std::ffi::{c_char, c_uint, CStr};
 
+/// The largest cell (decoded chunk, or block read through HDF5) the daemon allocates.
+/// HDF5 allows chunks up to 4 GiB; a tiny crafted file can declare one, and every
+/// reader thread would then allocate that much. Larger cells are refused with EFBIG.
+pub const MAX_CELL_BYTES: u64 = 1 << 30;
+
 /// An owned HDF5 identifier closed by `close` on drop.
 pub struct Hid {
     id: hid_t,
@@ -661,14 +666,14 @@ pub fn read_region(
     let bytes = mem_dims
         .iter()
         .try_fold(itemsize as u64, |a, &d| a.checked_mul(d))
-        .filter(|&b| b <= crate::decode::MAX_CELL_BYTES)
+        .filter(|&b| b <= MAX_CELL_BYTES)
         .and_then(|b| usize::try_from(b).ok())
         .ok_or_else(|| {
             Error::new(
                 libc::EFBIG,
                 format!(
                     "block {mem_dims:?} of {itemsize}-byte elements is larger than {} bytes",
-                    crate::decode::MAX_CELL_BYTES
+                    MAX_CELL_BYTES
                 ),
             )
         })?;

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::extent::BackingFile;
-use crate::model::{DatasetModel, ModelOptions, SourceOpener};
+use crate::model::{DatasetModel, ModelOptions, SourceFile, SourceOpener};
 use dashmap::DashMap;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -60,6 +60,36 @@ pub struct H5File {
     pub backing: Arc<BackingFile>,
     models: DashMap<String, Arc<DatasetModel>>,
     listings: DashMap<String, Arc<Listing>>,
+}
+
+/// Opens virtual sources directly, without a cache (lazy sources resolving).
+pub struct DirectOpener;
+
+impl SourceOpener for DirectOpener {
+    fn open_source(&self, abs: &Path) -> Result<Arc<dyn SourceFile>> {
+        Ok(Arc::new(H5File::open(abs)?))
+    }
+}
+
+impl SourceFile for H5File {
+    fn abs(&self) -> &Path {
+        &self.abs
+    }
+    fn hfile(&self) -> &hdf5::File {
+        &self.hfile
+    }
+    fn backing(&self) -> &Arc<BackingFile> {
+        &self.backing
+    }
+    fn model_at_depth(
+        &self,
+        path: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<Arc<DatasetModel>> {
+        H5File::model_at_depth(self, path, opts, opener, depth)
+    }
 }
 
 impl H5File {

@@ -66,15 +66,6 @@ pub struct LazySource {
     resolved: OnceLock<std::result::Result<Arc<DatasetModel>, String>>,
 }
 
-/// Opens virtual sources directly (no cache): used when lazy sources resolve.
-struct DirectOpener;
-
-impl SourceOpener for DirectOpener {
-    fn open_source(&self, abs: &Path) -> Result<Arc<crate::h5file::H5File>> {
-        Ok(Arc::new(crate::h5file::H5File::open(abs)?))
-    }
-}
-
 /// `<tile>.h5 -> (data offset, file length)` of one directory of tile sources.
 type SourceIndex = std::collections::HashMap<String, (u64, u64)>;
 
@@ -152,14 +143,15 @@ impl LazySource {
                 }
             }
         }
-        let file = crate::h5file::H5File::open(&self.path).map_err(|e| e.to_string())?;
+        let direct = self.opts.direct.clone();
+        let file = direct.open_source(&self.path).map_err(|e| e.to_string())?;
         let dname = if self.dset.starts_with('/') {
             self.dset.clone()
         } else {
             format!("/{}", self.dset)
         };
         let model = file
-            .model_at_depth(&dname, &self.opts, &DirectOpener, self.depth + 1)
+            .model_at_depth(&dname, &self.opts, &*direct, self.depth + 1)
             .map_err(|e| e.to_string())?;
         let sd = match &model.dtype {
             DType::Numeric { descr, .. } => descr.as_str(),
@@ -191,16 +183,43 @@ fn block_fits(start: &[u64], count: &[u64], shape: &[u64]) -> bool {
 }
 
 /// Knobs that shape models.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ModelOptions {
     pub tile_bytes: u64,
     /// Virtual sources are only followed inside this directory (canonical).
     pub root: PathBuf,
+    /// Opens virtual sources directly (no cache) when lazy sources resolve.
+    pub direct: Arc<dyn SourceOpener + Send + Sync>,
 }
 
-/// Opens source files of virtual datasets (the namespace's file cache).
+impl std::fmt::Debug for ModelOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelOptions")
+            .field("tile_bytes", &self.tile_bytes)
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+/// An open HDF5 file as the model needs it. The file layer (`h5file`) implements it,
+/// so the model does not depend on that layer (which builds and caches models).
+pub trait SourceFile: Send + Sync {
+    fn abs(&self) -> &Path;
+    fn hfile(&self) -> &hdf5::File;
+    /// The backing file whose bytes the extents of this file's datasets read.
+    fn backing(&self) -> &Arc<BackingFile>;
+    fn model_at_depth(
+        &self,
+        path: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<Arc<DatasetModel>>;
+}
+
+/// Opens source files of virtual datasets (the namespace's file cache, or directly).
 pub trait SourceOpener {
-    fn open_source(&self, abs: &Path) -> Result<Arc<crate::h5file::H5File>>;
+    fn open_source(&self, abs: &Path) -> Result<Arc<dyn SourceFile>>;
 }
 
 pub struct DatasetModel {
@@ -246,14 +265,14 @@ impl DatasetModel {
 
     /// Builds the model of dataset `name` of `file`.
     pub fn build(
-        file: &crate::h5file::H5File,
+        file: &dyn SourceFile,
         name: &str,
         opts: &ModelOptions,
         opener: &dyn SourceOpener,
         depth: usize,
     ) -> Result<DatasetModel> {
         let ds = file
-            .hfile
+            .hfile()
             .dataset(name)
             .map_err(|e| Error::from_h5(format!("opening dataset {name}"), e))?;
         let id = ds.id();
@@ -326,7 +345,7 @@ impl DatasetModel {
             if !segs.is_empty() {
                 // Not too_big (checked above): the product fits.
                 let nbytes = crate::geometry::checked_bytes(&shape, elem).unwrap_or(u64::MAX);
-                match external_source(&segs, &file.abs, &opts.root, nbytes) {
+                match external_source(&segs, file.abs(), &opts.root, nbytes) {
                     Ok(x) => external = Some(x),
                     Err(reason) => {
                         tracing::warn!(dataset = name, %reason, "external storage not served");
@@ -361,7 +380,7 @@ impl DatasetModel {
                             "contiguous data at offset {offset} runs past any file offset \
                              (corrupt layout message)"
                         );
-                        tracing::warn!(file = %file.abs.display(), dataset = name, %reason, "not served");
+                        tracing::warn!(file = %file.abs().display(), dataset = name, %reason, "not served");
                         dtype = DType::Unsupported {
                             reason,
                             itemsize: elem,
@@ -369,7 +388,7 @@ impl DatasetModel {
                         Storage::None
                     }
                     Some(offset) => Storage::Contiguous {
-                        file: file.backing.clone(),
+                        file: file.backing().clone(),
                         offset,
                     },
                     None if storage_size(id) == 0 => Storage::Fill,
@@ -383,7 +402,7 @@ impl DatasetModel {
                     }
                     match ChunkStore::new(
                         name,
-                        file.backing.clone(),
+                        file.backing().clone(),
                         ds.clone(),
                         shape.clone(),
                         c.clone(),
@@ -430,7 +449,7 @@ impl DatasetModel {
                                 }
                                 Storage::Virtual(blocks)
                             }
-                            Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
+                            Err(why) => match escaping_source(&maps, file.abs(), &opts.root) {
                                 // HDF5 would follow it; we may run as root.
                                 Some(src) => {
                                     let reason = format!(
@@ -787,7 +806,7 @@ fn for_each_cell(
 /// here; they are opened by the first read that needs them (`LazySource`).
 #[allow(clippy::too_many_arguments)]
 fn map_virtual(
-    file: &crate::h5file::H5File,
+    file: &dyn SourceFile,
     ds: &hdf5::Dataset,
     maps: &[h5::VirtualMapping],
     shape: &[u64],
@@ -803,7 +822,7 @@ fn map_virtual(
         return Err("scalar virtual dataset".into());
     }
     let itemsize: u64 = descr.get(2..).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let dir = file.abs.parent().unwrap_or(Path::new("/"));
+    let dir = file.abs().parent().unwrap_or(Path::new("/"));
     let mut blocks = Vec::with_capacity(maps.len());
     let mut missing = Vec::new();
     let mut fallback: Option<Arc<HdfCells>> = None;

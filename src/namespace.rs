@@ -23,6 +23,9 @@ pub const MAX_OPEN_FILES: usize = 128;
 /// Names of non-HDF5 files remembered before the list is cleared.
 const MAX_REJECTED: usize = 16384;
 
+/// Name of the control file at the mount root (hides a backing entry of that name).
+pub const CONTROL_NAME: &str = ".h5tilefs";
+
 pub struct Namespace {
     /// Canonical backing root.
     pub root: PathBuf,
@@ -168,7 +171,7 @@ impl Namespace {
                 continue;
             };
             // The control file at the root, the staging areas everywhere.
-            if name == crate::fs::CONTROL_NAME || name == crate::pending::STAGE_DIR {
+            if name == CONTROL_NAME || name == crate::pending::STAGE_DIR {
                 continue;
             }
             if let Ok(k) = self.classify(&rel.join(&name)) {
@@ -214,11 +217,11 @@ impl Namespace {
 }
 
 impl SourceOpener for Namespace {
-    fn open_source(&self, abs: &Path) -> Result<Arc<H5File>> {
+    fn open_source(&self, abs: &Path) -> Result<Arc<dyn crate::model::SourceFile>> {
         let rel = abs
             .strip_prefix(&self.root)
             .map_err(|_| Error::not_found(format!("{} is outside the root", abs.display())))?;
-        self.file(rel)
+        Ok(self.file(rel)?)
     }
 }
 
