@@ -301,20 +301,23 @@ impl FileLock {
         let mut wait = Duration::from_millis(1);
         loop {
             match Self::try_flock(&f) {
-                Ok(true) => return Ok(FileLock { f, path: path.to_path_buf() }),
+                Ok(true) => {
+                    return Ok(FileLock {
+                        f,
+                        path: path.to_path_buf(),
+                    })
+                }
                 Ok(false) if t0.elapsed() < limit => {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_millis(50));
                 }
                 Ok(false) => {
-                    return Err(Error::new(
-                        libc::EBUSY,
-                        format!(
-                            "{what}: {} is held by a commit or removal that has run for over {} s; retry later",
-                            path.display(),
-                            limit.as_secs()
-                        ),
-                    ))
+                    return Err(crate::error::PendingError::LockTimeout {
+                        what: what.to_string(),
+                        lock: path.display().to_string(),
+                        secs: limit.as_secs(),
+                    }
+                    .into())
                 }
                 Err(e) => return Err(Error::from_io(format!("flock {}", path.display()), e)),
             }
