@@ -403,17 +403,11 @@ mod tests {
         let p = Path::new("/x/state.json");
         let (a, b) = (tmp_name(p), tmp_name(p));
         assert_ne!(a, b, "one thread's two writes shared a temporary");
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let host: String = host
-            .trim()
-            .chars()
-            .take(8)
-            .filter(|c| c.is_ascii_alphanumeric())
-            .collect();
         assert!(
-            a.to_string_lossy().contains(&host),
+            a.to_string_lossy().contains(node_tag()),
             "{a:?} does not name the node"
         );
+        assert!(node_tag().contains(&format!("-{}-", std::process::id())));
     }
 
     #[test]
