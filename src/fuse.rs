@@ -375,14 +375,12 @@ impl Filesystem for FuseFs {
         &self,
         req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Tile bytes are fsync-ed by commit; an fsync of a tile before that has nothing
-        // more to promise than the page cache already holds.
-        call!(self, req, Op::Fsync, "fsync").ok(0);
-        reply.ok();
+        let c = call!(self, req, Op::Fsync, "fsync", fh = fh.0);
+        done!(c, reply, self.core.fsync(fh.0), |()| reply.ok())
     }
 
     fn setattr(

@@ -7,6 +7,7 @@
 
 pub mod attrs;
 pub mod decode;
+pub mod durable;
 pub mod error;
 pub mod extent;
 pub mod fs;

@@ -13,6 +13,8 @@
 //! D/<stem>_h5tilefs_vds/<enc>/<gen>/<tile>.h5   tile sources (final location)
 //! ```
 
+pub use crate::durable::write_atomic;
+use crate::durable::{create_exclusive, fsync_dir, node_tag, unique, FileLock};
 use crate::error::{Error, Result};
 use crate::extent::BackingFile;
 use crate::geometry::{tile_name, TileGrid};
@@ -26,15 +28,15 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// The errno of a commit refused because tiles are missing or were deleted: ENODATA
+/// ("No data available"); the message and `.status` name the tiles.
+pub const INCOMPLETE: i32 = libc::ENODATA;
+
+/// The lock file of a file's staging area: held by commit and by removals.
+pub const COMMIT_LOCK: &str = "commit.lock";
+
 /// Name of the hidden per-directory staging area.
 pub const STAGE_DIR: &str = ".h5tilefs";
-
-/// A number unique within this daemon, for temporary file names (threads of one
-/// daemon may create files in the same directory at once).
-fn unique() -> u64 {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
 
 /// FNV-1a: a hash that every daemon computes the same way.
 fn fnv(s: &str) -> u64 {
@@ -61,6 +63,18 @@ pub fn encode(h5path: &str) -> String {
         .take(80)
         .collect();
     format!("{clean}-{:016x}", fnv(h5path))
+}
+
+/// A new tile-source generation name (unique across daemons and time).
+fn new_gen(writer_id: &str) -> String {
+    format!(
+        "g{:x}",
+        fnv(&format!(
+            "{writer_id}{:?}{}",
+            std::time::SystemTime::now(),
+            unique()
+        ))
+    )
 }
 
 /// A tile name and the byte ranges of it never written.
@@ -194,16 +208,10 @@ fn start_writeback(f: &std::fs::File, a: u64, b: u64, data_end: u64) {
 
 impl Pending {
     pub fn new(root: &Path) -> Pending {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "host".into());
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
         Pending {
             root: root.to_path_buf(),
-            writer_id: format!("w-{host}-{}-{nanos:x}", std::process::id()),
+            // unique per core too: tests run several "daemons" in one process
+            writer_id: format!("w-{}-{}", node_tag(), unique()),
             targets: DashMap::new(),
             templates: DashMap::new(),
             unsaved_status: DashMap::new(),
@@ -326,26 +334,58 @@ impl Pending {
                     format!("{h5path}: tiles were already written with another meta.json; rmdir the dataset to start over"),
                 ));
             }
-            let _ = std::fs::remove_file(d.join("gen"));
+            // A new description gets a new generation of tile sources, published
+            // (atomically) before the description that uses it.
+            write_atomic(&d.join("gen"), new_gen(&self.writer_id).as_bytes())?;
         }
-        write_atomic(&d.join("meta.json"), &stored)?;
-        let gen = format!(
-            "g{:x}",
-            fnv(&format!(
-                "{}{:?}",
-                self.writer_id,
-                std::time::SystemTime::now()
-            ))
-        );
-        // The first writer of `gen` wins; others adopt it.
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(d.join("gen"))
-        {
-            Ok(mut f) => f.write_all(gen.as_bytes()).map_err(io("writing gen"))?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::from_io("creating gen", e)),
+        // `gen` exists, whole, before `meta.json` does: a writer that finds meta.json
+        // (and returns early above) always finds the generation its tiles go to. The
+        // first writer of `gen` wins; others adopt it.
+        create_exclusive(&d.join("gen"), new_gen(&self.writer_id).as_bytes())?;
+        write_atomic(&d.join("meta.json"), &stored)
+    }
+
+    /// The tile-source generation of a pending dataset, if it is one.
+    pub fn generation(&self, file_rel: &Path, h5path: &str) -> Option<String> {
+        self.gen(file_rel, h5path).ok()
+    }
+
+    /// Makes the written bytes of tiles `idxs` and this daemon's records of them
+    /// durable (fsync of a tile or of `data`): the tile sources, the range logs, and
+    /// the directories that name them.
+    pub fn sync_tiles(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idxs: &[Vec<u64>],
+    ) -> Result<()> {
+        let gen = self.gen(file_rel, h5path)?;
+        let dir = self.sources_dir(file_rel, h5path, &gen)?;
+        let node = self.node_dir(file_rel, h5path)?;
+        let ranges = node.join("ranges");
+        let mut files = Vec::new();
+        for idx in idxs {
+            if meta.grid().tile_slab(idx).is_none() {
+                continue;
+            }
+            let name = tile_name(idx);
+            files.push(dir.join(format!("{name}.h5")));
+            files.push(ranges.join(format!("{name}.{}", self.writer_id)));
+        }
+        files.push(node.join(format!("offsets.{}", self.writer_id)));
+        for p in &files {
+            match std::fs::File::open(p) {
+                Ok(f) => f.sync_all().map_err(io(format!("fsync {}", p.display())))?,
+                // nothing written there by us yet
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::from_io(format!("opening {}", p.display()), e)),
+            }
+        }
+        for d in [&dir, &ranges, &node] {
+            if d.is_dir() {
+                fsync_dir(d)?;
+            }
         }
         Ok(())
     }
@@ -370,7 +410,8 @@ impl Pending {
         let dir = self.sources_dir(file_rel, h5path, &gen)?;
         let name = tile_name(idx);
         let path = dir.join(format!("{name}.h5"));
-        if let Some(t) = self.targets.get(&path) {
+        let cached = self.targets.get(&path).map(|t| t.clone());
+        if let Some(t) = cached {
             // Deleted (or replaced) outside h5tilefs while open: bytes written to it now
             // would be lost, so refuse (commit refuses too: see `commit_locked`).
             use std::os::unix::fs::MetadataExt;
@@ -384,7 +425,7 @@ impl Pending {
                     ),
                 ));
             }
-            return Ok(Some(t.clone()));
+            return Ok(Some(t));
         }
         let slab = meta
             .grid()
@@ -392,6 +433,7 @@ impl Pending {
             .ok_or_else(|| Error::not_found(format!("no tile {name}")))?;
         let count = slab.counts();
         let size = slab.num_elements() * meta.itemsize;
+        let tpl = self.template(&dir, &meta.dtype, &count, size)?;
         let mut known = None;
         if !path.exists() {
             if !create {
@@ -399,7 +441,7 @@ impl Pending {
             }
             std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
             let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
-            let off = match self.make_tile_file(&tmp, &dir, &meta.dtype, &count, size) {
+            let off = match make_tile_file(&tmp, &tpl) {
                 Ok(off) => off,
                 Err(e) => {
                     // a half-made source (disk full) must not hold space
@@ -423,7 +465,7 @@ impl Pending {
                     f.write_all(format!("{name}.h5 {off}\n").as_bytes())
                         .map_err(io("appending offsets log"))?;
                 }
-                // Another writer (or daemon) published it first: read its offset.
+                // Another writer (or daemon) published it first: learn its offset below.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     let _ = std::fs::remove_file(&tmp);
@@ -434,7 +476,7 @@ impl Pending {
         }
         let offset = match known {
             Some(o) => o,
-            None => source_offset(&path)?,
+            None => published_offset(&path, &tpl)?,
         };
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -456,56 +498,60 @@ impl Pending {
         Ok(Some(t))
     }
 
-    /// Writes a new, empty tile source at `tmp` from the shape's template (made once
-    /// through HDF5); returns the data offset.
-    fn make_tile_file(
+    /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`.
+    fn template(
         &self,
-        tmp: &Path,
         dir: &Path,
         dtype: &str,
         count: &[u64],
         nbytes: u64,
-    ) -> Result<u64> {
+    ) -> Result<Arc<Template>> {
         let key = (dtype.to_string(), count.to_vec());
-        let t = match self.templates.get(&key) {
-            Some(t) => t.clone(),
-            None => {
-                let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
-                let offset = writer::create_tile_source(&tpl, dtype, count)?;
-                let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
-                let len = f.metadata().map_err(io("stat template"))?.len();
-                let data_end = if nbytes == 0 { 0 } else { offset + nbytes };
-                let head_len = if nbytes == 0 { len } else { offset };
-                let mut head = vec![0u8; head_len as usize];
-                f.read_exact_at(&mut head, 0)
-                    .map_err(io("reading template"))?;
-                let mut tail = vec![0u8; len.saturating_sub(data_end) as usize];
-                if !tail.is_empty() {
-                    f.read_exact_at(&mut tail, data_end)
-                        .map_err(io("reading template"))?;
-                }
-                let _ = std::fs::remove_file(&tpl);
-                let t = Arc::new(Template {
-                    head,
-                    tail,
-                    offset,
-                    nbytes,
-                    len,
-                });
-                self.templates.insert(key, t.clone());
-                t
-            }
-        };
-        let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        reserve(&f, t.offset, t.nbytes)?;
-        f.write_all_at(&t.head, 0)
-            .map_err(io("writing tile source"))?;
-        if !t.tail.is_empty() {
-            f.write_all_at(&t.tail, t.offset + t.nbytes)
-                .map_err(io("writing tile source"))?;
+        if let Some(t) = self.templates.get(&key).map(|t| t.clone()) {
+            return Ok(t);
         }
-        f.set_len(t.len).map_err(io("sizing tile source"))?;
-        Ok(if t.nbytes == 0 { 0 } else { t.offset })
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
+        let made = (|| -> Result<Template> {
+            let offset = writer::create_tile_source(&tpl, dtype, count)?;
+            let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
+            let len = f.metadata().map_err(io("stat template"))?.len();
+            let data_end = if nbytes == 0 {
+                0
+            } else {
+                offset
+                    .checked_add(nbytes)
+                    .ok_or_else(|| Error::new(libc::EFBIG, "tile too large"))?
+            };
+            let head_len = if nbytes == 0 { len } else { offset };
+            let head_len = usize::try_from(head_len)
+                .ok()
+                .filter(|&n| n <= MAX_HEAD)
+                .ok_or_else(|| Error::io("tile source header too large"))?;
+            let mut head = vec![0u8; head_len];
+            f.read_exact_at(&mut head, 0)
+                .map_err(io("reading template"))?;
+            let tail_len = usize::try_from(len.saturating_sub(data_end))
+                .ok()
+                .filter(|&n| n <= MAX_HEAD)
+                .ok_or_else(|| Error::io("tile source trailer too large"))?;
+            let mut tail = vec![0u8; tail_len];
+            if !tail.is_empty() {
+                f.read_exact_at(&mut tail, data_end)
+                    .map_err(io("reading template"))?;
+            }
+            Ok(Template {
+                head,
+                tail,
+                offset,
+                nbytes,
+                len,
+            })
+        })();
+        let _ = std::fs::remove_file(&tpl);
+        let t = Arc::new(made?);
+        self.templates.insert(key, t.clone());
+        Ok(t)
     }
 
     /// Writes `data` at `off` of a tile and logs the range; the write is acknowledged
@@ -696,29 +742,33 @@ impl Pending {
     }
 
     /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
+    /// Takes the file's lock in the backing directory (the one commit takes), waiting
+    /// up to `limit`: every change to a committed file runs under it, so changes made
+    /// through several daemons at once are applied one after another.
+    pub fn lock_file(
+        &self,
+        file_rel: &Path,
+        limit: std::time::Duration,
+        what: &str,
+    ) -> Result<FileLock> {
+        let stage = self.stage_dir(file_rel)?;
+        std::fs::create_dir_all(&stage).map_err(io("creating staging dir"))?;
+        FileLock::lock(&stage.join(COMMIT_LOCK), limit, what)
+    }
+
     pub fn commit(&self, file_rel: &Path) -> Result<Value> {
         let t0 = std::time::Instant::now();
         let stage = self.stage_dir(file_rel)?;
         std::fs::create_dir_all(&stage).map_err(io("creating staging dir"))?;
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(stage.join("commit.lock"))
-            .map_err(io("opening commit lock"))?;
-        // SAFETY: flock on an fd we own; released when `lock` is dropped or we die.
-        if unsafe {
-            libc::flock(
-                std::os::fd::AsRawFd::as_raw_fd(&lock),
-                libc::LOCK_EX | libc::LOCK_NB,
-            )
-        } != 0
-        {
+        let Some(lock) = FileLock::try_lock(&stage.join(COMMIT_LOCK))? else {
             return Err(Error::new(
                 libc::EBUSY,
-                "another commit of this file is in progress",
+                format!(
+                    "{}: another commit or removal of this file is in progress; retry when it ends",
+                    file_rel.display()
+                ),
             ));
-        }
+        };
         let result = self.commit_locked(file_rel, &stage);
         let v = match &result {
             Ok(v) => json!({"ok": true, "seconds": t0.elapsed().as_secs_f64(), "result": v}),
@@ -806,10 +856,15 @@ impl Pending {
             });
         }
         if !problems.is_empty() {
-            return Err(Error::io(format!(
-                "commit refused: {}",
-                problems.join("; ")
-            )));
+            // Its own errno, so scripts tell "not finished" from a failure of the disk.
+            return Err(Error::new(
+                INCOMPLETE,
+                format!(
+                    "commit of {} refused: {}",
+                    file_rel.display(),
+                    problems.join("; ")
+                ),
+            ));
         }
         // An index of data offsets next to each dataset's sources lets readers (ours)
         // serve the committed file without opening every source through HDF5.
@@ -854,10 +909,12 @@ impl Pending {
         // Tile bytes must be durable before the file that points at them appears.
         fsync_all(&sources)?;
         let t_fsync = t0.elapsed();
-        let tmp = stage.join("commit.tmp.h5");
-        let _ = std::fs::remove_file(&tmp);
+        let tmp = stage.join(format!("commit.{}.{}.tmp.h5", self.writer_id, unique()));
         let base = (target.is_file()).then_some(target.as_path());
-        writer::write_vds_file(&tmp, base, &specs, &groups)?;
+        if let Err(e) = writer::write_vds_file(&tmp, base, &specs, &groups) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         set_owner(
             &tmp,
             &dir.join(Self::sources_rel(file_rel)?),
@@ -865,11 +922,14 @@ impl Pending {
             stage,
         );
         let t_vds = t0.elapsed();
-        std::fs::rename(&tmp, &target)
-            .map_err(io(format!("renaming into {}", target.display())))?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
+        if let Err(e) = std::fs::rename(&tmp, &target) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::from_io(
+                format!("renaming into {}", target.display()),
+                e,
+            ));
         }
+        fsync_dir(&dir)?;
         // Committed. The pending state (range logs: one file per tile and writer) and older
         // generations of replaced datasets go: renamed out of the way now, so a dataset
         // created again at once starts clean, and deleted in the background.
@@ -959,6 +1019,99 @@ fn fsync_all(paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// Largest header or trailer of a tile source kept as a template.
+const MAX_HEAD: usize = 1 << 20;
+
+/// Writes a new, empty tile source at `tmp` from the shape's template; returns the
+/// data offset.
+fn make_tile_file(tmp: &Path, t: &Template) -> Result<u64> {
+    let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    reserve(&f, t.offset, t.nbytes)?;
+    f.write_all_at(&t.head, 0)
+        .map_err(io("writing tile source"))?;
+    if !t.tail.is_empty() {
+        f.write_all_at(&t.tail, t.offset + t.nbytes)
+            .map_err(io("writing tile source"))?;
+    }
+    f.set_len(t.len).map_err(io("sizing tile source"))?;
+    Ok(if t.nbytes == 0 { 0 } else { t.offset })
+}
+
+/// Reads `len` bytes at offset 0 of `path` with O_DIRECT, so that nothing of the file
+/// enters this node's page cache (None where the file system refuses O_DIRECT).
+fn read_head_direct(path: &Path, len: usize) -> Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(Error::from_io(format!("opening {}", path.display()), e)),
+    };
+    let n = len.div_ceil(ALIGN).max(1) * ALIGN;
+    let layout = std::alloc::Layout::from_size_align(n, ALIGN)
+        .map_err(|_| Error::io("tile source header too large"))?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(Error::new(
+            libc::ENOMEM,
+            "no memory for a tile source header",
+        ));
+    }
+    // SAFETY: `p` points to `n` initialised bytes that we own until dealloc below.
+    let buf = unsafe { std::slice::from_raw_parts_mut(p, n) };
+    let mut got = 0;
+    let r = loop {
+        if got >= len {
+            break Ok(());
+        }
+        match f.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break Ok(()),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+        // O_DIRECT reads continue from aligned offsets only
+        if got % ALIGN != 0 {
+            break Ok(());
+        }
+    };
+    let out = buf[..got.min(len)].to_vec();
+    // SAFETY: allocated above with this layout, not used after.
+    unsafe { std::alloc::dealloc(p, layout) };
+    match r {
+        Ok(()) => Ok(Some(out)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(Error::from_io(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// The data offset of a tile source another writer (maybe on another node) published.
+/// Every daemon of this version makes the same header for a (dtype, shape): when the
+/// published header, read with O_DIRECT, equals ours, so does the offset. Reading it
+/// through HDF5 instead would put the file's first pages in this node's page cache
+/// before the other node writes them; a distributed file system's client keeps such
+/// pages across opens, and this node then read zeros where the other wrote data.
+fn published_offset(path: &Path, t: &Template) -> Result<u64> {
+    if let Some(head) = read_head_direct(path, t.head.len())? {
+        if head == t.head {
+            return Ok(if t.nbytes == 0 { 0 } else { t.offset });
+        }
+    }
+    // Another header (another HDF5 version): parse it, then drop what that cached.
+    let off = source_offset(path)?;
+    if let Ok(f) = std::fs::File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advisory call on an fd owned by `f`.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    Ok(off)
+}
+
 /// The data offset of an existing tile source file.
 fn source_offset(path: &Path) -> Result<u64> {
     let f = hdf5::File::open(path)
@@ -970,7 +1123,6 @@ fn source_offset(path: &Path) -> Result<u64> {
         .ok_or_else(|| Error::io(format!("{}: tile source has no data", path.display())))
 }
 
-/// Replaces `path` with `data` atomically (write a temporary, fsync, rename).
 /// Gives a committed file the owner and mode of the file it replaces, or those of the
 /// pending file's staging dir (its creator, the mode of its mkdir) for a new one; the
 /// tile-source dir gets the same owner and the matching directory mode. The daemon
@@ -987,27 +1139,6 @@ fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path) {
     let _ = std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode));
     let _ = std::os::unix::fs::chown(sources, Some(uid), Some(gid));
     let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
-}
-
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "tmp.{}.{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let write = |tmp: &Path| -> Result<()> {
-        let mut f =
-            std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        f.write_all(data).map_err(io("writing"))?;
-        f.sync_all().map_err(io("fsync"))?;
-        std::fs::rename(tmp, path).map_err(io(format!("renaming {}", path.display())))
-    };
-    let r = write(&tmp);
-    if r.is_err() {
-        // e.g. ENOSPC: leave no half-written temporary behind
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
 }
 
 #[cfg(test)]
@@ -1106,6 +1237,79 @@ mod tests {
         assert_eq!(got, full);
         assert!(!a.is_pending(file));
         assert_eq!(a.status(file).unwrap()["last_commit"]["ok"], true);
+    }
+
+    /// A second writer that finds meta.json (and returns early) must find the
+    /// generation its tiles go to: `gen` is published before meta.json. Before, a
+    /// writer polling for meta.json could write its tile while `gen` did not exist.
+    #[test]
+    fn generation_exists_whenever_meta_does() {
+        let m = meta();
+        let mut seen_early = 0;
+        for round in 0..150 {
+            let dir = tempfile::tempdir().unwrap();
+            let file = Path::new("out.h5");
+            let a = Pending::new(dir.path());
+            let b = Pending::new(dir.path());
+            a.create_file(file).unwrap();
+            let node = a.node_dir(file, "/u").unwrap();
+            std::thread::scope(|s| {
+                let w = s.spawn(|| a.accept_meta(file, "/u", &m).unwrap());
+                // the other rank: waits for meta.json, then writes at once
+                while !node.join("meta.json").exists() {
+                    std::hint::spin_loop();
+                }
+                if !w.is_finished() {
+                    seen_early += 1;
+                }
+                b.accept_meta(file, "/u", &m).unwrap();
+                let r = b.write_tile(file, "/u", &m, &[0, 0], 0, &[1u8; 8]);
+                assert!(
+                    r.is_ok(),
+                    "round {round}: {:?}",
+                    r.err().map(|e| e.to_string())
+                );
+                w.join().unwrap();
+            });
+            // the tile landed in the generation commit uses
+            let gen = a.gen(file, "/u").unwrap();
+            let src = a.sources_dir(file, "/u", &gen).unwrap().join("0.0.h5");
+            assert!(src.exists(), "round {round}: tile outside generation {gen}");
+        }
+        eprintln!(
+            "writer found meta.json before accept_meta returned in {seen_early} of 150 rounds"
+        );
+    }
+
+    #[test]
+    fn incomplete_commit_has_its_own_errno() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("x.h5");
+        let p = Pending::new(dir.path());
+        p.create_file(file).unwrap();
+        p.accept_meta(file, "/u", &meta()).unwrap();
+        let e = p.commit(file).unwrap_err();
+        assert_eq!(e.errno, INCOMPLETE, "{e}");
+        assert!(
+            e.message.contains("x.h5") && e.message.contains("/u"),
+            "{e}"
+        );
+    }
+
+    /// fsync of a tile syncs its source and this daemon's range record.
+    #[test]
+    fn sync_tiles_syncs_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("x.h5");
+        let p = Pending::new(dir.path());
+        p.create_file(file).unwrap();
+        let m = meta();
+        p.accept_meta(file, "/u", &m).unwrap();
+        p.write_tile(file, "/u", &m, &[0, 1], 0, &[2u8; 16])
+            .unwrap();
+        p.sync_tiles(file, "/u", &m, &[vec![0, 1], vec![1, 1]])
+            .unwrap();
+        assert!(p.sync_tiles(file, "/nope", &m, &[vec![0, 0]]).is_err());
     }
 
     #[test]

@@ -203,6 +203,14 @@ pub fn create_tile_source(path: &Path, dtype: &str, shape: &[u64]) -> Result<u64
                 ),
                 "H5Pset_fill_time",
             )?;
+            // No modification times in the object header: every daemon then makes the
+            // same bytes for a (dtype, shape), so one that finds a tile source another
+            // daemon published learns its data offset by comparing headers (read with
+            // O_DIRECT), never by reading the file through its page cache.
+            check(
+                hdf5_sys::h5p::H5Pset_obj_track_times(dcpl.id(), 0),
+                "H5Pset_obj_track_times",
+            )?;
             let f = hid(
                 hdf5_sys::h5f::H5Fcreate(
                     name.as_ptr(),
@@ -542,6 +550,22 @@ pub fn delete_objects(path: &Path, base: &Path, names: &[String]) -> Result<()> 
                 "H5Fopen",
             )?;
             for n in names {
+                // Every prefix must exist (H5Lexists fails on a missing intermediate):
+                // a name another daemon already removed is ENOENT, not EIO.
+                let mut prefix = String::new();
+                for part in n.split('/').filter(|p| !p.is_empty()) {
+                    prefix.push('/');
+                    prefix.push_str(part);
+                    let c = cstr(&prefix)?;
+                    let r =
+                        hdf5_sys::h5l::H5Lexists(f.id(), c.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT);
+                    if r <= 0 {
+                        return Err(Error::not_found(format!(
+                            "{n} is not in {} (removed by another process or node)",
+                            base.display()
+                        )));
+                    }
+                }
                 let c = cstr(n)?;
                 check(
                     hdf5_sys::h5l::H5Ldelete(f.id(), c.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT),

@@ -87,7 +87,10 @@ impl Fs {
 
     fn register_buffer(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
         let mut req: RegisterBuffer = ioctl::decode(input)?;
-        if !matches!(self.handles.get(&fh).map(|h| h.clone()).as_deref(), Some(Handle::Control(_))) {
+        if !matches!(
+            self.handles.get(&fh).map(|h| h.clone()).as_deref(),
+            Some(Handle::Control(_))
+        ) {
             return Err(Error::new(
                 libc::ENOTTY,
                 "REGISTER_BUFFER goes to /.h5tilefs",

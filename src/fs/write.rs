@@ -20,6 +20,37 @@ impl Fs {
         if self.opts.read_only {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
         }
+        // After SIGTERM the backing file system was synced: a write accepted now could
+        // be lost with the node, so refuse it (reads are still served).
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(Error::new(
+                libc::EROFS,
+                "this h5tilefs daemon is shutting down (SIGTERM): writes are refused; \
+                 write through a running mount",
+            ));
+        }
+        Ok(())
+    }
+
+    /// fsync: a tile's (or `data`'s) written bytes and their written-range records are
+    /// durable when this returns. Other files have nothing to sync.
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let h = self.handle(fh)?;
+        if let Handle::PendingIo {
+            file,
+            path,
+            meta,
+            tile,
+            tiles,
+            ..
+        } = &*h
+        {
+            let idxs: Vec<Vec<u64>> = match tile {
+                Some(idx) => vec![idx.clone()],
+                None => tiles.values().map(|(idx, _)| idx.clone()).collect(),
+            };
+            self.pending.sync_tiles(file, path, meta, &idxs)?;
+        }
         Ok(())
     }
 
@@ -250,11 +281,12 @@ impl Fs {
                         tracing::info!(file = %file.display(), result = %v, "committed");
                         Ok(data.len() as u32)
                     }
-                    Err(e) if e.errno == libc::EBUSY => Err(e),
-                    Err(e) => Err(Error::new(
-                        libc::EIO,
-                        format!("commit of {} failed: {}", file.display(), e),
-                    )),
+                    // The errno stays what it was (ENOSPC, EBUSY, the incomplete
+                    // commit's ENODATA): a script can tell them apart.
+                    Err(e) => {
+                        tracing::warn!(file = %file.display(), error = %e, "commit failed");
+                        Err(e)
+                    }
                 }
             }
             _ => Err(Error::new(libc::EBADF, "not open for writing")),
@@ -405,23 +437,53 @@ impl Fs {
     }
 
     /// Deletes one dataset or group of a committed file: the file is rewritten (copy,
-    /// unlink, fsync, rename) so readers never see a half-edited file.
+    /// unlink, fsync, rename) so readers never see a half-edited file. Runs under the
+    /// file's lock in the backing directory and starts from the file as it is then, so
+    /// removals and commits through several daemons at once all land, one after another.
     fn remove_object(&self, file: &Path, path: &str) -> Result<()> {
         let abs = self.ns.abs(file)?;
+        let _lock = self.pending.lock_file(
+            file,
+            std::time::Duration::from_secs(REMOVE_LOCK_WAIT_S),
+            &format!("rmdir {path} in {}", file.display()),
+        )?;
         let stage = self.pending.stage_dir(file)?;
-        std::fs::create_dir_all(&stage).map_err(|e| Error::from_io("creating staging dir", e))?;
-        let tmp = stage.join("remove.tmp.h5");
-        crate::writer::delete_objects(&tmp, &abs, &[path.to_string()])?;
-        std::fs::rename(&tmp, &abs).map_err(|e| Error::from_io("renaming", e))?;
+        let tmp = stage.join(format!(
+            "remove.{}.{}.tmp.h5",
+            crate::durable::node_tag(),
+            crate::durable::unique()
+        ));
+        let done = crate::writer::delete_objects(&tmp, &abs, &[path.to_string()]).and_then(|()| {
+            std::fs::rename(&tmp, &abs)
+                .map_err(|e| Error::from_io(format!("renaming into {}", abs.display()), e))
+        });
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        crate::durable::fsync_dir(abs.parent().unwrap_or(Path::new("/")))?;
         self.ns.forget(file);
+        // The removed dataset's tile sources go; a generation a pending dataset of the
+        // same name (declared again, maybe through another daemon) writes to stays.
         let dir = abs.parent().unwrap_or(Path::new("/"));
-        let _ = std::fs::remove_dir_all(
-            dir.join(Pending::sources_rel(file)?)
-                .join(crate::pending::encode(path)),
-        );
+        let keep = self.pending.generation(file, path);
+        let srcs = dir
+            .join(Pending::sources_rel(file)?)
+            .join(crate::pending::encode(path));
+        if let Ok(rd) = std::fs::read_dir(&srcs) {
+            for e in rd.flatten() {
+                if keep.as_deref() != Some(&*e.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(&srcs);
         Ok(())
     }
 }
+
+/// How long a removal waits for a commit or another removal of the same file.
+const REMOVE_LOCK_WAIT_S: u64 = 120;
 
 fn chown(p: &Path, uid: u32, gid: u32) {
     let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));

@@ -171,7 +171,7 @@ def test_backing_full(small_fs):
     assert np.array_equal(h5read(e.b("keep.h5"), "k"), keep)
     assert rb(e.m("keep.h5", "k", "data")) == keep.tobytes()
     # the incomplete file's commit fails; .status says why, though the disk is full
-    assert commit_errno(e, "big.h5") == errno.EIO
+    assert commit_errno(e, "big.h5") == errno.ENODATA
     lc = last_commit(e, "big.h5")
     assert lc["ok"] is False and f"{written}.0 [(0, {MiB})]" in lc["error"], lc
     assert not os.path.exists(e.b("big.h5"))
@@ -192,7 +192,7 @@ def test_backing_full(small_fs):
         assert ex.errno == errno.ENOSPC
     finally:
         os.close(fd)
-    assert commit_errno(e, "big.h5") == errno.EIO
+    assert commit_errno(e, "big.h5") == errno.ENOSPC
     lc = last_commit(e, "big.h5")
     assert lc["ok"] is False and "No space left on device" in lc["error"], lc
     assert not os.path.exists(e.b("big.h5"))
@@ -347,7 +347,7 @@ def test_staged_tile_source_deleted(env):
     for i in (0, 2, 3):
         pwrite_all(os.path.join(dx, "tiles", str(i)), a[i * 1024:(i + 1) * 1024].tobytes())
     # the commit refuses and .status names the tile
-    assert commit_errno(env, "p.h5") == errno.EIO
+    assert commit_errno(env, "p.h5") == errno.ENODATA
     lc = last_commit(env, "p.h5")
     assert lc["ok"] is False and "/x: tile sources deleted outside h5tilefs: 1 " in lc["error"], lc
     assert not os.path.exists(env.b("p.h5"))

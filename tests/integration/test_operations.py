@@ -182,6 +182,79 @@ def test_sigterm_keeps_serving_open_files_then_exits(env):
     assert env.wait_gone(pid, 10), "daemon did not exit once the last file closed"
 
 
+def test_sigterm_refuses_writes_to_open_tiles(env):
+    """After SIGTERM synced the backing file system, a write through a tile still open
+    is refused (EROFS) rather than accepted and maybe lost with the node; reads of it
+    go on. Before, `draining` was never checked by writes."""
+    import errno
+    env.mount("--shutdown-grace", "20")
+    shape, tile = (8, 512), (4, 512)
+    a = np.random.default_rng(3).random(shape)
+    d = create(env.mnt, "dr.h5", "/v", shape, "<f8", tile)
+    write_tile(d, (0, 0), a[:4])
+    pid = env.stats()["pid"]
+    fd = os.open(os.path.join(d, "tiles", "1.0"), os.O_RDWR)
+    try:
+        os.pwrite(fd, a[4:6].tobytes(), 0)
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert env.alive(pid)
+        with pytest.raises(OSError) as ei:
+            os.pwrite(fd, a[6:8].tobytes(), 2 * 512 * 8)
+        assert ei.value.errno == errno.EROFS
+        assert os.pread(fd, 2 * 512 * 8, 0) == a[4:6].tobytes()
+    finally:
+        os.close(fd)
+    assert env.wait_gone(pid, 10)
+
+
+def _dirty_pages(path):
+    """Dirty page-cache pages of a file, by the cachestat(2) system call (Linux 6.5)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Range(ctypes.Structure):
+        _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+    class Stat(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in
+                    ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r, st = Range(0, 0), Stat()
+        if libc.syscall(451, fd, ctypes.byref(r), ctypes.byref(st), 0) != 0:
+            pytest.skip(f"no cachestat: errno {ctypes.get_errno()}")
+        return st.dirty + st.writeback
+    finally:
+        os.close(fd)
+
+
+def test_fsync_of_a_tile_reaches_the_backing_disk(env, monkeypatch):
+    """fsync of a tile returns only once the tile source and this daemon's range log
+    are on disk (no dirty or writeback pages left in the backing files). Before, fsync
+    returned at once and did nothing. Early writeback is off so only fsync can do it."""
+    monkeypatch.setenv("H5TILEFS_WRITEBACK_CHUNK", "0")
+    env.mount()
+    shape, tile = (4, 1 << 16), (4, 1 << 16)
+    a = np.random.default_rng(4).random(shape)
+    d = create(env.mnt, "fs.h5", "/v", shape, "<f8", tile)
+    fd = os.open(os.path.join(d, "tiles", "0.0"), os.O_RDWR)
+    try:
+        os.pwrite(fd, a.tobytes(), 0)
+        srcs = [os.path.join(r, f) for r, _, fs in os.walk(env.backing) for f in fs
+                if f.endswith(".h5") and "_h5tilefs_vds" in r]
+        logs = [os.path.join(r, f) for r, _, fs in os.walk(env.backing) for f in fs
+                if os.path.basename(r) == "ranges"]
+        assert srcs and logs, (srcs, logs)
+        assert sum(_dirty_pages(p) for p in srcs) > 0, "nothing dirty: test cannot tell"
+        os.fsync(fd)
+        for p in srcs + logs:
+            assert _dirty_pages(p) == 0, p
+    finally:
+        os.close(fd)
+
+
 def test_sigterm_during_writes_keeps_pending_tiles(env):
     """Tiles written before SIGTERM survive the restart and the commit completes."""
     env.mount()

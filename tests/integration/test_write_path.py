@@ -294,7 +294,7 @@ def test_bad_input(env):
     write_tile(d, (0,), np.zeros(4))
     with open(os.path.join(d, "tiles", "1"), "r+b") as f:
         f.write(b"\0" * 8)
-    assert _oserr(lambda: commit(m, "bad.h5")) == errno.EIO
+    assert _oserr(lambda: commit(m, "bad.h5")) == errno.ENODATA
     st = status(m, "bad.h5")
     assert st["last_commit"]["ok"] is False
     assert "1 [(8, 32)]" in st["last_commit"]["error"] and "2 [(0, 16)]" in st["last_commit"]["error"]

@@ -1,0 +1,255 @@
+//! Durable, atomic changes to shared state in the backing directory.
+//!
+//! Several daemons (one per node) change the same files in a shared backing directory.
+//! Every state file is therefore written under a name no other thread or node can pick
+//! (`node_tag`), fsync-ed, renamed into place and its directory fsync-ed, and every
+//! transition of a file's shared state runs under that file's `flock` (`FileLock`),
+//! which NFS, GlusterFS and Lustre honour across clients.
+
+use crate::error::{Error, Result};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A tag no other daemon shares: host name, process id and start time. Threads of one
+/// daemon add `unique()`.
+pub fn node_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        let host: String = host
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!("{host}-{}-{nanos:x}", std::process::id())
+    })
+}
+
+/// A number unique within this daemon.
+pub fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |e| Error::from_io(what, e)
+}
+
+/// fsyncs a directory, so that a rename or a new name in it survives a crash.
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    let f = std::fs::File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+    match f.sync_all() {
+        Ok(()) => Ok(()),
+        // Some file systems refuse fsync on a directory; their renames are synchronous.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        Err(e) => Err(Error::from_io(format!("fsync {}", dir.display()), e)),
+    }
+}
+
+/// Replaces `path` with `data` atomically and durably: a temporary with a node-unique
+/// name, fsync, rename, fsync of the directory. Readers see the old or the new bytes.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", node_tag(), unique()));
+    let write = |tmp: &Path| -> Result<()> {
+        let mut f =
+            std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        f.write_all(data)
+            .map_err(io(format!("writing {}", tmp.display())))?;
+        f.sync_all()
+            .map_err(io(format!("fsync {}", tmp.display())))?;
+        std::fs::rename(tmp, path).map_err(io(format!("renaming {}", path.display())))
+    };
+    let r = write(&tmp);
+    if r.is_err() {
+        // e.g. ENOSPC: leave no half-written temporary behind
+        let _ = std::fs::remove_file(&tmp);
+        return r;
+    }
+    fsync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Creates `path` with `data` only if no file of that name exists; returns false when
+/// another writer (thread or node) made it first. The file appears whole (made under a
+/// temporary name, fsync-ed, then `link`ed, which fails on an existing name).
+pub fn create_exclusive(path: &Path, data: &[u8]) -> Result<bool> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", node_tag(), unique()));
+    let made = (|| -> Result<bool> {
+        let mut f =
+            std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        f.write_all(data)
+            .map_err(io(format!("writing {}", tmp.display())))?;
+        f.sync_all()
+            .map_err(io(format!("fsync {}", tmp.display())))?;
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::from_io(format!("publishing {}", path.display()), e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    if made? {
+        fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// An exclusive `flock` on a file's lock file in the backing directory, held until
+/// dropped (or the daemon dies: the kernel releases it).
+pub struct FileLock {
+    _f: std::fs::File,
+}
+
+impl FileLock {
+    fn open(path: &Path) -> Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(io(format!("opening lock {}", path.display())))
+    }
+
+    fn try_flock(f: &std::fs::File) -> std::io::Result<bool> {
+        // SAFETY: flock on an fd owned by `f`, which outlives the call.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// Takes the lock now, or returns None if another holder has it.
+    pub fn try_lock(path: &Path) -> Result<Option<FileLock>> {
+        let f = Self::open(path)?;
+        match Self::try_flock(&f) {
+            Ok(true) => Ok(Some(FileLock { _f: f })),
+            Ok(false) => Ok(None),
+            Err(e) => Err(Error::from_io(format!("flock {}", path.display()), e)),
+        }
+    }
+
+    /// Waits up to `limit` for the lock (polling, so a request thread never blocks
+    /// forever on a lock a hung node holds); EBUSY after that.
+    pub fn lock(path: &Path, limit: Duration, what: &str) -> Result<FileLock> {
+        let f = Self::open(path)?;
+        let t0 = Instant::now();
+        let mut wait = Duration::from_millis(1);
+        loop {
+            match Self::try_flock(&f) {
+                Ok(true) => return Ok(FileLock { _f: f }),
+                Ok(false) if t0.elapsed() < limit => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(50));
+                }
+                Ok(false) => {
+                    return Err(Error::new(
+                        libc::EBUSY,
+                        format!(
+                            "{what}: {} is held by a commit or removal that has run for over {} s; retry later",
+                            path.display(),
+                            limit.as_secs()
+                        ),
+                    ))
+                }
+                Err(e) => return Err(Error::from_io(format!("flock {}", path.display()), e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_leaves_no_temporary_and_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn temporary_names_differ_between_threads_and_calls() {
+        // Two writers of one file at once never share a temporary (they did when the
+        // name was pid + thread id: two nodes can have equal pids and thread ids).
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x");
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let p = &p;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        write_atomic(p, &[i; 4096]).unwrap();
+                    }
+                });
+            }
+        });
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!(b.len(), 4096);
+        assert!(b.iter().all(|&x| x == b[0]), "torn state file");
+    }
+
+    #[test]
+    fn create_exclusive_has_one_winner() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gen");
+        let wins: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8u8)
+                .map(|i| {
+                    let p = &p;
+                    s.spawn(move || create_exclusive(p, &[b'a' + i]).unwrap() as usize)
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(wins, 1);
+        assert_eq!(std::fs::read(&p).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn lock_excludes_and_times_out() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("commit.lock");
+        let held = FileLock::try_lock(&p).unwrap().unwrap();
+        assert!(FileLock::try_lock(&p).unwrap().is_none());
+        let e = FileLock::lock(&p, Duration::from_millis(30), "rmdir")
+            .err()
+            .unwrap();
+        assert_eq!(e.errno, libc::EBUSY);
+        drop(held);
+        assert!(FileLock::lock(&p, Duration::from_millis(30), "rmdir").is_ok());
+    }
+}
