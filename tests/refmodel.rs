@@ -25,6 +25,11 @@ const MAX_HANDLES: usize = 4;
 /// is preallocated with zeros). True models that behaviour so the sequences can go on
 /// finding other divergences; set it to false once the core is fixed.
 const UNWRITTEN_READS_ZERO: bool = true;
+/// Known divergence (see `bug_open_pending_handle_misses_tiles_written_later`): a
+/// read handle on a pending `data` or tile keeps the tile sources that existed when it
+/// was opened; a tile first written after the open reads as the fill value through it.
+/// True models that behaviour; set it to false once the core is fixed.
+const OPEN_HANDLES_MISS_NEW_TILES: bool = true;
 
 // ---------------------------------------------------------------------------------
 // Dataset descriptions
@@ -168,7 +173,11 @@ struct PendingDs {
     /// Tiles that have a source file (made by the first open for writing).
     sourced: Vec<bool>,
     any_write: bool,
+    /// Distinguishes declarations (a dataset removed and declared again is another).
+    epoch: u64,
 }
+
+static EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl PendingDs {
     fn new(spec: Spec) -> Self {
@@ -180,6 +189,7 @@ impl PendingDs {
             written: vec![false; n],
             sourced: vec![false; t],
             any_write: false,
+            epoch: EPOCH.fetch_add(1, Ordering::Relaxed),
         }
     }
     /// What `data` reads: written bytes, the fill value elsewhere (docs/namespace.md,
@@ -444,6 +454,12 @@ struct OldHandle {
     fh: u64,
     expect: Vec<u8>,
     what: String,
+    /// A handle on a pending dataset: it shows the dataset's current bytes for as long
+    /// as that declaration (file, name, epoch) stays pending; unchecked afterwards.
+    live: Option<(&'static str, &'static str, u64, Target)>,
+    /// Tiles that had a source file when the handle was opened (see
+    /// [`OPEN_HANDLES_MISS_NEW_TILES`]).
+    sourced_at_open: Vec<bool>,
 }
 
 struct Sut {
@@ -458,6 +474,8 @@ struct Sut {
     last_ok: bool,
     /// See [`UNWRITTEN_READS_ZERO`].
     unwritten_zero: bool,
+    /// See [`OPEN_HANDLES_MISS_NEW_TILES`].
+    open_misses_new_tiles: bool,
 }
 
 fn opts() -> FsOptions {
@@ -578,6 +596,7 @@ impl Sut {
             log: Vec::new(),
             last_ok: false,
             unwritten_zero: UNWRITTEN_READS_ZERO,
+            open_misses_new_tiles: OPEN_HANDLES_MISS_NEW_TILES,
         }
     }
 
@@ -885,7 +904,7 @@ impl Sut {
                 })();
                 let want = match self.model.file(f) {
                     Err(e) => Err(e),
-                    Ok(fm) if fm.nodes.values().any(|p| !p.complete()) => Err(libc::EIO),
+                    Ok(fm) if fm.nodes.values().any(|p| !p.complete()) => Err(libc::ENODATA),
                     Ok(_) => Ok(()),
                 };
                 same(&format!("commit {f}"), &got, &want)?;
@@ -1038,13 +1057,13 @@ impl Sut {
             }
             Op::Open { core, at, target } => {
                 let (f, d) = self.pick(at);
-                // Old handles are kept on committed datasets only: a pending dataset's
-                // bytes change by design while it is open.
-                if self.handles.len() >= MAX_HANDLES
-                    || matches!(self.model.ds(f, d), Ok(Ds::Pending(_)))
-                {
+                if self.handles.len() >= MAX_HANDLES {
                     return Ok(());
                 }
+                let (live, sourced_at_open) = match self.model.ds(f, d) {
+                    Ok(Ds::Pending(p)) => (Some((f, d, p.epoch, target)), p.sourced.clone()),
+                    _ => (None, Vec::new()),
+                };
                 let fs = &self.cores[core as usize];
                 let (path, want) = self.expected(f, d, target);
                 let what = format!("open {}", path.join("/"));
@@ -1071,6 +1090,8 @@ impl Sut {
                         fh,
                         expect: now,
                         what,
+                        live,
+                        sourced_at_open,
                     });
                 }
             }
@@ -1080,6 +1101,39 @@ impl Sut {
                 }
                 let h = &self.handles[k as usize % self.handles.len()];
                 let got = read_all(&self.cores[h.core], h.fh);
+                if let Some((f, d, epoch, target)) = h.live {
+                    match self.model.ds(f, d) {
+                        Ok(Ds::Pending(p)) if p.epoch == epoch => {}
+                        _ => return Ok(()),
+                    }
+                    let what = format!("{} (still open)", h.what);
+                    let got = got.map_err(|e| format!("{what}: {}", ename(e)))?;
+                    if self.open_misses_new_tiles {
+                        let mut m = Model::default();
+                        let mut fm = self.model.files.get(f).cloned().unwrap_or_default();
+                        if let Some(p) = fm.nodes.get_mut(d) {
+                            // Tiles made after the open read as the fill value.
+                            for (t, was) in h.sourced_at_open.iter().enumerate() {
+                                if !was {
+                                    for e in p.spec.tile_elems(t) {
+                                        let is = p.spec.dt.size();
+                                        p.written[e * is..(e + 1) * is].fill(false);
+                                    }
+                                    p.sourced[t] = false;
+                                }
+                            }
+                        }
+                        m.files.insert(f.to_string(), fm);
+                        let frozen = std::mem::replace(&mut self.model, m);
+                        let r = self.compare(&what, f, d, target, &got);
+                        self.model = frozen;
+                        r?;
+                    } else {
+                        self.compare(&what, f, d, target, &got)?;
+                    }
+                    self.last_ok = true;
+                    return Ok(());
+                }
                 if got.as_ref() != Ok(&h.expect) {
                     return Err(format!(
                         "old handle ({}): read {}, not the bytes it showed when opened",
@@ -1229,8 +1283,13 @@ fn run(ops: &[Op]) -> Result<(), String> {
 }
 
 fn run_with(ops: &[Op], unwritten_zero: bool) -> Result<(), String> {
+    run_opts(ops, unwritten_zero, OPEN_HANDLES_MISS_NEW_TILES)
+}
+
+fn run_opts(ops: &[Op], unwritten_zero: bool, open_misses: bool) -> Result<(), String> {
     let mut s = Sut::new();
     s.unwritten_zero = unwritten_zero;
+    s.open_misses_new_tiles = open_misses;
     for (i, op) in ops.iter().enumerate() {
         s.step(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
         if s.last_ok {
@@ -1557,7 +1616,7 @@ fn commit_until_ok(fs: &Fs, file: &str) -> Result<BTreeMap<i32, usize>, String> 
         })();
         match r {
             Ok(()) => return Ok(seen),
-            Err(e) if [libc::EIO, libc::ENODATA, libc::EBUSY].contains(&e) => {
+            Err(e) if [libc::ENODATA, libc::EBUSY].contains(&e) => {
                 *seen.entry(e).or_default() += 1;
             }
             Err(e) => return Err(format!("commit of {file}: {}", ename(e))),
@@ -1740,4 +1799,45 @@ fn threads_write_tiles_while_removals_and_commits_race() {
 
 fn fi_of(fs: &Fs, file: &str) -> u64 {
     resolve(fs, &[file]).expect("file lookup")
+}
+
+/// docs/namespace.md: "Pending tiles read back what was written". A read handle on a
+/// pending `data` (or tile) opened before a tile's first write keeps reading the fill
+/// value for that tile, even after the write went through the same core: the handle's
+/// model (`Fs::pending_view` with `create = false`) maps only the tile sources that
+/// existed at open. `cat`, `dd` and Python readers that keep `data` open see stale fill.
+/// Minimal sequence found by `reference_model`: declare `[1]` of `|u1` (fill 1), open
+/// `data` for reading, write tile 0, read through the open handle: 1, not the byte
+/// written.
+#[test]
+#[ignore = "known divergence: a pending data handle does not see tiles first written after its open"]
+fn bug_open_pending_handle_misses_tiles_written_later() {
+    let ops = vec![
+        Op::CreateFile { core: 0, file: 0 },
+        Op::Declare {
+            core: 0,
+            file: 0,
+            ds: 0,
+            spec: Spec {
+                dt: Dt::U8,
+                shape: vec![1],
+                tile: vec![2],
+                fill: 1,
+            },
+        },
+        Op::Open {
+            core: 0,
+            at: Pick::Raw(0, 0),
+            target: Target::Data,
+        },
+        Op::WriteTile {
+            core: 0,
+            at: Pick::Raw(0, 0),
+            tile: 0,
+            piece: None,
+            seed: 0,
+        },
+        Op::ReadOld { k: 0 },
+    ];
+    run_opts(&ops, UNWRITTEN_READS_ZERO, false).unwrap();
 }
