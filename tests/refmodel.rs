@@ -758,6 +758,31 @@ impl Sut {
             && !matches!(self.model.ds(f, d), Ok(Ds::Committed(_)))
     }
 
+    /// Whether `got`, read through a stale dentry at `path`, is what the committed
+    /// dataset `f/d` shows that a pending one of the same name hides (a file replaced
+    /// behind a pending dataset): the cached committed node still reaches it.
+    fn shadowed_matches(&self, f: &str, d: &str, path: &[String], got: &[u8]) -> bool {
+        let Some(fm) = self.model.files.get(f) else {
+            return false;
+        };
+        let Some(c) = fm.committed.as_ref().and_then(|c| c.get(d)) else {
+            return false;
+        };
+        if !fm.nodes.contains_key(d) {
+            return false;
+        }
+        match path.get(2).map(String::as_str) {
+            Some("data") => got == c.bytes.as_slice(),
+            Some("meta.json") => check_meta("", got, &Ds::Committed(c)).is_ok(),
+            Some("tiles") => path.get(3).is_some_and(|name| {
+                (0..c.spec.ntiles())
+                    .find(|t| c.spec.tile_name(*t) == *name)
+                    .is_some_and(|t| c.spec.tile_bytes(&c.bytes, t) == got)
+            }),
+            _ => false,
+        }
+    }
+
     fn pick(&self, at: Pick) -> (&'static str, &'static str) {
         let mut all = Vec::new();
         let mut pending = Vec::new();
@@ -1145,7 +1170,9 @@ impl Sut {
                 let want = or_stale(stale, &got, want);
                 match (&got, &want) {
                     (Ok((all, off, win)), Ok(_)) => {
-                        self.compare(&what, f, d, target, all)?;
+                        if !(stale && self.shadowed_matches(f, d, &path, all)) {
+                            self.compare(&what, f, d, target, all)?;
+                        }
                         self.last_ok = true;
                         let end = (off + win.len()).min(all.len());
                         if win.as_slice() != &all[*off..end] {
@@ -1221,7 +1248,10 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if let (Ok(fh), Ok(expect)) = (got, want) {
                     let now = read_all(fs, fh).map_err(|e| format!("{what}: read {}", ename(e)))?;
-                    if let Target::Meta = target {
+                    let shadowed = stale && self.shadowed_matches(f, d, &path, &now);
+                    let live = if shadowed { None } else { live };
+                    if shadowed {
+                    } else if let Target::Meta = target {
                         let dsm = self.model.ds(f, d).map_err(|_| "gone".to_string())?;
                         check_meta(&what, &now, &dsm)?;
                     } else if now != expect {
@@ -1470,7 +1500,7 @@ fn cases() -> u32 {
     std::env::var("REFMODEL_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
+        .unwrap_or(600)
 }
 
 #[test]
