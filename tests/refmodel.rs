@@ -1895,25 +1895,25 @@ fn threads_write_tiles_while_removals_and_commits_race() {
         b.release(fh);
         let w_full = bytes(round as u8, 88, w_spec.nbytes());
         let barrier = std::sync::Barrier::new(4);
-        let results: Vec<Result<String, String>> = std::thread::scope(|s| {
+        let results: Vec<Result<BTreeMap<i32, usize>, String>> = std::thread::scope(|s| {
             let (a, b, barrier, w_full, w_spec) = (&a, &b, &barrier, &w_full, &w_spec);
             let writer = |fs: &'static str, parity: usize| {
-                move || -> Result<String, String> {
+                move || -> Result<BTreeMap<i32, usize>, String> {
                     let core = if fs == "a" { a } else { b };
                     barrier.wait();
                     for t in (parity..w_spec.ntiles()).step_by(2) {
                         write_tile_in_halves(core, f, "w", w_spec, w_full, t);
                     }
-                    commit_until_ok(core, f).map(|e| format!("{e:?}"))
+                    commit_until_ok(core, f)
                 }
             };
             let remover = |fs: &'static str, name: &'static str| {
-                move || -> Result<String, String> {
+                move || -> Result<BTreeMap<i32, usize>, String> {
                     let core = if fs == "a" { a } else { b };
                     let fi = resolve(core, &[f]).map_err(ename)?;
                     barrier.wait();
                     core.rmdir(fi, name)
-                        .map(|_| String::new())
+                        .map(|_| BTreeMap::new())
                         .map_err(|e| format!("rmdir {name} through core {fs}: {e}"))
                 }
             };
@@ -1927,16 +1927,9 @@ fn threads_write_tiles_while_removals_and_commits_race() {
                 .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
                 .collect()
         });
-        for r in &results[..2] {
-            if let Ok(e) = r {
-                // "{EIO: 3, ...}": count the retries by errno
-                for part in e.trim_matches(|c| c == '{' || c == '}').split(", ") {
-                    if let Some((k, v)) = part.split_once(": ") {
-                        if let (Ok(k), Ok(v)) = (k.parse::<i32>(), v.parse::<usize>()) {
-                            *retried.entry(k).or_default() += v;
-                        }
-                    }
-                }
+        for seen in results.iter().flatten() {
+            for (e, n) in seen {
+                *retried.entry(*e).or_default() += n;
             }
         }
         let mut problems: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
