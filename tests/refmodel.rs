@@ -2131,3 +2131,92 @@ fn bug_stale_data_dentry_of_a_dataset_made_pending_again() {
     )
     .unwrap();
 }
+
+/// Every rank declares the dataset (the `to_file` pattern: each writes the same
+/// `meta.json`) and writes its own tiles: four threads on two cores, started together.
+/// `mkdir` may answer EEXIST (another rank made the node first) and nothing else may
+/// fail; the committed dataset must hold every rank's bytes. This is where a tile
+/// source generation published after `meta.json` showed: a rank that saw the accepted
+/// meta before the generation failed its tile writes.
+#[test]
+fn ranks_declaring_one_dataset_through_two_cores() {
+    let rounds: usize = std::env::var("REFMODEL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let spec = Spec {
+        dt: Dt::I32,
+        shape: vec![8, 6],
+        tile: vec![2, 3],
+        fill: 0,
+    };
+    let mut failures = Vec::new();
+    for round in 0..rounds {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let a = Core::new(tmp.path(), false);
+        let b = Core::new(tmp.path(), false);
+        let f = "f.h5";
+        a.mkdir(ROOT_INO, f, 0o755, 0, 0).expect("mkdir file");
+        let full = bytes(round as u8, 55, spec.nbytes());
+        let barrier = std::sync::Barrier::new(4);
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|rank| {
+                    let core = if rank % 2 == 0 { &a } else { &b };
+                    let (barrier, spec, full) = (&barrier, &spec, &full);
+                    s.spawn(move || -> Result<(), String> {
+                        let fi = resolve(core, &[f]).map_err(ename)?;
+                        barrier.wait();
+                        match core.mkdir(fi, "w", 0o755, 0, 0) {
+                            Ok(_) => {}
+                            Err(e) if e.errno == libc::EEXIST => {}
+                            Err(e) => return Err(format!("rank {rank}: mkdir w: {e}")),
+                        }
+                        let wi = resolve(core, &[f, "w"])
+                            .map_err(|e| format!("rank {rank}: lookup w: {}", ename(e)))?;
+                        // open(O_CREAT): the existing meta.json, else a new one
+                        let fh = match core.lookup(wi, "meta.json") {
+                            Ok(m) => core.open(m.ino, true, &Caller::DAEMON).map(|h| h.0),
+                            Err(_) => core.create(wi, "meta.json").map(|h| h.1),
+                        }
+                        .map_err(|e| format!("rank {rank}: open meta.json: {e}"))?;
+                        let w = core.write(fh, 0, &spec.meta_json());
+                        let fl = core.flush(fh);
+                        core.release(fh);
+                        w.map_err(|e| format!("rank {rank}: write meta.json: {e}"))?;
+                        fl.map_err(|e| format!("rank {rank}: close meta.json: {e}"))?;
+                        for t in (rank..spec.ntiles()).step_by(4) {
+                            let bytes = spec.tile_bytes(full, t);
+                            let r = resolve(core, &[f, "w", "tiles", &spec.tile_name(t)])
+                                .and_then(|ino| errno(core.open(ino, true, &Caller::DAEMON)))
+                                .and_then(|(fh, _, _)| {
+                                    let w = errno(core.write(fh, 0, &bytes));
+                                    core.release(fh);
+                                    w
+                                });
+                            r.map_err(|e| format!("rank {rank}: write tile {t}: {}", ename(e)))?;
+                        }
+                        commit_until_ok(core, f).map(|_| ())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                .collect()
+        });
+        let mut problems: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
+        let got: Option<Vec<u8>> = hdf5::File::open(tmp.path().join(f))
+            .and_then(|h| h.dataset("w"))
+            .and_then(|d| d.read_raw::<i32>())
+            .ok()
+            .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        if got.as_deref() != Some(full.as_slice()) {
+            problems.push("committed w does not hold every rank's bytes".into());
+        }
+        if !problems.is_empty() {
+            failures.push(format!("round {round}: {}", problems.join("; ")));
+        }
+    }
+    eprintln!("ranks: {rounds} rounds, {} diverged", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
