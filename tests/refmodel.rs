@@ -1823,8 +1823,8 @@ fn commit_until_ok(fs: &Core, file: &str) -> Result<BTreeMap<i32, usize>, String
             }
             Err(e) => return Err(format!("commit of {file}: {}", ename(e))),
         }
-        if t0.elapsed() > std::time::Duration::from_secs(60) {
-            return Err(format!("commit of {file}: no success in 60 s ({seen:?})"));
+        if t0.elapsed() > std::time::Duration::from_secs(15) {
+            return Err(format!("commit of {file}: no success in 15 s ({seen:?})"));
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
@@ -2143,7 +2143,7 @@ fn ranks_declaring_one_dataset_through_two_cores() {
     let rounds: usize = std::env::var("REFMODEL_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(12);
+        .unwrap_or(24);
     let spec = Spec {
         dt: Dt::I32,
         shape: vec![8, 6],
