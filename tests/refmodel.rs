@@ -364,6 +364,19 @@ enum Op {
         core: u8,
         file: u8,
     },
+    /// `.status` of a file: pending datasets, their tile counts and incomplete tiles
+    /// (the union of every core's range logs).
+    Status {
+        core: u8,
+        file: u8,
+    },
+    /// truncate(2) of `data` or a tile: to 0, to its size, or to another size.
+    Truncate {
+        core: u8,
+        at: Pick,
+        target: Target,
+        size: u8,
+    },
     Open {
         core: u8,
         at: Pick,
@@ -408,6 +421,13 @@ fn target_strategy() -> impl Strategy<Value = Target> {
     ]
 }
 
+fn wpick_t() -> impl Strategy<Value = Pick> {
+    prop_oneof![
+        4 => any::<u8>().prop_map(Pick::Pending),
+        1 => any::<u8>().prop_map(Pick::Any),
+    ]
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     let core = 0u8..CORES as u8;
     let file = 0u8..FILES.len() as u8;
@@ -443,6 +463,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         6 => (core.clone(), rpick.clone(), target_strategy(), (any::<u16>(), any::<u16>()))
             .prop_map(|(core, at, target, window)| Op::Read { core, at, target, window }),
         1 => (core.clone(), file.clone()).prop_map(|(core, file)| Op::List { core, file }),
+        2 => (core.clone(), file.clone()).prop_map(|(core, file)| Op::Status { core, file }),
+        1 => (core.clone(), wpick_t(), target_strategy(), any::<u8>())
+            .prop_map(|(core, at, target, size)| Op::Truncate { core, at, target, size }),
         2 => (core.clone(), rpick, target_strategy())
             .prop_map(|(core, at, target)| Op::Open { core, at, target }),
         2 => any::<u8>().prop_map(|k| Op::ReadOld { k }),
@@ -1184,6 +1207,83 @@ impl Sut {
                     _ => same(&what, &got.map(|_| ()), &want.map(|_| ()))?,
                 }
             }
+            Op::Status { core, file } => {
+                let f = FILES[file as usize];
+                let fs = &self.cores[core as usize];
+                let got = (|| {
+                    let ino = resolve(fs, &[f, ".status"])?;
+                    let (fh, _, _) = errno(fs.open(ino, false, &Caller::DAEMON))?;
+                    let b = read_all(fs, fh);
+                    fs.release(fh);
+                    b
+                })();
+                let want = self.model.file(f).map(|fm| {
+                    fm.nodes
+                        .iter()
+                        .map(|(n, p)| {
+                            let incomplete = (0..p.spec.ntiles())
+                                .filter(|t| {
+                                    let is = p.spec.dt.size();
+                                    p.spec
+                                        .tile_elems(*t)
+                                        .iter()
+                                        .any(|e| p.written[e * is..(e + 1) * is].contains(&false))
+                                })
+                                .count();
+                            (format!("/{n}"), (p.spec.ntiles(), incomplete))
+                        })
+                        .collect::<BTreeMap<String, (usize, usize)>>()
+                });
+                let got = got.and_then(|b| {
+                    let v: serde_json::Value = serde_json::from_slice(&b).map_err(|_| -1)?;
+                    let ds = v.get("datasets").and_then(|d| d.as_object()).ok_or(-1)?;
+                    Ok(ds
+                        .iter()
+                        .map(|(k, d)| {
+                            let n = |key: &str| {
+                                d.get(key).and_then(|x| x.as_u64()).unwrap_or(u64::MAX) as usize
+                            };
+                            (k.clone(), (n("tiles"), n("missing")))
+                        })
+                        .collect::<BTreeMap<String, (usize, usize)>>())
+                });
+                same(&format!("{f}/.status (tiles, missing)"), &got, &want)?;
+                self.last_ok = got.is_ok();
+            }
+            Op::Truncate {
+                core,
+                at,
+                target,
+                size,
+            } => {
+                let (f, d) = self.pick(at);
+                let target = match target {
+                    Target::Meta => Target::Data,
+                    t => t,
+                };
+                let fs = &self.cores[core as usize];
+                let (path, full) = self.expected(f, d, target);
+                let len = full.as_ref().map(|b| b.len()).unwrap_or(0);
+                let to = match size % 3 {
+                    0 => 0,
+                    1 => len,
+                    _ => len + 1 + size as usize,
+                };
+                let stale = self.stale_leaf(core, f, d, &path);
+                let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+                let got = resolve(fs, &refs)
+                    .and_then(|ino| errno(fs.setattr_size(ino, to as u64)))
+                    .map(|a| a.size as usize);
+                let want = match self.model.ds(f, d) {
+                    Err(e) => Err(e),
+                    Ok(Ds::Committed(_)) => Err(libc::EPERM),
+                    Ok(Ds::Pending(_)) if to == 0 || to == len => Ok(len),
+                    Ok(Ds::Pending(_)) => Err(libc::EINVAL),
+                };
+                let want = or_stale(stale, &got, want);
+                same(&format!("truncate {} to {to}", path.join("/")), &got, &want)?;
+                self.last_ok = got.is_ok();
+            }
             Op::List { core, file } => {
                 let f = FILES[file as usize];
                 let fs = &self.cores[core as usize];
@@ -1448,6 +1548,8 @@ fn op_kind(op: &Op) -> &'static str {
         Op::Replace { .. } => "replace",
         Op::Read { .. } => "read",
         Op::List { .. } => "list",
+        Op::Status { .. } => "status",
+        Op::Truncate { .. } => "truncate",
         Op::Open { .. } => "open",
         Op::ReadOld { .. } => "read_old",
         Op::Close { .. } => "close",
