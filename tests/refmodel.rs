@@ -290,6 +290,88 @@ enum Target {
     /// Tile number modulo the tile count.
     Tile(u16),
     Meta,
+    /// `slice/SEL` of a committed dataset: up to three items (more than the rank is an
+    /// error), each `(kind, a, b, c)`: kind 0 the index `a`, else `a:b:c` with the parts
+    /// present by the bits of `kind - 1` (1 start, 2 stop, 4 step).
+    Slice([(u8, i8, i8, i8); 3], u8),
+}
+
+/// The name of a selection and, on a dataset of `shape`, the element numbers it selects
+/// in C order (NumPy basic slicing, docs/namespace.md "Slices"); ENOENT when invalid.
+fn slice_sel(items: &[(u8, i8, i8, i8)], shape: &[u64]) -> (String, Result<Vec<usize>, i32>) {
+    let name = items
+        .iter()
+        .map(|&(kind, a, b, c)| {
+            if kind == 0 {
+                return a.to_string();
+            }
+            let m = kind - 1;
+            let part = |bit: u8, v: i8| {
+                if m & bit != 0 {
+                    v.to_string()
+                } else {
+                    String::new()
+                }
+            };
+            let mut t = format!("{}:{}", part(1, a), part(2, b));
+            if m & 4 != 0 {
+                t.push_str(&format!(":{c}"));
+            }
+            t
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    if items.len() > shape.len() {
+        return (name, Err(libc::ENOENT));
+    }
+    let mut per_dim: Vec<Vec<u64>> = Vec::new();
+    for (d, &n) in shape.iter().enumerate() {
+        let n = n as i64;
+        let Some(&(kind, a, b, c)) = items.get(d) else {
+            per_dim.push((0..n as u64).collect());
+            continue;
+        };
+        if kind == 0 {
+            let i = if a < 0 { a as i64 + n } else { a as i64 };
+            if !(0..n).contains(&i) {
+                return (name, Err(libc::ENOENT));
+            }
+            per_dim.push(vec![i as u64]);
+            continue;
+        }
+        let m = kind - 1;
+        let step = if m & 4 != 0 { c as i64 } else { 1 };
+        if step <= 0 {
+            return (name, Err(libc::ENOENT));
+        }
+        let clip = |v: i8| {
+            let v = v as i64;
+            if v < 0 {
+                (v + n).max(0)
+            } else {
+                v.min(n)
+            }
+        };
+        let start = if m & 1 != 0 { clip(a) } else { 0 };
+        let stop = if m & 2 != 0 { clip(b) } else { n };
+        per_dim.push(
+            (start..stop.max(start))
+                .step_by(step as usize)
+                .map(|i| i as u64)
+                .collect(),
+        );
+    }
+    let mut out = vec![0usize];
+    for (d, idx) in per_dim.iter().enumerate() {
+        let mut next = Vec::with_capacity(out.len() * idx.len());
+        for base in &out {
+            for i in idx {
+                next.push(base * shape[d] as usize + *i as usize);
+            }
+        }
+        out = next;
+    }
+    (name, Ok(out))
 }
 
 /// Which dataset an operation names, resolved against the model when it runs (so
@@ -414,10 +496,18 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
 }
 
 fn target_strategy() -> impl Strategy<Value = Target> {
+    let item = (
+        0u8..=8,
+        -9i8..=9,
+        -9i8..=9,
+        prop_oneof![1 => -1i8..=0, 6 => 1i8..=4],
+    );
     prop_oneof![
         2 => Just(Target::Data),
         2 => any::<u16>().prop_map(Target::Tile),
         1 => Just(Target::Meta),
+        2 => (prop::array::uniform3(item), prop_oneof![6 => 1u8..=2, 1 => Just(3u8)])
+            .prop_map(|(items, n)| Target::Slice(items, n)),
     ]
 }
 
@@ -1258,7 +1348,7 @@ impl Sut {
             } => {
                 let (f, d) = self.pick(at);
                 let target = match target {
-                    Target::Meta => Target::Data,
+                    Target::Meta | Target::Slice(..) => Target::Data,
                     t => t,
                 };
                 let fs = &self.cores[core as usize];
@@ -1452,16 +1542,32 @@ impl Sut {
                 path.push("tiles".into());
                 path.push(spec.map(|s| s.tile_name(t(s, n))).unwrap_or("0".into()));
             }
+            Target::Slice(items, n) => {
+                path.push("slice".into());
+                let shape = spec.map(|s| s.shape.clone()).unwrap_or_default();
+                path.push(slice_sel(&items[..n as usize], &shape).0);
+            }
         }
         let full = match &ds {
             Ok(Ds::Pending(p)) => Ok(p.view(self.unwritten_zero)),
             Ok(Ds::Committed(c)) => Ok(c.bytes.clone()),
             Err(e) => Err(*e),
         };
-        let want = full.map(|full| match (target, spec) {
-            (Target::Data, _) => full,
-            (Target::Tile(n), Some(s)) => s.tile_bytes(&full, t(s, n)),
-            _ => Vec::new(),
+        let want = full.and_then(|full| match (target, spec) {
+            (Target::Data, _) => Ok(full),
+            (Target::Tile(n), Some(s)) => Ok(s.tile_bytes(&full, t(s, n))),
+            // slice/ is a view of committed datasets only
+            (Target::Slice(..), _) if matches!(ds, Ok(Ds::Pending(_))) => Err(libc::ENOENT),
+            (Target::Slice(items, n), Some(s)) => {
+                let is = s.dt.size();
+                slice_sel(&items[..n as usize], &s.shape).1.map(|elems| {
+                    elems
+                        .iter()
+                        .flat_map(|e| full[e * is..(e + 1) * is].iter().copied())
+                        .collect()
+                })
+            }
+            _ => Ok(Vec::new()),
         });
         (path, want)
     }
@@ -1546,6 +1652,10 @@ fn op_kind(op: &Op) -> &'static str {
         Op::RmFile { .. } => "rm_file",
         Op::Commit { .. } => "commit",
         Op::Replace { .. } => "replace",
+        Op::Read {
+            target: Target::Slice(..),
+            ..
+        } => "read_slice",
         Op::Read { .. } => "read",
         Op::List { .. } => "list",
         Op::Status { .. } => "status",
