@@ -2492,3 +2492,108 @@ fn bug_rmdir_of_a_pending_group_with_a_dataset_inside() {
         }
     }
 }
+
+/// A commit through core a races `rmdir` of a complete pending dataset `p` of the same
+/// file through core b (the rmdir starts a little later each round, 0 to 6 ms, to sweep
+/// the commit's phases). Serial orders both end without `p` (commit then rmdir removes
+/// the committed `p`), so: if the rmdir succeeded, `p` must be absent from the file; if
+/// `p` is there, it must hold its bytes (never the fill value of deleted tile sources).
+/// Now: `Pending::remove_node` takes no lock, so an rmdir that lands after the commit
+/// checked and fsynced the tile sources deletes them under it; both return success and
+/// the committed `p` reads as its fill value (2 of 24 rounds in one run, 2 of 48 in
+/// another, the rmdir 2.25 to 4 ms after the commit started, on a loaded 2-vCPU VM).
+/// Most other rounds the commit fails instead
+/// (`ENOENT`: a source it was fsyncing was deleted), which a retry fixes.
+#[test]
+#[ignore = "known divergence: rmdir of a pending dataset during a commit loses its bytes (both succeed)"]
+fn bug_commit_races_rmdir_of_a_pending_dataset() {
+    let rounds: usize = std::env::var("REFMODEL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let spec = Spec {
+        dt: Dt::I32,
+        shape: vec![8, 8],
+        tile: vec![2, 2],
+        fill: 5,
+    };
+    let mut failures = Vec::new();
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for round in 0..rounds {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let a = Core::new(tmp.path(), false);
+        let b = Core::new(tmp.path(), false);
+        let f = "f.h5";
+        a.mkdir(ROOT_INO, f, 0o755, 0, 0).expect("mkdir file");
+        let fi = resolve(&a, &[f]).expect("file");
+        let mut data = BTreeMap::new();
+        for name in ["c", "p"] {
+            let n = a.mkdir(fi, name, 0o755, 0, 0).expect("mkdir");
+            let (_, fh) = a.create(n.ino, "meta.json").expect("create meta");
+            a.write(fh, 0, &spec.meta_json()).expect("meta");
+            a.release(fh);
+            let full = bytes(round as u8, name.len() + 3, spec.nbytes());
+            for t in 0..spec.ntiles() {
+                write_tile_in_halves(&a, f, name, &spec, &full, t);
+            }
+            data.insert(name, full);
+            if name == "c" {
+                commit_until_ok(&a, f).expect("commit c");
+            }
+        }
+        let barrier = std::sync::Barrier::new(2);
+        let delay = std::time::Duration::from_micros(250 * (round as u64 % 24));
+        let (commit, rmdir) = std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                barrier.wait();
+                let ino = resolve(&a, &[f, ".commit"])?;
+                let (fh, _, _) = errno(a.open(ino, true, &Caller::DAEMON))?;
+                let w = errno(a.write(fh, 0, b"1"));
+                a.release(fh);
+                w.map(|_| ())
+            });
+            let r = s.spawn(|| {
+                let fi = resolve(&b, &[f])?;
+                barrier.wait();
+                std::thread::sleep(delay);
+                errno(b.rmdir(fi, "p"))
+            });
+            (c.join().unwrap_or(Err(-1)), r.join().unwrap_or(Err(-1)))
+        });
+        let h = hdf5::File::open(tmp.path().join(f));
+        let p: Option<Result<Vec<u8>, String>> = match &h {
+            Ok(h) => match h.dataset("p") {
+                Err(_) => None,
+                Ok(d) => Some(
+                    d.read_raw::<i32>()
+                        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                        .map_err(|e| e.to_string()),
+                ),
+            },
+            Err(e) => Some(Err(format!("open f.h5: {e}"))),
+        };
+        let outcome = format!(
+            "commit {}, rmdir {}, p {}",
+            commit.map(|_| "ok".into()).unwrap_or_else(ename),
+            rmdir.map(|_| "ok".into()).unwrap_or_else(ename),
+            match &p {
+                None => "absent",
+                Some(Ok(b)) if b == &data["p"] => "intact",
+                Some(Ok(_)) => "WRONG BYTES",
+                Some(Err(_)) => "UNREADABLE",
+            }
+        );
+        *outcomes.entry(outcome.clone()).or_default() += 1;
+        let bad = match (&rmdir, &p) {
+            (_, Some(Err(_))) => true,
+            (_, Some(Ok(b))) if b != &data["p"] => true,
+            (Ok(()), Some(_)) => true,
+            _ => false,
+        };
+        if bad {
+            failures.push(format!("round {round} (rmdir {delay:?} later): {outcome}"));
+        }
+    }
+    eprintln!("commit vs rmdir: {rounds} rounds, outcomes {outcomes:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
