@@ -2495,22 +2495,39 @@ fn bug_rmdir_of_a_pending_group_with_a_dataset_inside() {
 
 /// A commit through core a races `rmdir` of a complete pending dataset `p` of the same
 /// file through core b (the rmdir starts a little later each round, 0 to 6 ms, to sweep
-/// the commit's phases). Serial orders both end without `p` (commit then rmdir removes
+/// the commit's phases; a race: how often it shows depends on the machine's load). Serial orders both end without `p` (commit then rmdir removes
 /// the committed `p`), so: if the rmdir succeeded, `p` must be absent from the file; if
 /// `p` is there, it must hold its bytes (never the fill value of deleted tile sources).
 /// Now: `Pending::remove_node` takes no lock, so an rmdir that lands after the commit
 /// checked and fsynced the tile sources deletes them under it; both return success and
-/// the committed `p` reads as its fill value (2 of 24 rounds in one run, 2 of 48 in
-/// another, the rmdir 2.25 to 4 ms after the commit started, on a loaded 2-vCPU VM).
-/// Most other rounds the commit fails instead
+/// the committed `p` reads as its fill value: 24 of 96 rounds run alone on the 2-vCPU
+/// VM (2 of them with the rmdir failing `ENOENT` after deleting the sources: the commit
+/// had moved the node away), 0 to 2 of 48 while other tests ran. Most other rounds the
+/// commit fails instead
 /// (`ENOENT`: a source it was fsyncing was deleted), which a retry fixes.
 #[test]
 #[ignore = "known divergence: rmdir of a pending dataset during a commit loses its bytes (both succeed)"]
 fn bug_commit_races_rmdir_of_a_pending_dataset() {
+    commit_race(false);
+}
+
+/// As above, with `rmdir` of the whole file (`rm -r` of its directory) through core b:
+/// if that succeeded, the file must be gone afterwards. `Fs::remove_file` takes no lock
+/// either: in 26 of 96 rounds (run alone) both succeeded and the commit's rename made
+/// the file again after its removal, its new dataset reading as the fill value (the tile
+/// sources were deleted with the file).
+#[test]
+#[ignore = "known divergence: a file removed during its commit comes back, its bytes lost"]
+fn bug_commit_races_rmdir_of_the_file() {
+    commit_race(true);
+}
+
+/// Commit through core a, racing a removal through core b (see the two tests above).
+fn commit_race(whole_file: bool) {
     let rounds: usize = std::env::var("REFMODEL_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(48);
+        .unwrap_or(96);
     let spec = Spec {
         dt: Dt::I32,
         shape: vec![8, 8],
@@ -2542,7 +2559,7 @@ fn bug_commit_races_rmdir_of_a_pending_dataset() {
             }
         }
         let barrier = std::sync::Barrier::new(2);
-        let delay = std::time::Duration::from_micros(250 * (round as u64 % 24));
+        let delay = std::time::Duration::from_micros(125 * (round as u64 % 48));
         let (commit, rmdir) = std::thread::scope(|s| {
             let c = s.spawn(|| {
                 barrier.wait();
@@ -2556,7 +2573,11 @@ fn bug_commit_races_rmdir_of_a_pending_dataset() {
                 let fi = resolve(&b, &[f])?;
                 barrier.wait();
                 std::thread::sleep(delay);
-                errno(b.rmdir(fi, "p"))
+                if whole_file {
+                    errno(b.rmdir(ROOT_INO, f))
+                } else {
+                    errno(b.rmdir(fi, "p"))
+                }
             });
             (c.join().unwrap_or(Err(-1)), r.join().unwrap_or(Err(-1)))
         });
@@ -2570,11 +2591,13 @@ fn bug_commit_races_rmdir_of_a_pending_dataset() {
                         .map_err(|e| e.to_string()),
                 ),
             },
+            Err(_) if whole_file && !tmp.path().join(f).exists() => None,
             Err(e) => Some(Err(format!("open f.h5: {e}"))),
         };
         let outcome = format!(
-            "commit {}, rmdir {}, p {}",
+            "commit {}, rmdir{} {}, p {}",
             commit.map(|_| "ok".into()).unwrap_or_else(ename),
+            if whole_file { " of the file" } else { "" },
             rmdir.map(|_| "ok".into()).unwrap_or_else(ename),
             match &p {
                 None => "absent",
@@ -2584,8 +2607,10 @@ fn bug_commit_races_rmdir_of_a_pending_dataset() {
             }
         );
         *outcomes.entry(outcome.clone()).or_default() += 1;
+        let file_back = whole_file && tmp.path().join(f).exists();
         let bad = match (&rmdir, &p) {
-            (_, Some(Err(_))) => true,
+            (Ok(()), _) if file_back => true,
+            (_, Some(Err(_))) if !whole_file => true,
             (_, Some(Ok(b))) if b != &data["p"] => true,
             (Ok(()), Some(_)) => true,
             _ => false,
@@ -2594,6 +2619,6 @@ fn bug_commit_races_rmdir_of_a_pending_dataset() {
             failures.push(format!("round {round} (rmdir {delay:?} later): {outcome}"));
         }
     }
-    eprintln!("commit vs rmdir: {rounds} rounds, outcomes {outcomes:?}");
+    eprintln!("commit vs rmdir (whole file: {whole_file}): {rounds} rounds, outcomes {outcomes:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
