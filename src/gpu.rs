@@ -4,14 +4,15 @@
 //! host staging plus a copy for decoded and fill runs.
 
 use crate::error::{Error, Result};
-use crate::extent::{Extent, Src};
+use crate::extent::{BackingFile, Extent, Src};
+use crate::h5file::Ident;
 use cudarc::cufile::sys as cf;
 use cudarc::driver::sys as cu;
-use dashmap::DashMap;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::{Arc, OnceLock, Weak};
 
 /// `--gpu`: `auto` loads CUDA if it is there, `off` never touches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,7 +51,7 @@ fn piece_bounds(start: u64, len: u64, piece: u64) -> Vec<(u64, u64)> {
 #[derive(Clone, Copy)]
 struct SendHandle(cf::CUfileHandle_t);
 // SAFETY: cuFile handles are usable from any thread; the handle outlives the scoped
-// threads of the transfer that uses it (it lives in `Loaded::files`).
+// threads of the transfer that uses it (the transfer holds its `Arc<CuFile>`).
 unsafe impl Send for SendHandle {}
 // SAFETY: as above.
 unsafe impl Sync for SendHandle {}
@@ -74,20 +75,82 @@ fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
     }
 }
 
-/// A device mapping of a client's allocation.
-#[derive(Clone)]
+/// A device mapping of a client's allocation. Unmapped (cuFile buffer deregistered, IPC
+/// handle closed) when the last `Arc` goes: UNREGISTER or the close of the control file
+/// drops the registration's reference, and a READ_TO_GPU in flight holds its own, so the
+/// mapping outlives every transfer into it.
 pub struct Mapping {
     pub device: i32,
     /// Base of the client's allocation in this process (from cuIpcOpenMemHandle).
     pub base: u64,
     pub alloc_size: u64,
-    pub registered_with_cufile: bool,
+    release: Release,
 }
 
-/// A cuFile handle on one backing file.
+/// What dropping a [`Mapping`] releases.
+enum Release {
+    /// A real mapping: the retained primary context it was opened in, and whether the
+    /// allocation was registered with cuFile.
+    Cuda { ctx: usize, cufile: bool },
+    /// Unit tests: counts drops, so tests can see when the unmap would happen.
+    #[cfg(test)]
+    Probe(Arc<std::sync::atomic::AtomicUsize>),
+}
+
+impl Mapping {
+    /// A mapping that maps nothing and counts its drop in `drops` (unit tests).
+    #[cfg(test)]
+    pub fn probe(alloc_size: u64, drops: Arc<std::sync::atomic::AtomicUsize>) -> Mapping {
+        Mapping {
+            device: 0,
+            base: 0,
+            alloc_size,
+            release: Release::Probe(drops),
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        match &self.release {
+            Release::Cuda { ctx, cufile } => {
+                // SAFETY: ctx is a primary context retained for the daemon's lifetime; base
+                // came from cuIpcOpenMemHandle in it and is released here, once, after
+                // the last transfer that used it (they hold an Arc to this mapping).
+                unsafe {
+                    if cu::cuCtxSetCurrent(*ctx as cu::CUcontext) != cu::CUresult::CUDA_SUCCESS {
+                        tracing::warn!(
+                            base = self.base,
+                            "cannot bind the context to unmap a GPU buffer"
+                        );
+                        return;
+                    }
+                    if *cufile {
+                        cf::cuFileBufDeregister(self.base as *const _);
+                    }
+                    let r = cu::cuIpcCloseMemHandle(self.base);
+                    if r != cu::CUresult::CUDA_SUCCESS {
+                        tracing::warn!(base = self.base, ?r, "cuIpcCloseMemHandle failed");
+                    }
+                }
+            }
+            #[cfg(test)]
+            Release::Probe(n) => {
+                n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// A cuFile handle on one version of one backing inode, registered on a descriptor of its
+/// own (reopened through `/proc/self/fd` from the descriptor the extents read, so it names
+/// the same inode even once the path names another file). The last `Arc` to go
+/// deregisters it and closes the descriptor: a transfer holds its `Arc` for its duration,
+/// so eviction or revalidation never deregisters a handle under a read.
 struct CuFile {
-    _file: std::fs::File,
     handle: cf::CUfileHandle_t,
+    /// Closed after the handle is deregistered (fields drop after `Drop::drop`).
+    _file: std::fs::File,
 }
 
 // SAFETY: a CUfileHandle_t is an opaque token usable from any thread (cuFile is
@@ -96,13 +159,204 @@ unsafe impl Send for CuFile {}
 // SAFETY: as above.
 unsafe impl Sync for CuFile {}
 
+impl Drop for CuFile {
+    fn drop(&mut self) {
+        // SAFETY: the handle was registered once and no transfer uses it any more (each
+        // holds an Arc to this struct); the descriptor is still open here.
+        unsafe { cf::cuFileHandleDeregister(self.handle) };
+    }
+}
+
+/// Cached cuFile handles kept at most (each holds a descriptor and cuFile state).
+const MAX_CUFILE_HANDLES: usize = 64;
+
+/// One entry of an [`IdentCache`]: the identity the value was built from, the value (or
+/// why it could not be built), the backing file it serves (the entry goes with it), and
+/// when it was last used.
+struct IdentEntry<H, O> {
+    ident: Ident,
+    value: std::result::Result<Arc<H>, String>,
+    owner: Weak<O>,
+    used: u64,
+}
+
+/// Values built per version of a backing inode: keyed by (dev, ino), revalidated against
+/// the full identity (size, mtime, ctime) at every lookup, so a file rewritten in place
+/// gets a new value and a replaced one (another inode) never shares an old one. Refusals
+/// are remembered the same way. Bounded: least recently used entries, entries whose
+/// backing file is gone, and entries of changed identities are dropped. Values are
+/// `Arc`s handed out to users: dropping an entry never frees a value still in use. No
+/// lock is held while a value is built or dropped (both may do I/O).
+struct IdentCache<H, O> {
+    inner: Mutex<IdentMap<H, O>>,
+    cap: usize,
+}
+
+/// The entries of an [`IdentCache`] by (dev, ino), and the clock of their last use.
+struct IdentMap<H, O> {
+    map: HashMap<(u64, u64), IdentEntry<H, O>>,
+    tick: u64,
+}
+
+impl<H, O> IdentCache<H, O> {
+    fn new(cap: usize) -> Self {
+        IdentCache {
+            inner: Mutex::new(IdentMap {
+                map: HashMap::new(),
+                tick: 0,
+            }),
+            cap: cap.max(1),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.inner.lock().map.len()
+    }
+
+    /// The value for this version of the inode, built with `make` on a miss or when the
+    /// cached one was built from another version. A remembered refusal of the same
+    /// version comes back as `Err` without calling `make`.
+    fn get(
+        &self,
+        ident: Ident,
+        owner: &Arc<O>,
+        make: impl FnOnce() -> std::result::Result<H, String>,
+    ) -> std::result::Result<Arc<H>, String> {
+        let key = (ident.dev, ident.ino);
+        let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
+        {
+            let mut g = self.inner.lock();
+            let IdentMap { map, tick } = &mut *g;
+            *tick += 1;
+            let now = *tick;
+            if let Some(e) = map.get_mut(&key) {
+                if e.ident == ident {
+                    e.used = now;
+                    if e.owner.strong_count() == 0 {
+                        e.owner = Arc::downgrade(owner);
+                    }
+                    return e.value.clone();
+                }
+                if let Some(old) = map.remove(&key) {
+                    dropped.push(old);
+                }
+            }
+        }
+        drop(dropped);
+        let value = make().map(Arc::new);
+        let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
+        let out = {
+            let mut g = self.inner.lock();
+            let IdentMap { map, tick } = &mut *g;
+            *tick += 1;
+            let now = *tick;
+            // Another thread may have built the same version meanwhile: keep one.
+            let out = match map.get_mut(&key) {
+                Some(e) if e.ident == ident => {
+                    e.used = now;
+                    e.value.clone()
+                }
+                _ => {
+                    let e = IdentEntry {
+                        ident,
+                        value: value.clone(),
+                        owner: Arc::downgrade(owner),
+                        used: now,
+                    };
+                    if let Some(old) = map.insert(key, e) {
+                        dropped.push(old);
+                    }
+                    value
+                }
+            };
+            // Entries whose backing file is gone serve nobody; then the least recently
+            // used ones beyond the cap.
+            let gone: Vec<_> = map
+                .iter()
+                .filter(|(k, e)| **k != key && e.owner.strong_count() == 0)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in gone {
+                dropped.extend(map.remove(&k));
+            }
+            while map.len() > self.cap {
+                let Some(k) = map
+                    .iter()
+                    .filter(|(k, _)| **k != key)
+                    .min_by_key(|(_, e)| e.used)
+                    .map(|(k, _)| *k)
+                else {
+                    break;
+                };
+                dropped.extend(map.remove(&k));
+            }
+            out
+        };
+        drop(dropped);
+        out
+    }
+}
+
+/// A new descriptor on the inode behind `file` (not on whatever its path names now).
+fn reopen(file: &std::fs::File, direct: bool) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// Registers cuFile on a descriptor of its own for the inode behind `bf.file`: reopened
+/// through `/proc/self/fd` (the same inode even after a rename or an unlink), with
+/// O_DIRECT where the file system allows it so GPUDirect Storage can DMA, else without
+/// (cuFile's compatibility mode).
+fn register_cufile(bf: &BackingFile, ident: Ident) -> std::result::Result<CuFile, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut errs = Vec::new();
+    for direct in [true, false] {
+        let how = if direct { " (O_DIRECT)" } else { "" };
+        let file = match reopen(&bf.file, direct) {
+            Ok(f) => f,
+            Err(e) => {
+                errs.push(format!("reopening{how}: {e}"));
+                continue;
+            }
+        };
+        match file.metadata() {
+            Ok(m) if m.dev() == ident.dev && m.ino() == ident.ino => {}
+            Ok(_) => return Err("its reopened descriptor names another inode".into()),
+            Err(e) => return Err(format!("stat of its reopened descriptor: {e}")),
+        }
+        let mut descr = cf::CUfileDescr_t {
+            type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+            handle: cf::CUfileDescr_t__bindgen_ty_1 {
+                fd: file.as_raw_fd(),
+            },
+            fs_ops: std::ptr::null(),
+        };
+        let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
+        // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle (both
+        // live in the CuFile made below, whose Drop deregisters before the fd closes).
+        let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
+        if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
+            tracing::debug!(file = %bf.path.display(), ino = ident.ino, size = ident.size, direct, "cuFile handle registered");
+            return Ok(CuFile {
+                handle: h,
+                _file: file,
+            });
+        }
+        errs.push(format!("cuFileHandleRegister{how}: {:?}", e.err));
+    }
+    Err(errs.join("; "))
+}
+
 struct Loaded {
     /// Primary context per device ordinal.
     ctxs: Mutex<Vec<(i32, usize)>>,
     cufile: bool,
-    files: DashMap<PathBuf, CuFile>,
-    /// Files cuFile would not register; their bytes are staged.
-    refused: DashMap<PathBuf, ()>,
+    /// cuFile handles (or refusals) per version of a backing inode.
+    files: IdentCache<CuFile, BackingFile>,
     /// Pinned host staging buffers of STAGE_BYTES (addresses), reused across transfers.
     pinned: Mutex<Vec<usize>>,
 }
@@ -150,8 +404,7 @@ impl Gpu {
             Ok(Loaded {
                 ctxs: Mutex::new(Vec::new()),
                 cufile,
-                files: DashMap::new(),
-                refused: DashMap::new(),
+                files: IdentCache::new(MAX_CUFILE_HANDLES),
                 pinned: Mutex::new(Vec::new()),
             })
         });
@@ -164,16 +417,19 @@ impl Gpu {
             GpuMode::Off => serde_json::json!({"mode": "off"}),
             GpuMode::Auto => match self.state.get() {
                 None => serde_json::json!({"mode": "auto", "loaded": false}),
-                Some(Ok(l)) => {
-                    serde_json::json!({"mode": "auto", "loaded": true, "cufile": l.cufile})
-                }
+                Some(Ok(l)) => serde_json::json!({
+                    "mode": "auto",
+                    "loaded": true,
+                    "cufile": l.cufile,
+                    "cufile_handles": l.files.len(),
+                }),
                 Some(Err(e)) => serde_json::json!({"mode": "auto", "loaded": false, "error": e}),
             },
         }
     }
 
-    /// Makes the device's primary context current on this thread.
-    fn bind(&self, l: &Loaded, device: i32) -> Result<()> {
+    /// Makes the device's primary context current on this thread; returns it.
+    fn bind(&self, l: &Loaded, device: i32) -> Result<usize> {
         let ctx = {
             let mut ctxs = l.ctxs.lock();
             match ctxs.iter().find(|(d, _)| *d == device) {
@@ -200,20 +456,21 @@ impl Gpu {
         cu_ok(
             unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) },
             "cuCtxSetCurrent",
-        )
+        )?;
+        Ok(ctx)
     }
 
-    /// Maps a client's allocation from its IPC handle.
+    /// Maps a client's allocation from its IPC handle; dropping the mapping unmaps it.
     pub fn map(&self, device: i32, handle: &[u8; 64], alloc_size: u64) -> Result<Mapping> {
         let l = self.loaded()?;
-        self.bind(l, device)?;
+        let ctx = self.bind(l, device)?;
         let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
         for (d, s) in h.reserved.iter_mut().zip(handle) {
             *d = *s as std::ffi::c_char;
         }
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: h is a handle the client obtained from cuIpcGetMemHandle; on success
-        // the mapping is closed in `unmap`.
+        // the mapping is closed when the `Mapping` made below is dropped.
         let r = unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, 1) };
         if r != cu::CUresult::CUDA_SUCCESS {
             return Err(Error::invalid(format!(
@@ -230,88 +487,24 @@ impl Gpu {
             device,
             base: ptr,
             alloc_size,
-            registered_with_cufile: registered,
+            release: Release::Cuda {
+                ctx,
+                cufile: registered,
+            },
         })
     }
 
-    pub fn unmap(&self, m: &Mapping) {
-        let Ok(l) = self.loaded() else {
-            return;
-        };
-        if self.bind(l, m.device).is_err() {
-            return;
-        }
-        // SAFETY: m.base came from cuIpcOpenMemHandle and is released once.
-        unsafe {
-            if m.registered_with_cufile {
-                cf::cuFileBufDeregister(m.base as *const _);
-            }
-            cu::cuIpcCloseMemHandle(m.base);
-        }
-    }
-
-    fn cufile_handle(&self, l: &Loaded, path: &Path) -> Result<cf::CUfileHandle_t> {
-        if let Some(f) = l.files.get(path) {
-            return Ok(f.handle);
-        }
-        if l.refused.contains_key(path) {
-            return Err(Error::io("cuFile refused this file before"));
-        }
-        // O_DIRECT lets GPUDirect Storage DMA straight from storage; cuFile's
-        // compatibility mode may refuse it on some file systems: then a plain fd.
-        let register =
-            |file: &std::fs::File| -> std::result::Result<cf::CUfileHandle_t, cf::CUfileOpError> {
-                let mut descr = cf::CUfileDescr_t {
-                    type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
-                    handle: cf::CUfileDescr_t__bindgen_ty_1 {
-                        fd: file.as_raw_fd(),
-                    },
-                    fs_ops: std::ptr::null(),
-                };
-                let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
-                // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle
-                // (both are stored together).
-                let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
-                if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
-                    Ok(h)
-                } else {
-                    Err(e.err)
-                }
-            };
-        let open = |direct: bool| {
-            let mut o = std::fs::OpenOptions::new();
-            o.read(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            o.open(path)
-        };
-        let mut last = None;
-        let mut found = None;
-        for direct in [true, false] {
-            let Ok(file) = open(direct) else {
-                continue;
-            };
-            match register(&file) {
-                Ok(h) => {
-                    found = Some((file, h));
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some((file, handle)) = found else {
-            l.refused.insert(path.to_path_buf(), ());
-            return Err(Error::io(format!("cuFileHandleRegister: {last:?}")));
-        };
-        l.files.insert(
-            path.to_path_buf(),
-            CuFile {
-                _file: file,
-                handle,
-            },
-        );
-        Ok(handle)
+    /// The cuFile handle for the current version of `bf`, the descriptor the extent map
+    /// reads (not its path, which may name another inode by now).
+    fn cufile_handle(&self, l: &Loaded, bf: &Arc<BackingFile>) -> Result<Arc<CuFile>> {
+        let meta = bf
+            .file
+            .metadata()
+            .map_err(|e| Error::from_io(format!("stat {}", bf.path.display()), e))?;
+        let ident = Ident::of(&meta);
+        l.files
+            .get(ident, bf, || register_cufile(bf, ident))
+            .map_err(|e| Error::io(format!("cuFile cannot read {}: {e}", bf.path.display())))
     }
 
     fn take_pinned(&self, l: &Loaded) -> Result<usize> {
@@ -431,6 +624,9 @@ impl Gpu {
             }
             let mut used = [false; 2];
             let mut turn = 0usize;
+            // cuFile handles of this transfer, one lookup (and revalidation) per backing
+            // file; each Arc keeps its handle registered until the transfer ends.
+            let mut handles: Vec<(*const BackingFile, Option<Arc<CuFile>>)> = Vec::new();
             let (w0, w1) = window;
             let (mut direct, mut staged) = (0u64, 0u64);
             for e in extents {
@@ -440,16 +636,25 @@ impl Gpu {
                 }
                 let dev = m.base + buf_offset + (s - w0);
                 let handle = match (&e.src, e.is_contiguous(), l.cufile) {
-                    (Src::File { file, .. }, true, true) => match self.cufile_handle(l, &file.path)
-                    {
-                        Ok(h) => Some(h),
-                        Err(err) => {
-                            // cuFile refuses some files (no GDS and no usable
-                            // compatibility mode): those bytes take the staged path.
-                            tracing::debug!(file = %file.path.display(), %err, "cuFile unavailable for this file; staging");
-                            None
+                    (Src::File { file, .. }, true, true) => {
+                        let key = Arc::as_ptr(file);
+                        match handles.iter().find(|(k, _)| *k == key) {
+                            Some((_, h)) => h.clone(),
+                            None => {
+                                let h = match self.cufile_handle(l, file) {
+                                    Ok(h) => Some(h),
+                                    Err(err) => {
+                                        // cuFile refuses some files (no GDS and no usable
+                                        // compatibility mode): those bytes take the staged path.
+                                        tracing::debug!(%err, "cuFile unavailable; staging");
+                                        None
+                                    }
+                                };
+                                handles.push((key, h.clone()));
+                                h
+                            }
                         }
-                    },
+                    }
                     _ => None,
                 };
                 if let (Src::File { offset, .. }, Some(h)) = (&e.src, handle) {
@@ -460,10 +665,12 @@ impl Gpu {
                         unsafe { cu::cuStreamSynchronize(stream) },
                         "cuStreamSynchronize",
                     )?;
+                    // `h` (an Arc) stays alive across the read: the handle cannot be
+                    // deregistered under it.
                     self.direct_read(
                         l,
                         m,
-                        SendHandle(h),
+                        SendHandle(h.handle),
                         offset + (s - e.dst),
                         dev - m.base,
                         t - s,
@@ -530,11 +737,127 @@ impl Gpu {
     }
 }
 
-use std::os::unix::fs::OpenOptionsExt;
-
 #[cfg(test)]
 mod tests {
-    use super::piece_bounds;
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    /// A cached value that counts its drops (a cuFile handle deregisters in its Drop).
+    struct Probe(Arc<AtomicUsize>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    fn ident(ino: u64, size: u64, mtime_ns: i128) -> Ident {
+        Ident {
+            dev: 1,
+            ino,
+            size,
+            mtime_ns,
+            ctime_ns: mtime_ns,
+        }
+    }
+
+    #[test]
+    fn handle_cache_is_keyed_and_revalidated_by_identity() {
+        let c: IdentCache<Probe, ()> = IdentCache::new(8);
+        let owner = Arc::new(());
+        let (made, drops) = (AtomicUsize::new(0), Arc::new(AtomicUsize::new(0)));
+        let get = |id: Ident| {
+            c.get(id, &owner, || {
+                made.fetch_add(1, SeqCst);
+                Ok(Probe(drops.clone()))
+            })
+            .unwrap()
+        };
+        let v1 = get(ident(10, 100, 1));
+        let again = get(ident(10, 100, 1));
+        assert!(Arc::ptr_eq(&v1, &again), "same version: one handle");
+        assert_eq!(made.load(SeqCst), 1);
+        // Rewritten in place: same inode, new size or mtime or ctime -> a new handle.
+        let v2 = get(ident(10, 100, 2));
+        assert!(!Arc::ptr_eq(&v1, &v2));
+        assert_eq!(made.load(SeqCst), 2);
+        // The old handle left the cache but is still held (a transfer in flight).
+        assert_eq!(drops.load(SeqCst), 0);
+        drop((v1, again));
+        assert_eq!(drops.load(SeqCst), 1, "dropped once its last user is done");
+        let mut v3 = ident(10, 100, 2);
+        v3.ctime_ns = 3;
+        let v3 = get(v3);
+        assert!(!Arc::ptr_eq(&v2, &v3), "a ctime change alone revalidates");
+        // Another inode (the path replaced by rename) never shares a handle.
+        let other = get(ident(11, 100, 2));
+        assert!(!Arc::ptr_eq(&v3, &other));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn handle_cache_remembers_refusals_per_version() {
+        let c: IdentCache<Probe, ()> = IdentCache::new(8);
+        let owner = Arc::new(());
+        let tries = AtomicUsize::new(0);
+        let get = |id: Ident| {
+            c.get(id, &owner, || {
+                tries.fetch_add(1, SeqCst);
+                Err("refused".to_string())
+            })
+        };
+        assert!(get(ident(5, 1, 1)).is_err());
+        assert!(get(ident(5, 1, 1)).is_err());
+        assert_eq!(tries.load(SeqCst), 1, "a refusal is remembered");
+        assert!(get(ident(5, 2, 1)).is_err());
+        assert_eq!(tries.load(SeqCst), 2, "a new version is tried again");
+    }
+
+    #[test]
+    fn handle_cache_is_bounded_and_forgets_dead_files() {
+        let c: IdentCache<Probe, ()> = IdentCache::new(3);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let keep = Arc::new(());
+        let make = || Ok(Probe(drops.clone()));
+        let held = c.get(ident(1, 1, 1), &keep, make).unwrap();
+        for ino in 2..=4 {
+            c.get(ident(ino, 1, 1), &keep, make).unwrap();
+        }
+        assert_eq!(c.len(), 3, "capped");
+        // ino 1 was least recently used: evicted, but alive while held.
+        assert_eq!(drops.load(SeqCst), 0);
+        drop(held);
+        assert_eq!(drops.load(SeqCst), 1);
+        // The backing file of an entry goes: the entry goes at the next lookup.
+        let gone = Arc::new(());
+        c.get(ident(9, 1, 1), &gone, make).unwrap();
+        drop(gone);
+        c.get(ident(2, 1, 1), &keep, make).unwrap();
+        assert!(!c.inner.lock().map.contains_key(&(1, 9)));
+    }
+
+    #[test]
+    fn reopen_reads_the_inode_not_the_path() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.h5");
+        std::fs::write(&p, b"first").unwrap();
+        let old = std::fs::File::open(&p).unwrap();
+        let q = dir.path().join("b.h5");
+        std::fs::write(&q, b"second").unwrap();
+        std::fs::rename(&q, &p).unwrap();
+        let mut got = String::new();
+        reopen(&old, false)
+            .unwrap()
+            .read_to_string(&mut got)
+            .unwrap();
+        assert_eq!(
+            got, "first",
+            "the version the extents read, not the new file"
+        );
+        let new = Ident::of(&std::fs::metadata(&p).unwrap());
+        let was = Ident::of(&old.metadata().unwrap());
+        assert_ne!((new.dev, new.ino), (was.dev, was.ino));
+    }
 
     #[test]
     fn pieces_cover_the_run_and_cut_at_aligned_buffer_offsets() {

@@ -7,6 +7,7 @@ use crate::gpu::Mapping;
 use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer};
 use crate::model::flatten;
 use crate::selection::Hyperslab;
+use std::sync::Arc;
 
 /// One registered client buffer.
 pub struct Registration {
@@ -14,7 +15,10 @@ pub struct Registration {
     pub owner: u32,
     /// Control-file handle it was made on; closing it releases the registration.
     pub ctl_fh: u64,
-    pub mapping: Option<Mapping>,
+    /// Shared with the transfers in flight: removing the registration (UNREGISTER, close
+    /// of the control file) drops this reference, and the mapping is unmapped when the
+    /// last transfer into it ends.
+    pub mapping: Option<Arc<Mapping>>,
     /// The buffer inside the mapped allocation.
     pub offset: u64,
     pub length: u64,
@@ -116,7 +120,7 @@ impl Fs {
             Registration {
                 owner: tgid(pid),
                 ctl_fh: fh,
-                mapping: Some(mapping),
+                mapping: Some(Arc::new(mapping)),
                 offset: req.offset,
                 length: req.length,
             },
@@ -125,7 +129,8 @@ impl Fs {
         Ok(ioctl::encode(&req))
     }
 
-    /// Drops a registration of `owner`; the daemon closes the IPC mapping.
+    /// Drops a registration of `owner`. The IPC mapping is closed once no READ_TO_GPU
+    /// still writes into it (a read in flight finishes first, into a live mapping).
     pub fn unregister_buffer(&self, owner: u32, id: u64) -> Result<()> {
         match self.buffers.get(&id).map(|r| r.owner) {
             None => return Err(Error::not_found(format!("no buffer {id}"))),
@@ -137,11 +142,9 @@ impl Fs {
             }
             _ => {}
         }
-        if let Some((_, r)) = self.buffers.remove(&id) {
-            if let Some(m) = &r.mapping {
-                self.gpu.unmap(m);
-            }
-        }
+        // Dropped here, outside the map's guard: may unmap (CUDA calls).
+        let removed = self.buffers.remove(&id);
+        drop(removed);
         Ok(())
     }
 
@@ -154,19 +157,41 @@ impl Fs {
             .map(|r| *r.key())
             .collect();
         for id in ids {
-            if let Some((_, r)) = self.buffers.remove(&id) {
-                if let Some(m) = &r.mapping {
-                    self.gpu.unmap(m);
-                }
-            }
+            // As in unregister_buffer: transfers in flight keep their mapping alive.
+            let removed = self.buffers.remove(&id);
+            drop(removed);
         }
     }
 
     fn read_to_gpu(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
         let mut req: ReadToGpu = ioctl::decode(input)?;
-        let (model, sel) = self.handle_view(fh)?;
+        let (model, sel) = {
+            let h = self.handle(fh)?;
+            match &*h {
+                // As read(): a file rewritten in place while open no longer matches the
+                // extents planned from it; its bytes would be read at the old offsets.
+                Handle::View {
+                    _file: f, model, ..
+                } if f.modified_in_place() => {
+                    return Err(Error::new(
+                        libc::ESTALE,
+                        format!(
+                            "{} was modified in place while {} was open for READ_TO_GPU; \
+                             open it again",
+                            f.abs.display(),
+                            model.name
+                        ),
+                    ));
+                }
+                Handle::View { model, sel, .. } => (model.clone(), sel.clone()),
+                Handle::PendingIo { model, .. } => (model.clone(), Hyperslab::full(&model.shape)),
+                _ => return Err(Error::new(libc::ENOTTY, "not a data file")),
+            }
+        };
         let size = sel.num_elements() * model.itemsize();
         let owner = tgid(pid);
+        // The mapping is cloned out of the map (no guard held across the transfer); this
+        // reference keeps it mapped even if the buffer is unregistered meanwhile.
         let (base, offset) = {
             let reg = self
                 .buffers
@@ -175,9 +200,9 @@ impl Fs {
             validate_read(&reg, owner, &req, size)?;
             let m = reg
                 .mapping
-                .as_ref()
+                .clone()
                 .ok_or_else(|| Error::new(libc::ENODEV, "buffer has no device mapping"))?;
-            (m.clone(), reg.offset)
+            (m, reg.offset)
         };
         // Plan and transfer window by window so a huge read holds a bounded plan.
         const WINDOW: u64 = 256 << 20;
@@ -437,6 +462,102 @@ mod tests {
             libc::EINVAL
         );
         assert_eq!(validate_read(&reg, 10, &req(90, 40, 10), 50).unwrap(), 10);
+    }
+
+    fn probe_fs() -> (tempfile::TempDir, Fs) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = crate::fs::FsOptions {
+            gpu: crate::gpu::GpuMode::Off,
+            ..Default::default()
+        };
+        let fs = Fs::new(dir.path(), opts).unwrap();
+        (dir, fs)
+    }
+
+    fn probe_reg(fs: &Fs, id: u64, ctl_fh: u64, drops: &Arc<std::sync::atomic::AtomicUsize>) {
+        fs.buffers.insert(
+            id,
+            Registration {
+                owner: 7,
+                ctl_fh,
+                mapping: Some(Arc::new(Mapping::probe(1 << 20, drops.clone()))),
+                offset: 0,
+                length: 1 << 20,
+            },
+        );
+    }
+
+    #[test]
+    fn mapping_outlives_unregister_during_a_transfer() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let (_d, fs) = probe_fs();
+        let drops = Arc::new(AtomicUsize::new(0));
+        probe_reg(&fs, 1, 100, &drops);
+        probe_reg(&fs, 2, 100, &drops);
+        probe_reg(&fs, 3, 200, &drops);
+        // A transfer in flight holds what read_to_gpu clones out of the map.
+        let in_flight = fs.buffers.get(&1).unwrap().mapping.clone().unwrap();
+        assert_eq!(
+            fs.unregister_buffer(8, 1).unwrap_err().errno,
+            libc::EPERM,
+            "another process's buffer"
+        );
+        fs.unregister_buffer(7, 1).unwrap();
+        assert!(fs.buffers.get(&1).is_none(), "gone from the map at once");
+        assert_eq!(drops.load(SeqCst), 0, "not unmapped under the transfer");
+        drop(in_flight);
+        assert_eq!(drops.load(SeqCst), 1, "unmapped after the last transfer");
+        // Closing the control file: same, for every registration made on it.
+        let in_flight = fs.buffers.get(&2).unwrap().mapping.clone().unwrap();
+        fs.release_buffers(100);
+        assert_eq!(drops.load(SeqCst), 1);
+        assert!(
+            fs.buffers.get(&3).is_some(),
+            "another control handle's buffer stays"
+        );
+        drop(in_flight);
+        assert_eq!(drops.load(SeqCst), 2);
+        fs.unregister_buffer(7, 3).unwrap();
+        assert_eq!(drops.load(SeqCst), 3, "no transfer: unmapped at once");
+    }
+
+    #[test]
+    fn read_to_gpu_refuses_a_file_rewritten_in_place_while_open() {
+        let (dir, fs) = probe_fs();
+        let p = dir.path().join("r.h5");
+        let write = |v: f32| {
+            let f = hdf5::File::create(&p).unwrap();
+            let d = f.new_dataset::<f32>().shape([256]).create("x").unwrap();
+            d.write_raw(&vec![v; 256]).unwrap();
+        };
+        write(1.0);
+        let file = fs.lookup(crate::fs::ROOT_INO, "r.h5").unwrap().ino;
+        let x = fs.lookup(file, "x").unwrap().ino;
+        let data = fs.lookup(x, "data").unwrap().ino;
+        let (fh, _, _) = fs.open(data, false, &crate::fs::Caller::DAEMON).unwrap();
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        probe_reg(&fs, 1, 999, &drops);
+        // Same inode, new bytes and mtime (as h5py "r+" or "w" would leave it).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(f.metadata().unwrap().len() + 4096).unwrap();
+        drop(f);
+        let req = ReadToGpu {
+            version: ioctl::ABI_VERSION,
+            buffer_id: 1,
+            length: 1024,
+            ..Default::default()
+        };
+        let pid = std::process::id();
+        fs.buffers.alter(&1, |_, mut r| {
+            r.owner = tgid(pid);
+            r
+        });
+        let err = fs
+            .ioctl(fh, pid, ioctl::READ_TO_GPU, &ioctl::encode(&req))
+            .unwrap_err();
+        assert_eq!(err.errno, libc::ESTALE, "{}", err.message);
+        assert!(err.message.contains("r.h5"), "{}", err.message);
     }
 
     #[test]

@@ -421,69 +421,75 @@ impl Fs {
         }
     }
 
-    /// Deletes an HDF5 file, the tile sources we made for it and its pending state.
+    /// Deletes an HDF5 file, the tile sources we made for it and its pending state, as
+    /// one transition of the file (under its lock).
     fn remove_file(&self, file: &Path) -> Result<()> {
         let abs = self.ns.abs(file)?;
         let is_h5 = matches!(self.ns.classify(file), Ok(EntryKind::H5File));
-        self.ns.forget(file);
-        if is_h5 {
-            std::fs::remove_file(&abs)
-                .map_err(|e| Error::from_io(format!("removing {}", abs.display()), e))?;
-        }
-        let dir = abs.parent().unwrap_or(Path::new("/"));
-        let _ = std::fs::remove_dir_all(dir.join(Pending::sources_rel(file)?));
-        self.pending.remove_file(file)?;
-        Ok(())
+        let sources = abs
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join(Pending::sources_rel(file)?);
+        self.pending.remove_file(file, || {
+            // dropped first, so the sources' space is free when rmdir returns
+            self.ns.forget(file);
+            if is_h5 {
+                match std::fs::remove_file(&abs) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::from_io(format!("removing {}", abs.display()), e)),
+                }
+            }
+            let _ = std::fs::remove_dir_all(&sources);
+            Ok(())
+        })
     }
 
     /// Deletes one dataset or group of a committed file: the file is rewritten (copy,
-    /// unlink, fsync, rename) so readers never see a half-edited file. Runs under the
-    /// file's lock in the backing directory and starts from the file as it is then, so
-    /// removals and commits through several daemons at once all land, one after another.
+    /// unlink, fsync, rename, directory fsync) so readers never see a half-edited file.
+    /// One transition of the file: under its lock in the backing directory, starting
+    /// from the file as it is then, so removals and commits through several daemons at
+    /// once all land, one after another.
     fn remove_object(&self, file: &Path, path: &str) -> Result<()> {
         let abs = self.ns.abs(file)?;
-        let _lock = self.pending.lock_file(
-            file,
-            std::time::Duration::from_secs(REMOVE_LOCK_WAIT_S),
-            &format!("rmdir {path} in {}", file.display()),
-        )?;
+        let dir = abs.parent().unwrap_or(Path::new("/")).to_path_buf();
         let stage = self.pending.stage_dir(file)?;
-        let tmp = stage.join(format!(
-            "remove.{}.{}.tmp.h5",
-            crate::durable::node_tag(),
-            crate::durable::unique()
-        ));
-        let done = crate::writer::delete_objects(&tmp, &abs, &[path.to_string()]).and_then(|()| {
-            std::fs::rename(&tmp, &abs)
-                .map_err(|e| Error::from_io(format!("renaming into {}", abs.display()), e))
-        });
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        crate::durable::fsync_dir(abs.parent().unwrap_or(Path::new("/")))?;
-        self.ns.forget(file);
-        // The removed dataset's tile sources go; a generation a pending dataset of the
-        // same name (declared again, maybe through another daemon) writes to stays.
-        let dir = abs.parent().unwrap_or(Path::new("/"));
-        let keep = self.pending.generation(file, path);
-        let srcs = dir
-            .join(Pending::sources_rel(file)?)
-            .join(crate::pending::encode(path));
-        if let Ok(rd) = std::fs::read_dir(&srcs) {
-            for e in rd.flatten() {
-                if keep.as_deref() != Some(&*e.file_name().to_string_lossy()) {
-                    let _ = std::fs::remove_dir_all(e.path());
+        self.pending.remove_object(file, || {
+            let tmp = stage.join(format!(
+                "remove.{}.{}.tmp.h5",
+                crate::durable::node_tag(),
+                crate::durable::unique()
+            ));
+            let done =
+                crate::writer::delete_objects(&tmp, &abs, &[path.to_string()]).and_then(|()| {
+                    std::fs::rename(&tmp, &abs)
+                        .map_err(|e| Error::from_io(format!("renaming into {}", abs.display()), e))
+                });
+            if let Err(e) = done {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            crate::durable::fsync_dir(&dir)?;
+            self.ns.forget(file);
+            // The removed dataset's tile sources go; a generation a pending dataset of
+            // the same name (declared again, maybe through another daemon) writes to
+            // stays.
+            let keep = self.pending.generation(file, path);
+            let srcs = dir
+                .join(Pending::sources_rel(file)?)
+                .join(crate::pending::encode(path));
+            if let Ok(rd) = std::fs::read_dir(&srcs) {
+                for e in rd.flatten() {
+                    if keep.as_deref() != Some(&*e.file_name().to_string_lossy()) {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
                 }
             }
-        }
-        let _ = std::fs::remove_dir(&srcs);
-        Ok(())
+            let _ = std::fs::remove_dir(&srcs);
+            Ok(())
+        })
     }
 }
-
-/// How long a removal waits for a commit or another removal of the same file.
-const REMOVE_LOCK_WAIT_S: u64 = 120;
 
 fn chown(p: &Path, uid: u32, gid: u32) {
     let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));

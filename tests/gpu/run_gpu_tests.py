@@ -10,6 +10,9 @@ Benchmark (--bench): READ_TO_GPU vs in-process cuFile of the same backing bytes 
 h5py + cupy.asarray, for the sizes given, plus the latency of a 4 KiB read.
 
     python tests/gpu/run_gpu_tests.py --bin dist/h5tilefs [--bench 64M,1G,4G] [--out DIR]
+
+Coherence (replaced and rewritten backing files) and buffer ownership (UNREGISTER racing
+READ_TO_GPU) are checked by tests/gpu/coherence_gpu_tests.py, run the same way.
 """
 import argparse
 import ctypes
@@ -443,6 +446,7 @@ def main():
     backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
     os.makedirs(backing)
     os.makedirs(mnt)
+    os.makedirs(args.out, exist_ok=True)
     dev = cp.cuda.runtime.getDeviceProperties(0)
     RESULTS["env"] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

@@ -1,0 +1,284 @@
+use super::*;
+
+/// fsyncs files in parallel (commit time grows with tiles, so spread the syscalls).
+pub(super) fn fsync_all(paths: &[PathBuf]) -> Result<()> {
+    let threads = 8.min(paths.len().max(1));
+    let chunk = paths.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || -> Result<()> {
+                    for p in part {
+                        std::fs::File::open(p)
+                            .and_then(|f| f.sync_all())
+                            .map_err(io(format!("fsync {}", p.display())))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| Error::io("fsync thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    dirs.dedup();
+    for d in dirs {
+        if let Ok(f) = std::fs::File::open(d) {
+            let _ = f.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Gives a committed file the owner and mode of the file it replaces, or those of the
+/// pending file's staging dir (its creator, the mode of its mkdir) for a new one; the
+/// tile-source dir gets the same owner and the matching directory mode. The daemon
+/// may run as root: without this every committed file would belong to root.
+pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (uid, gid, mode) = match (std::fs::metadata(target), std::fs::metadata(stage)) {
+        (Ok(m), _) => (m.uid(), m.gid(), m.mode() & 0o7777),
+        (_, Ok(m)) => (m.uid(), m.gid(), m.mode() & 0o666),
+        _ => return,
+    };
+    let dir_mode = mode | ((mode & 0o444) >> 2);
+    let _ = std::os::unix::fs::chown(tmp, Some(uid), Some(gid));
+    let _ = std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode));
+    let _ = std::os::unix::fs::chown(sources, Some(uid), Some(gid));
+    let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
+}
+
+impl Pending {
+    /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
+    /// Takes the file's lock in the backing directory (the one commit takes), waiting
+    /// up to `limit`: every change to a committed file runs under it, so changes made
+    /// through several daemons at once are applied one after another.
+    /// Runs `change` as a removal of one committed object of the file (rmdir of a
+    /// committed dataset or group), under the file's lock: removals and commits through
+    /// several daemons at once apply one after another.
+    pub fn remove_object(
+        &self,
+        file_rel: &Path,
+        change: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.transition(file_rel, Transition::RemoveObject, |_| change())
+    }
+
+    pub fn commit(&self, file_rel: &Path) -> Result<Value> {
+        let t0 = std::time::Instant::now();
+        let stage = self.stage_dir(file_rel)?;
+        let result = self.transition(file_rel, Transition::Commit, |_| {
+            self.commit_locked(file_rel, &stage)
+        });
+        // EBUSY: the running commit records its own result
+        if result.as_ref().is_err_and(|e| e.errno == libc::EBUSY) {
+            return result;
+        }
+        let v = match &result {
+            Ok(v) => json!({"ok": true, "seconds": t0.elapsed().as_secs_f64(), "result": v}),
+            Err(e) => {
+                json!({"ok": false, "error": e.to_string(), "seconds": t0.elapsed().as_secs_f64()})
+            }
+        };
+        self.record_status(file_rel, v.clone());
+        result.map(|_| v)
+    }
+
+    pub(super) fn commit_locked(&self, file_rel: &Path, stage: &Path) -> Result<Value> {
+        let t0 = std::time::Instant::now();
+        let nodes = self.nodes(file_rel)?;
+        let (parent, name) = Self::split(file_rel)?;
+        let dir = self.root.join(&parent);
+        let target = dir.join(&name);
+        if nodes.is_empty() && target.is_file() {
+            return Ok(
+                json!({"file": target, "datasets": [], "note": "nothing pending; file unchanged"}),
+            );
+        }
+        let mut specs = Vec::new();
+        let mut groups = Vec::new();
+        let mut problems = Vec::new();
+        let mut sources = Vec::new();
+        for n in &nodes {
+            let Some(m) = &n.meta else {
+                groups.push(n.path.clone());
+                continue;
+            };
+            let miss = self.missing(file_rel, &n.path, m)?;
+            if !miss.is_empty() {
+                let first: Vec<String> = miss
+                    .iter()
+                    .take(10)
+                    .map(|(t, r)| format!("{t} {r:?}"))
+                    .collect();
+                problems.push(format!(
+                    "{}: {} of {} tiles incomplete (first: {})",
+                    n.path,
+                    miss.len(),
+                    m.grid().num_tiles(),
+                    first.join(", ")
+                ));
+                continue;
+            }
+            let gen = self.gen(file_rel, &n.path)?;
+            let rel_dir = format!("{}/{}/{gen}", Self::sources_rel(file_rel)?, encode(&n.path));
+            let grid: TileGrid = m.grid();
+            let mut tiles = Vec::new();
+            let mut lost = Vec::new();
+            for idx in grid.indices() {
+                let slab = grid
+                    .tile_slab(&idx)
+                    .ok_or_else(|| Error::io("tile geometry"))?;
+                let tname = tile_name(&idx);
+                let src = dir.join(&rel_dir).join(format!("{tname}.h5"));
+                if !src.exists() {
+                    lost.push(tname.clone());
+                }
+                sources.push(src);
+                tiles.push(VdsTile {
+                    start: slab.dims.iter().map(|d| d.start).collect(),
+                    count: slab.counts(),
+                    source: format!("{rel_dir}/{tname}.h5"),
+                });
+            }
+            if !lost.is_empty() {
+                problems.push(format!(
+                    "{}: tile sources deleted outside h5tilefs: {} (rmdir the dataset and write it again)",
+                    n.path,
+                    lost.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                ));
+                continue;
+            }
+            specs.push(VdsSpec {
+                path: n.path.clone(),
+                dtype: m.dtype.clone(),
+                shape: m.shape.clone(),
+                tiles,
+                fill_value: m.fill_value.clone(),
+                attrs: m.attrs.clone(),
+            });
+        }
+        if !problems.is_empty() {
+            // Its own errno, so scripts tell "not finished" from a failure of the disk.
+            return Err(Error::new(
+                INCOMPLETE,
+                format!(
+                    "commit of {} refused: {}",
+                    file_rel.display(),
+                    problems.join("; ")
+                ),
+            ));
+        }
+        // An index of data offsets next to each dataset's sources lets readers (ours)
+        // serve the committed file without opening every source through HDF5.
+        for spec in &specs {
+            let gen = self.gen(file_rel, &spec.path)?;
+            let rel_dir = format!(
+                "{}/{}/{gen}",
+                Self::sources_rel(file_rel)?,
+                encode(&spec.path)
+            );
+            let src_dir = dir.join(&rel_dir);
+            let mut offsets = HashMap::new();
+            if let Ok(rd) = std::fs::read_dir(self.node_dir(file_rel, &spec.path)?) {
+                for e in rd.flatten() {
+                    if !e.file_name().to_string_lossy().starts_with("offsets.") {
+                        continue;
+                    }
+                    for line in std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .lines()
+                    {
+                        if let Some((n, o)) = line.split_once(' ') {
+                            if let Ok(o) = o.parse::<u64>() {
+                                offsets.insert(n.to_string(), o);
+                            }
+                        }
+                    }
+                }
+            }
+            let mut text = String::new();
+            for t in &spec.tiles {
+                let name = t.source.rsplit('/').next().unwrap_or_default();
+                let len = std::fs::metadata(src_dir.join(name)).map(|m| m.len());
+                if let (Some(o), Ok(len)) = (offsets.get(name), len) {
+                    text.push_str(&format!("{name} {o} {len}\n"));
+                }
+            }
+            let idx = src_dir.join(crate::writer::SOURCE_INDEX);
+            write_atomic(&idx, text.as_bytes())?;
+        }
+        let t_check = t0.elapsed();
+        // Tile bytes must be durable before the file that points at them appears.
+        fsync_all(&sources)?;
+        let t_fsync = t0.elapsed();
+        let tmp = stage.join(format!("commit.{}.{}.tmp.h5", self.writer_id, unique()));
+        let base = (target.is_file()).then_some(target.as_path());
+        if let Err(e) = writer::write_vds_file(&tmp, base, &specs, &groups) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        set_owner(
+            &tmp,
+            &dir.join(Self::sources_rel(file_rel)?),
+            &target,
+            stage,
+        );
+        let t_vds = t0.elapsed();
+        if let Err(e) = std::fs::rename(&tmp, &target) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::from_io(
+                format!("renaming into {}", target.display()),
+                e,
+            ));
+        }
+        fsync_dir(&dir)?;
+        // Committed. The pending state (range logs: one file per tile and writer) and older
+        // generations of replaced datasets go: renamed out of the way now, so a dataset
+        // created again at once starts clean, and deleted in the background.
+        let trash = stage.join(format!("trash.{}", self.writer_id));
+        let _ = std::fs::create_dir_all(&trash);
+        let mut k = 0;
+        let mut to_trash = |p: &Path| {
+            k += 1;
+            let _ = std::fs::rename(p, trash.join(format!("{k}")));
+        };
+        for n in &nodes {
+            let gen = self.gen(file_rel, &n.path).ok();
+            to_trash(&self.node_dir(file_rel, &n.path)?);
+            if let Some(gen) = gen {
+                let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));
+                if let Ok(rd) = std::fs::read_dir(&parent_src) {
+                    for e in rd.flatten() {
+                        if e.file_name().to_string_lossy() != gen {
+                            to_trash(&e.path());
+                        }
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(stage.join("nodes"));
+        std::thread::spawn(move || {
+            let _ = std::fs::remove_dir_all(trash);
+        });
+        let committed: std::collections::HashSet<&PathBuf> = sources.iter().collect();
+        self.targets.retain(|p, _| !committed.contains(p));
+        tracing::info!(
+            tiles = sources.len(),
+            check_s = t_check.as_secs_f64(),
+            fsync_s = (t_fsync - t_check).as_secs_f64(),
+            vds_s = (t_vds - t_fsync).as_secs_f64(),
+            total_s = t0.elapsed().as_secs_f64(),
+            "commit phases"
+        );
+        Ok(json!({
+            "file": target,
+            "datasets": specs.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            "groups": groups,
+            "tiles": sources.len(),
+        }))
+    }
+}

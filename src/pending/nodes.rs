@@ -1,0 +1,174 @@
+use super::*;
+
+/// The pending node stored in node directory `d`, if it is one.
+pub(super) fn read_node(d: &Path) -> Option<PendingNode> {
+    let path = std::fs::read_to_string(d.join("path")).ok()?;
+    let meta = std::fs::read(d.join("meta.json"))
+        .ok()
+        .and_then(|b| PendingMeta::parse(&b).ok());
+    Some(PendingNode { path, meta })
+}
+
+impl Pending {
+    /// True when `file_rel` has pending nodes (or was created and not yet committed).
+    pub fn is_pending(&self, file_rel: &Path) -> bool {
+        self.stage_dir(file_rel)
+            .map(|d| d.join("nodes").is_dir())
+            .unwrap_or(false)
+    }
+
+    /// Starts a pending file (mkdir of `name.h5` in the mount).
+    pub fn create_file(&self, file_rel: &Path) -> Result<()> {
+        self.transition(file_rel, Transition::Declare, |_| {
+            self.make_nodes_dir(file_rel)
+        })
+    }
+
+    fn make_nodes_dir(&self, file_rel: &Path) -> Result<()> {
+        let d = self.stage_dir(file_rel)?.join("nodes");
+        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))
+    }
+
+    /// Adds a pending node (a directory made inside a file).
+    pub fn create_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        self.transition(file_rel, Transition::DeclareNode, |_| {
+            self.create_node_locked(file_rel, h5path)
+        })
+    }
+
+    fn create_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        self.make_nodes_dir(file_rel)?;
+        let d = self.node_dir(file_rel, h5path)?;
+        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))?;
+        write_atomic(&d.join("path"), h5path.as_bytes())
+    }
+
+    pub fn remove_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        self.transition(file_rel, Transition::RemoveNode, |_| {
+            self.remove_node_locked(file_rel, h5path)
+        })
+    }
+
+    fn remove_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
+            let src = self.sources_dir(file_rel, h5path, g.trim())?;
+            // Close our open tile sources too, so that their space is freed now (the
+            // descriptors are dropped outside the map's guard).
+            let keys: Vec<PathBuf> = self
+                .targets
+                .iter()
+                .filter(|e| e.key().starts_with(&src))
+                .map(|e| e.key().clone())
+                .collect();
+            let dropped: Vec<_> = keys.iter().filter_map(|k| self.targets.remove(k)).collect();
+            drop(dropped);
+            let _ = std::fs::remove_dir_all(src);
+        }
+        std::fs::remove_dir_all(&d).map_err(io(format!("removing {}", d.display())))
+    }
+
+    /// Drops the whole pending state of a file (its uncommitted tile sources too);
+    /// `remove_committed` runs under the same lock (the file's `.h5` and its sources).
+    pub fn remove_file(
+        &self,
+        file_rel: &Path,
+        remove_committed: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.transition(file_rel, Transition::RemoveFile, |_| {
+            remove_committed()?;
+            for n in self.nodes(file_rel)? {
+                self.remove_node_locked(file_rel, &n.path)?;
+            }
+            // everything but the lock file, which `transition` removes after
+            let d = self.stage_dir(file_rel)?;
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_name() != COMMIT_LOCK {
+                        let p = e.path();
+                        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every pending node of a file.
+    pub fn nodes(&self, file_rel: &Path) -> Result<Vec<PendingNode>> {
+        let d = self.stage_dir(file_rel)?.join("nodes");
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            return Ok(vec![]);
+        };
+        let mut out: Vec<PendingNode> = rd.flatten().filter_map(|e| read_node(&e.path())).collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    pub fn node(&self, file_rel: &Path, h5path: &str) -> Option<PendingNode> {
+        read_node(&self.node_dir(file_rel, h5path).ok()?)
+    }
+
+    /// Accepts a dataset description. Writing the same meta again is a no-op (every rank
+    /// may write it); a different one replaces it only while no tile has been written.
+    pub fn accept_meta(&self, file_rel: &Path, h5path: &str, meta: &PendingMeta) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        // Every rank writes the same meta.json: that needs no lock.
+        if self.same_meta(&d, meta) {
+            return Ok(());
+        }
+        self.transition(file_rel, Transition::AcceptMeta, |_| {
+            self.accept_meta_locked(file_rel, h5path, meta)
+        })
+    }
+
+    fn same_meta(&self, d: &Path, meta: &PendingMeta) -> bool {
+        std::fs::read(d.join("meta.json"))
+            .ok()
+            .and_then(|old| PendingMeta::parse(&old).ok())
+            .as_ref()
+            == Some(meta)
+    }
+
+    fn accept_meta_locked(&self, file_rel: &Path, h5path: &str, meta: &PendingMeta) -> Result<()> {
+        let d = self.node_dir(file_rel, h5path)?;
+        if !d.join("path").exists() {
+            self.create_node_locked(file_rel, h5path)?;
+        }
+        let stored = serde_json::to_vec(&meta.to_json()).map_err(|e| Error::io(e.to_string()))?;
+        if d.join("meta.json").exists() {
+            if self.same_meta(&d, meta) {
+                return Ok(());
+            }
+            let written = std::fs::read_dir(d.join("ranges"))
+                .map(|mut r| r.next().is_some())
+                .unwrap_or(false);
+            if written {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    format!("{h5path}: tiles were already written with another meta.json; rmdir the dataset to start over"),
+                ));
+            }
+            // A new description gets a new generation of tile sources, published
+            // (atomically) before the description that uses it.
+            write_atomic(&d.join("gen"), new_gen(&self.writer_id).as_bytes())?;
+        }
+        // `gen` exists, whole, before `meta.json` does: a writer that finds meta.json
+        // (and returns early above) always finds the generation its tiles go to. The
+        // first writer of `gen` wins; others adopt it.
+        create_exclusive(&d.join("gen"), new_gen(&self.writer_id).as_bytes())?;
+        write_atomic(&d.join("meta.json"), &stored)
+    }
+
+    /// The tile-source generation of a pending dataset, if it is one.
+    pub fn generation(&self, file_rel: &Path, h5path: &str) -> Option<String> {
+        self.gen(file_rel, h5path).ok()
+    }
+
+    pub(super) fn gen(&self, file_rel: &Path, h5path: &str) -> Result<String> {
+        let d = self.node_dir(file_rel, h5path)?;
+        std::fs::read_to_string(d.join("gen"))
+            .map(|s| s.trim().to_string())
+            .map_err(|_| Error::not_found(format!("{h5path} is not a pending dataset")))
+    }
+}

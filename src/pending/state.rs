@@ -1,0 +1,289 @@
+//! The life of one file's shared state as one explicit type.
+//!
+//! ```text
+//!             declare / declare node / meta
+//!   Absent ───────────────────────────────▶ Declared ──write tile──▶ Writing
+//!     ▲                                       │  ▲                     │
+//!     │ remove file                   commit  │  │ declare node/meta   │ commit
+//!     │ (from any state)                      ▼  │                     ▼
+//!     └──────────────────────────────────── Committed ◀──────── (Committing)
+//!                                             │  ▲
+//!                               remove object │  │ (Removing)
+//!                                             └──┘
+//! ```
+//!
+//! `Committing` and `Removing` are not stored: they are the time a daemon holds the
+//! file's lock (`commit.lock` in its staging area) for that transition. Every
+//! transition that changes shared state runs through [`Pending::transition`], which
+//! takes the lock, reads the state from the backing directory (another node may have
+//! changed it), checks the transition against [`FileState::next`], and only then runs
+//! the change. A file replaced behind the daemons (a new inode at the same name) is
+//! simply `Committed` with another identity: readers notice through their identity
+//! checks, not through this machine.
+//!
+//! Lock order: a file's lock is the only lock held across I/O, and no transition
+//! takes a second file's lock; in-memory maps (DashMap shards) are never held while a
+//! file lock is taken or across I/O.
+
+use super::*;
+use std::time::Duration;
+
+/// What the backing directory says about a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileState {
+    /// Neither a committed `.h5` nor pending state.
+    Absent,
+    /// Pending (made by mkdir, or with pending nodes), no tile written yet. `committed`:
+    /// a committed version exists under it.
+    Declared { committed: bool },
+    /// Pending with tiles written.
+    Writing { committed: bool },
+    /// Only the committed file.
+    Committed,
+}
+
+/// A change to a file's shared state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// mkdir of the file's directory.
+    Declare,
+    /// mkdir of a group or dataset inside it.
+    DeclareNode,
+    /// meta.json of a pending dataset (a different one than stored).
+    AcceptMeta,
+    /// rmdir of a pending node.
+    RemoveNode,
+    /// `.commit`.
+    Commit,
+    /// rmdir of a committed dataset or group.
+    RemoveObject,
+    /// rmdir of the file's directory.
+    RemoveFile,
+}
+
+impl FileState {
+    fn committed(self) -> bool {
+        match self {
+            FileState::Absent => false,
+            FileState::Committed => true,
+            FileState::Declared { committed } | FileState::Writing { committed } => committed,
+        }
+    }
+
+    /// The state after `t`, or the error that refuses it. `last_node`: the node removed
+    /// by `RemoveNode` is the file's last pending node.
+    pub fn next(self, t: Transition, what: &str) -> Result<FileState> {
+        use FileState::*;
+        use Transition::*;
+        let committed = self.committed();
+        let gone = || {
+            Error::not_found(format!(
+                "{what}: no such file (removed by another process or node?)"
+            ))
+        };
+        match (self, t) {
+            (Absent, Declare) => Ok(Declared { committed }),
+            (Committed, Declare) => Err(Error::new(libc::EEXIST, format!("{what}: exists"))),
+            (Declared { .. } | Writing { .. }, Declare) => Ok(self),
+            (Absent | Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
+            (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta) => Ok(self),
+            (Declared { .. } | Writing { .. }, RemoveNode) => Ok(self),
+            (Absent | Committed, RemoveNode) => Err(gone()),
+            (Declared { .. } | Writing { .. }, Commit) => Ok(Committed),
+            (Committed, Commit) => Ok(Committed),
+            (Absent, Commit) => Err(gone()),
+            (_, RemoveObject) if committed => Ok(self),
+            (_, RemoveObject) => Err(Error::not_found(format!(
+                "{what}: not committed (removed by another process or node?)"
+            ))),
+            (Absent, RemoveFile) => Err(gone()),
+            (_, RemoveFile) => Ok(Absent),
+        }
+    }
+}
+
+impl Transition {
+    /// How long the transition waits for the file's lock: a commit fails at once with
+    /// EBUSY when another runs (a second `.commit` is almost always a duplicate); the
+    /// others wait for it.
+    fn wait(self) -> Option<Duration> {
+        match self {
+            Transition::Commit => None,
+            _ => Some(Duration::from_secs(LOCK_WAIT_S)),
+        }
+    }
+}
+
+/// How long a transition waits for a commit or another transition of the same file.
+pub const LOCK_WAIT_S: u64 = 120;
+
+impl Pending {
+    /// The file's state as the backing directory holds it now (no lock: a snapshot).
+    pub fn state(&self, file_rel: &Path) -> Result<FileState> {
+        let (parent, name) = Self::split(file_rel)?;
+        let committed = self.root.join(parent).join(name).is_file();
+        let stage = self.stage_dir(file_rel)?;
+        if !stage.join("nodes").is_dir() {
+            return Ok(if committed {
+                FileState::Committed
+            } else {
+                FileState::Absent
+            });
+        }
+        let writing = self.nodes(file_rel)?.iter().any(|n| {
+            self.node_dir(file_rel, &n.path)
+                .is_ok_and(|d| has_entries(&d.join("ranges")))
+        });
+        Ok(if writing {
+            FileState::Writing { committed }
+        } else {
+            FileState::Declared { committed }
+        })
+    }
+
+    /// Runs `change` as transition `t` of the file: under the file's lock, after
+    /// checking `t` against the state read under that lock. `change` gets that state.
+    pub fn transition<T>(
+        &self,
+        file_rel: &Path,
+        t: Transition,
+        change: impl FnOnce(FileState) -> Result<T>,
+    ) -> Result<T> {
+        let what = format!("{:?} of {}", t, file_rel.display());
+        let stage = self.stage_dir(file_rel)?;
+        std::fs::create_dir_all(&stage).map_err(io(format!("creating {}", stage.display())))?;
+        let lock_path = stage.join(COMMIT_LOCK);
+        let _lock = match t.wait() {
+            Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
+            None => FileLock::try_lock(&lock_path)?.ok_or_else(|| {
+                Error::new(
+                    libc::EBUSY,
+                    format!(
+                        "{}: another commit or removal of this file is in progress; retry when it ends",
+                        file_rel.display()
+                    ),
+                )
+            })?,
+        };
+        let before = self.state(file_rel)?;
+        let after = before.next(t, &file_rel.display().to_string())?;
+        tracing::debug!(file = %file_rel.display(), ?t, ?before, ?after, "transition");
+        let r = change(before);
+        if r.is_ok() && after == FileState::Absent {
+            // the staging area went with the file; the lock file must not linger
+            let _ = std::fs::remove_file(&lock_path);
+            let _ = std::fs::remove_dir(&stage);
+        }
+        r
+    }
+}
+
+fn has_entries(d: &Path) -> bool {
+    std::fs::read_dir(d).is_ok_and(|mut r| r.next().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FileState::*;
+    use super::Transition::*;
+    use super::*;
+
+    #[test]
+    fn table() {
+        let w = "f.h5";
+        assert_eq!(
+            Absent.next(Declare, w).unwrap(),
+            Declared { committed: false }
+        );
+        assert_eq!(Committed.next(Declare, w).unwrap_err().errno, libc::EEXIST);
+        assert_eq!(
+            Committed.next(AcceptMeta, w).unwrap(),
+            Declared { committed: true }
+        );
+        assert_eq!(
+            Writing { committed: true }.next(Commit, w).unwrap(),
+            Committed
+        );
+        assert_eq!(Absent.next(Commit, w).unwrap_err().errno, libc::ENOENT);
+        assert_eq!(
+            Absent.next(RemoveObject, w).unwrap_err().errno,
+            libc::ENOENT
+        );
+        assert_eq!(
+            Declared { committed: false }
+                .next(RemoveObject, w)
+                .unwrap_err()
+                .errno,
+            libc::ENOENT
+        );
+        assert_eq!(
+            Writing { committed: true }.next(RemoveObject, w).unwrap(),
+            Writing { committed: true }
+        );
+        assert_eq!(
+            Writing { committed: true }.next(RemoveFile, w).unwrap(),
+            Absent
+        );
+        assert_eq!(
+            Committed.next(RemoveNode, w).unwrap_err().errno,
+            libc::ENOENT
+        );
+        // every state leaves by RemoveFile, except one that is not there
+        for s in [
+            Declared { committed: false },
+            Writing { committed: false },
+            Committed,
+        ] {
+            assert_eq!(s.next(RemoveFile, w).unwrap(), Absent);
+        }
+    }
+
+    #[test]
+    fn states_follow_the_backing_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Path::new("s.h5");
+        let p = Pending::new(dir.path());
+        assert_eq!(p.state(f).unwrap(), Absent);
+        p.create_file(f).unwrap();
+        assert_eq!(p.state(f).unwrap(), Declared { committed: false });
+        let m = crate::staging::PendingMeta::parse(
+            br#"{"shape":[2,2],"dtype":"<i4","tile_shape":[1,2]}"#,
+        )
+        .unwrap();
+        p.accept_meta(f, "/x", &m).unwrap();
+        p.write_tile(f, "/x", &m, &[0, 0], 0, &[1u8; 8]).unwrap();
+        assert_eq!(p.state(f).unwrap(), Writing { committed: false });
+        p.write_tile(f, "/x", &m, &[1, 0], 0, &[2u8; 8]).unwrap();
+        p.commit(f).unwrap();
+        assert_eq!(p.state(f).unwrap(), Committed);
+        // a second commit with nothing pending changes nothing
+        p.commit(f).unwrap();
+        assert_eq!(p.state(f).unwrap(), Committed);
+    }
+
+    /// A transition waits for another holding the file's lock instead of racing it.
+    #[test]
+    fn transitions_of_one_file_run_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Path::new("t.h5");
+        let a = Pending::new(dir.path());
+        let b = Pending::new(dir.path());
+        a.create_file(f).unwrap();
+        let inside = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for (i, p) in [&a, &b, &a, &b].into_iter().enumerate() {
+                let inside = &inside;
+                s.spawn(move || {
+                    p.transition(f, DeclareNode, |_| {
+                        let n = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        assert_eq!(n, 0, "two transitions of one file at once ({i})");
+                        std::thread::sleep(Duration::from_millis(20));
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .unwrap();
+                });
+            }
+        });
+    }
+}

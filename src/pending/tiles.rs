@@ -1,0 +1,438 @@
+use super::*;
+
+/// The bytes of an empty tile source file around its data region: every tile of a
+/// shape is this file, so new tiles are made with two `pwrite`s, no HDF5 call.
+pub(super) struct Template {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    offset: u64,
+    nbytes: u64,
+    len: u64,
+}
+
+/// Open tile source files kept per daemon; beyond this the cache is dropped and files
+/// reopen on demand.
+pub(super) const MAX_OPEN_TARGETS: usize = 1024;
+
+/// Allocates a tile's data region up front, so that tiles written at the same time by
+/// many writers do not interleave on disk (reads of one tile stay sequential) and a
+/// full backing file system fails the tile's first write with ENOSPC rather than a
+/// later one. File systems without `fallocate` keep the sparse file.
+pub(super) fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(Error::new(libc::EFBIG, "tile too large"));
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the fd is owned by `f`, open for writing, and outlives the call.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, off, n) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+            tracing::debug!(error = %e, "fallocate not supported; tile source stays sparse");
+            Ok(())
+        }
+        _ => Err(Error::from_io("reserving tile space", e)),
+    }
+}
+
+/// Bytes of a tile source handed to writeback at a time (see `start_writeback`).
+pub(super) const WRITEBACK_CHUNK: u64 = 8 << 20;
+
+pub(super) fn writeback_chunk() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("H5TILEFS_WRITEBACK_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(WRITEBACK_CHUNK)
+    })
+}
+
+/// The `(start, len)` ranges `start_writeback` hands to writeback after a write of
+/// `[a, b)`: each `chunk`-aligned chunk whose last byte the write covered, and the tail
+/// of the data when the write reaches `data_end`.
+pub(super) fn writeback_ranges(a: u64, b: u64, data_end: u64, chunk: u64) -> Vec<(u64, u64)> {
+    if chunk == 0 || b <= a {
+        return Vec::new();
+    }
+    let mut ranges: Vec<(u64, u64)> = (a / chunk + 1..=b / chunk)
+        .map(|c| ((c - 1) * chunk, chunk))
+        .collect();
+    if b == data_end && b % chunk != 0 {
+        let s = b / chunk * chunk;
+        ranges.push((s, b - s));
+    }
+    ranges
+}
+
+/// Starts writeback of every whole `WRITEBACK_CHUNK` of the source that the write of
+/// `[a, b)` completed (and of the last partial chunk when `b` ends the data at
+/// `data_end`). Every tile byte is fsynced at commit; without this the kernel would
+/// hold them dirty until then (its background threshold is a share of RAM), and the
+/// commit would wait for all of them. Started early, the disk writes while tasks are
+/// still writing. `SYNC_FILE_RANGE_WRITE` only queues I/O: nothing waits for it here.
+pub(super) fn start_writeback(f: &std::fs::File, a: u64, b: u64, data_end: u64) {
+    use std::os::fd::AsRawFd;
+    for (start, len) in writeback_ranges(a, b, data_end, writeback_chunk()) {
+        let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: the fd is owned by `f`, which outlives the call; the call reads no
+        // memory of ours.
+        let r = unsafe { libc::sync_file_range(f.as_raw_fd(), s, n, libc::SYNC_FILE_RANGE_WRITE) };
+        if r != 0 {
+            // Only a hint: the commit's fsync still writes and reports everything.
+            tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range");
+            return;
+        }
+    }
+}
+
+/// Largest header or trailer of a tile source kept as a template.
+pub(super) const MAX_HEAD: usize = 1 << 20;
+
+/// Writes a new, empty tile source at `tmp` from the shape's template; returns the
+/// data offset.
+pub(super) fn make_tile_file(tmp: &Path, t: &Template) -> Result<u64> {
+    let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    reserve(&f, t.offset, t.nbytes)?;
+    f.write_all_at(&t.head, 0)
+        .map_err(io("writing tile source"))?;
+    if !t.tail.is_empty() {
+        f.write_all_at(&t.tail, t.offset + t.nbytes)
+            .map_err(io("writing tile source"))?;
+    }
+    f.set_len(t.len).map_err(io("sizing tile source"))?;
+    Ok(if t.nbytes == 0 { 0 } else { t.offset })
+}
+
+/// Reads `len` bytes at offset 0 of `path` with O_DIRECT, so that nothing of the file
+/// enters this node's page cache (None where the file system refuses O_DIRECT).
+pub(super) fn read_head_direct(path: &Path, len: usize) -> Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(Error::from_io(format!("opening {}", path.display()), e)),
+    };
+    let n = len.div_ceil(ALIGN).max(1) * ALIGN;
+    let layout = std::alloc::Layout::from_size_align(n, ALIGN)
+        .map_err(|_| Error::io("tile source header too large"))?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(Error::new(
+            libc::ENOMEM,
+            "no memory for a tile source header",
+        ));
+    }
+    // SAFETY: `p` points to `n` initialised bytes that we own until dealloc below.
+    let buf = unsafe { std::slice::from_raw_parts_mut(p, n) };
+    let mut got = 0;
+    let r = loop {
+        if got >= len {
+            break Ok(());
+        }
+        match f.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break Ok(()),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+        // O_DIRECT reads continue from aligned offsets only
+        if got % ALIGN != 0 {
+            break Ok(());
+        }
+    };
+    let out = buf[..got.min(len)].to_vec();
+    // SAFETY: allocated above with this layout, not used after.
+    unsafe { std::alloc::dealloc(p, layout) };
+    match r {
+        Ok(()) => Ok(Some(out)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(Error::from_io(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// The data offset of a tile source another writer (maybe on another node) published.
+/// Every daemon of this version makes the same header for a (dtype, shape): when the
+/// published header, read with O_DIRECT, equals ours, so does the offset. Reading it
+/// through HDF5 instead would put the file's first pages in this node's page cache
+/// before the other node writes them; a distributed file system's client keeps such
+/// pages across opens, and this node then read zeros where the other wrote data.
+pub(super) fn published_offset(path: &Path, t: &Template) -> Result<u64> {
+    if let Some(head) = read_head_direct(path, t.head.len())? {
+        if head == t.head {
+            return Ok(if t.nbytes == 0 { 0 } else { t.offset });
+        }
+    }
+    // Another header (another HDF5 version): parse it, then drop what that cached.
+    let off = source_offset(path)?;
+    if let Ok(f) = std::fs::File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advisory call on an fd owned by `f`.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    Ok(off)
+}
+
+/// The data offset of an existing tile source file.
+pub(super) fn source_offset(path: &Path) -> Result<u64> {
+    let f = hdf5::File::open(path)
+        .map_err(|e| Error::from_h5(format!("opening {}", path.display()), e))?;
+    let d = f
+        .dataset(writer::SOURCE_DSET)
+        .map_err(|e| Error::from_h5("opening tile dataset", e))?;
+    crate::h5::contiguous_offset(d.id())
+        .ok_or_else(|| Error::io(format!("{}: tile source has no data", path.display())))
+}
+
+impl Pending {
+    /// Makes the written bytes of tiles `idxs` and this daemon's records of them
+    /// durable (fsync of a tile or of `data`): the tile sources, the range logs, and
+    /// the directories that name them.
+    pub fn sync_tiles(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idxs: &[Vec<u64>],
+    ) -> Result<()> {
+        let gen = self.gen(file_rel, h5path)?;
+        let dir = self.sources_dir(file_rel, h5path, &gen)?;
+        let node = self.node_dir(file_rel, h5path)?;
+        let ranges = node.join("ranges");
+        let mut files = Vec::new();
+        for idx in idxs {
+            if meta.grid().tile_slab(idx).is_none() {
+                continue;
+            }
+            let name = tile_name(idx);
+            files.push(dir.join(format!("{name}.h5")));
+            files.push(ranges.join(format!("{name}.{}", self.writer_id)));
+        }
+        files.push(node.join(format!("offsets.{}", self.writer_id)));
+        for p in &files {
+            match std::fs::File::open(p) {
+                Ok(f) => f.sync_all().map_err(io(format!("fsync {}", p.display())))?,
+                // nothing written there by us yet
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::from_io(format!("opening {}", p.display()), e)),
+            }
+        }
+        for d in [&dir, &ranges, &node] {
+            if d.is_dir() {
+                fsync_dir(d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tile's source file, created on first use (race-free across daemons).
+    pub fn tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        create: bool,
+    ) -> Result<Option<Arc<TileTarget>>> {
+        let gen = self.gen(file_rel, h5path)?;
+        let dir = self.sources_dir(file_rel, h5path, &gen)?;
+        let name = tile_name(idx);
+        let path = dir.join(format!("{name}.h5"));
+        let cached = self.targets.get(&path).map(|t| t.clone());
+        if let Some(t) = cached {
+            // Deleted (or replaced) outside h5tilefs while open: bytes written to it now
+            // would be lost, so refuse (commit refuses too: see `commit_locked`).
+            use std::os::unix::fs::MetadataExt;
+            if t.file.file.metadata().is_ok_and(|m| m.nlink() == 0) {
+                return Err(Error::new(
+                    libc::ESTALE,
+                    format!(
+                        "{h5path} tile {name}: tile source {} was deleted outside h5tilefs; \
+                         rmdir the dataset and write it again",
+                        path.display()
+                    ),
+                ));
+            }
+            return Ok(Some(t));
+        }
+        let slab = meta
+            .grid()
+            .tile_slab(idx)
+            .ok_or_else(|| Error::not_found(format!("no tile {name}")))?;
+        let count = slab.counts();
+        let size = slab.num_elements() * meta.itemsize;
+        let tpl = self.template(&dir, &meta.dtype, &count, size)?;
+        let mut known = None;
+        if !path.exists() {
+            if !create {
+                return Ok(None);
+            }
+            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
+            let off = match make_tile_file(&tmp, &tpl) {
+                Ok(off) => off,
+                Err(e) => {
+                    // a half-made source (disk full) must not hold space
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+            };
+            match std::fs::hard_link(&tmp, &path) {
+                // Ours won: we know where its data starts; remember it for the index
+                // that commit leaves next to the sources.
+                Ok(()) => {
+                    known = Some(off);
+                    let log = self
+                        .node_dir(file_rel, h5path)?
+                        .join(format!("offsets.{}", self.writer_id));
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&log)
+                        .map_err(io("opening offsets log"))?;
+                    f.write_all(format!("{name}.h5 {off}\n").as_bytes())
+                        .map_err(io("appending offsets log"))?;
+                }
+                // Another writer (or daemon) published it first: learn its offset below.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(Error::from_io("publishing tile source", e));
+                }
+            }
+            let _ = std::fs::remove_file(&tmp);
+        }
+        let offset = match known {
+            Some(o) => o,
+            None => published_offset(&path, &tpl)?,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        let t = Arc::new(TileTarget {
+            file: Arc::new(BackingFile {
+                path: path.clone(),
+                file,
+            }),
+            offset,
+            size,
+        });
+        if self.targets.len() >= MAX_OPEN_TARGETS {
+            self.targets.clear();
+        }
+        self.targets.insert(path, t.clone());
+        Ok(Some(t))
+    }
+
+    /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`.
+    pub(super) fn template(
+        &self,
+        dir: &Path,
+        dtype: &str,
+        count: &[u64],
+        nbytes: u64,
+    ) -> Result<Arc<Template>> {
+        let key = (dtype.to_string(), count.to_vec());
+        if let Some(t) = self.templates.get(&key).map(|t| t.clone()) {
+            return Ok(t);
+        }
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
+        let made = (|| -> Result<Template> {
+            let offset = writer::create_tile_source(&tpl, dtype, count)?;
+            let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
+            let len = f.metadata().map_err(io("stat template"))?.len();
+            let data_end = if nbytes == 0 {
+                0
+            } else {
+                offset
+                    .checked_add(nbytes)
+                    .ok_or_else(|| Error::new(libc::EFBIG, "tile too large"))?
+            };
+            let head_len = if nbytes == 0 { len } else { offset };
+            let head_len = usize::try_from(head_len)
+                .ok()
+                .filter(|&n| n <= MAX_HEAD)
+                .ok_or_else(|| Error::io("tile source header too large"))?;
+            let mut head = vec![0u8; head_len];
+            f.read_exact_at(&mut head, 0)
+                .map_err(io("reading template"))?;
+            let tail_len = usize::try_from(len.saturating_sub(data_end))
+                .ok()
+                .filter(|&n| n <= MAX_HEAD)
+                .ok_or_else(|| Error::io("tile source trailer too large"))?;
+            let mut tail = vec![0u8; tail_len];
+            if !tail.is_empty() {
+                f.read_exact_at(&mut tail, data_end)
+                    .map_err(io("reading template"))?;
+            }
+            Ok(Template {
+                head,
+                tail,
+                offset,
+                nbytes,
+                len,
+            })
+        })();
+        let _ = std::fs::remove_file(&tpl);
+        let t = Arc::new(made?);
+        self.templates.insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Writes `data` at `off` of a tile and logs the range; the write is acknowledged
+    /// (and recoverable after a daemon crash) once this returns.
+    pub fn write_tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let t = self
+            .tile(file_rel, h5path, meta, idx, true)?
+            .ok_or_else(|| Error::io("tile source missing"))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::new(libc::EFBIG, "offset overflow"))?;
+        if end > t.size {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!(
+                    "{h5path} tile {}: write of [{off}, {end}) past the tile's end ({} bytes)",
+                    tile_name(idx),
+                    t.size
+                ),
+            ));
+        }
+        t.file
+            .file
+            .write_all_at(data, t.offset + off)
+            .map_err(io("writing tile source"))?;
+        start_writeback(
+            &t.file.file,
+            t.offset + off,
+            t.offset + end,
+            t.offset + t.size,
+        );
+        self.log_range(file_rel, h5path, idx, off, data.len() as u64)
+    }
+}
