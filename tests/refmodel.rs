@@ -2617,3 +2617,49 @@ fn commit_race(whole_file: bool) {
     eprintln!("commit vs rmdir (whole file: {whole_file}): {rounds} rounds, outcomes {outcomes:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The same through a committed group: `g` committed with dataset `g/c`, then pending
+/// `g/p` declared and written, then `rmdir g`. The file is rewritten without `g`, but
+/// the pending `g/p` stays and the next commit makes `/g` again with `p` in it.
+#[test]
+#[ignore = "known divergence: rmdir of a committed group leaves its pending datasets, which the next commit makes"]
+fn bug_rmdir_of_a_committed_group_with_a_pending_dataset_inside() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = Core::new(tmp.path(), false);
+    let f = "f.h5";
+    let spec = Spec {
+        dt: Dt::U8,
+        shape: vec![4],
+        tile: vec![4],
+        fill: 0,
+    };
+    a.mkdir(ROOT_INO, f, 0o755, 0, 0).expect("mkdir file");
+    let declare = |name: &str| {
+        let fi = resolve(&a, &[f]).expect("file");
+        let g = match resolve(&a, &[f, "g"]) {
+            Ok(g) => g,
+            Err(_) => a.mkdir(fi, "g", 0o755, 0, 0).expect("mkdir g").ino,
+        };
+        let d = a.mkdir(g, name, 0o755, 0, 0).expect("mkdir dataset");
+        let (_, fh) = a.create(d.ino, "meta.json").expect("create meta");
+        a.write(fh, 0, &spec.meta_json()).expect("meta");
+        a.release(fh);
+        let t = resolve(&a, &[f, "g", name, "tiles", "0"]).expect("tile lookup");
+        let (fh, _, _) = a.open(t, true, &Caller::DAEMON).expect("open tile");
+        a.write(fh, 0, &bytes(2, 2, 4)).expect("write tile");
+        a.release(fh);
+    };
+    declare("c");
+    commit_until_ok(&a, f).expect("commit g/c");
+    declare("p");
+    let fi = resolve(&a, &[f]).expect("file");
+    a.rmdir(fi, "g").expect("rmdir g");
+    commit_until_ok(&a, f).expect("commit");
+    let names = hdf5::File::open(tmp.path().join(f))
+        .and_then(|h| h.member_names())
+        .unwrap_or_default();
+    assert!(
+        names.is_empty(),
+        "g removed (with pending g/p inside) but the commit made {names:?}"
+    );
+}
