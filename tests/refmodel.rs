@@ -1037,11 +1037,17 @@ impl Sut {
                 let size = spec.tile_elems(t).len() * spec.dt.size();
                 let (off, len) = match piece {
                     None => (0, size),
+                    // One piece in 16 runs one byte past the end: EFBIG, nothing written.
+                    Some((a, b)) if b % 16 == 15 => {
+                        let off = a as usize % size;
+                        (off, size - off + 1)
+                    }
                     Some((a, b)) => {
                         let off = a as usize % size;
                         (off, 1 + b as usize % (size - off))
                     }
                 };
+                let past_end = off + len > size;
                 let data = bytes(seed, t, len);
                 let fs = &self.cores[core as usize];
                 let stale = self.stale_leaf(core, f, d, &[f, d, "tiles", &name]);
@@ -1055,6 +1061,7 @@ impl Sut {
                 let want = match self.model.ds(f, d) {
                     Err(e) => Err(e),
                     Ok(Ds::Committed(_)) => Err(libc::EROFS),
+                    Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
                 let want = or_stale(stale, &got, want);
@@ -1064,6 +1071,17 @@ impl Sut {
                     &want,
                 )?;
                 self.last_ok = got.is_ok();
+                if want == Err(libc::EFBIG) {
+                    // the open for writing made the tile's source all the same
+                    if let Some(p) = self
+                        .model
+                        .files
+                        .get_mut(f)
+                        .and_then(|fm| fm.nodes.get_mut(d))
+                    {
+                        p.sourced[t] = true;
+                    }
+                }
                 if want.is_ok() {
                     let p = self
                         .model
@@ -1097,11 +1115,17 @@ impl Sut {
                 };
                 let (off, len) = match piece {
                     None => (0, size),
+                    // One piece in 16 runs one byte past the end: EFBIG, nothing written.
+                    Some((a, b)) if b % 16 == 15 => {
+                        let off = a as usize % size;
+                        (off, size - off + 1)
+                    }
                     Some((a, b)) => {
                         let off = a as usize % size;
                         (off, 1 + b as usize % (size - off))
                     }
                 };
+                let past_end = off + len > size;
                 let data = bytes(seed, 1000, len);
                 let fs = &self.cores[core as usize];
                 let stale = self.stale_leaf(core, f, d, &[f, d, "data"]);
@@ -1115,11 +1139,23 @@ impl Sut {
                 let want = match self.model.ds(f, d) {
                     Err(e) => Err(e),
                     Ok(Ds::Committed(_)) => Err(libc::EROFS),
+                    Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
                 let want = or_stale(stale, &got, want);
                 same(&format!("write {f}/{d}/data [{off}+{len}]"), &got, &want)?;
                 self.last_ok = got.is_ok();
+                if want == Err(libc::EFBIG) {
+                    // the open for writing made every tile's source all the same
+                    if let Some(p) = self
+                        .model
+                        .files
+                        .get_mut(f)
+                        .and_then(|fm| fm.nodes.get_mut(d))
+                    {
+                        p.sourced.iter_mut().for_each(|s| *s = true);
+                    }
+                }
                 if want.is_ok() {
                     let p = self
                         .model
