@@ -17,7 +17,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const CORES: usize = 3;
 const FILES: [&str; 2] = ["f0.h5", "f1.h5"];
-const DSETS: [&str; 3] = ["d0", "d1", "d2"];
+/// Dataset names; `g/..` ones live in group `g` (made by `mkdir` on the way, as
+/// `mkdir -p` does). Replaced files hold the flat ones only.
+const DSETS: [&str; 5] = ["d0", "d1", "d2", "g/d0", "g/d1"];
+const FLAT: u8 = 3;
 /// Old handles kept open at once by a sequence.
 const MAX_HANDLES: usize = 4;
 /// Known divergence (see `bug_pending_unwritten_bytes_read_as_fill`): a pending tile whose
@@ -32,6 +35,11 @@ const UNWRITTEN_READS_ZERO: bool = true;
 const OPEN_HANDLES_MISS_NEW_TILES: bool = true;
 /// Each core keeps the dentries a kernel would (see [`Core`]); `Op::Expire` drops them.
 const DENTRIES: bool = true;
+/// Known divergence (see `bug_pending_dataset_of_a_vanished_group_is_hidden`): a pending
+/// dataset `g/d` whose group `g` is neither pending nor committed any more (the file was
+/// replaced without `g`) cannot be reached or listed, yet the next commit makes it (and
+/// `g`). True models that behaviour.
+const ORPHANS_HIDDEN: bool = true;
 /// Known divergence (see `bug_mkdir_below_a_stale_file_dentry_makes_the_file_again`):
 /// a dataset `mkdir` through a core whose kernel still caches the directory of a file
 /// removed through another core succeeds and makes the file again, as a pending file,
@@ -242,6 +250,16 @@ struct FileM {
     /// The staging area marks the file pending (mkdir of the file or of a node in it).
     pending: bool,
     nodes: BTreeMap<String, PendingDs>,
+    /// Pending group nodes (made by `mkdir` of a group that did not exist).
+    pending_groups: BTreeSet<String>,
+    /// Groups of the committed file.
+    committed_groups: BTreeSet<String>,
+}
+
+impl FileM {
+    fn group_exists(&self, g: &str) -> bool {
+        self.pending_groups.contains(g) || self.committed_groups.contains(g)
+    }
 }
 
 impl FileM {
@@ -258,6 +276,8 @@ enum Ds<'a> {
 #[derive(Default, Debug)]
 struct Model {
     files: BTreeMap<String, FileM>,
+    /// See [`ORPHANS_HIDDEN`].
+    orphans_hidden: bool,
 }
 
 impl Model {
@@ -269,6 +289,12 @@ impl Model {
     }
     fn ds(&self, f: &str, d: &str) -> Result<Ds<'_>, i32> {
         let fm = self.file(f)?;
+        // A dataset is reached through its group (see ORPHANS_HIDDEN).
+        if let Some(g) = group_of(d) {
+            if self.orphans_hidden && !fm.group_exists(g) {
+                return Err(libc::ENOENT);
+            }
+        }
         if let Some(p) = fm.nodes.get(d) {
             return Ok(Ds::Pending(p));
         }
@@ -657,7 +683,9 @@ impl Core {
 
     /// Drops the cached dentries at and below `path` (the kernel does so for its own
     /// successful rmdir, and when a revalidation fails or finds another inode).
-    fn drop_below(&self, path: &[&str]) {
+    fn drop_below<S: AsRef<str>>(&self, path: &[S]) {
+        let path: Vec<&str> = path.iter().map(|p| p.as_ref()).collect();
+        let path = path.as_slice();
         if let Some(c) = &self.dcache {
             let mut c = c.lock().expect("dcache");
             c.retain(|k, _| !(k.len() >= path.len() && k[..path.len()] == *path));
@@ -680,7 +708,23 @@ impl Core {
     }
 }
 
-fn resolve(fs: &Core, path: &[&str]) -> Result<u64, i32> {
+/// The mount path of dataset `d` of file `f`, then `rest`.
+fn dp(f: &str, d: &str, rest: &[&str]) -> Vec<String> {
+    std::iter::once(f)
+        .chain(d.split('/'))
+        .chain(rest.iter().copied())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The group of a dataset name, if it is in one.
+fn group_of(d: &str) -> Option<&str> {
+    d.rsplit_once('/').map(|(g, _)| g)
+}
+
+fn resolve<S: AsRef<str>>(fs: &Core, path: &[S]) -> Result<u64, i32> {
+    let path: Vec<&str> = path.iter().map(|p| p.as_ref()).collect();
+    let path = path.as_slice();
     let mut ino = ROOT_INO;
     for k in 0..path.len() {
         let key: Vec<String> = path[..=k].iter().map(|s| s.to_string()).collect();
@@ -814,7 +858,10 @@ impl Sut {
             scratch,
             cores,
             handles: Vec::new(),
-            model: Model::default(),
+            model: Model {
+                orphans_hidden: ORPHANS_HIDDEN,
+                ..Model::default()
+            },
             log: Vec::new(),
             last_ok: false,
             unwritten_zero: UNWRITTEN_READS_ZERO,
@@ -884,10 +931,11 @@ impl Sut {
         if !fm.nodes.contains_key(d) {
             return false;
         }
-        match path.get(2).map(String::as_str) {
+        let base = dp(f, d, &[]).len();
+        match path.get(base).map(String::as_str) {
             Some("data") => got == c.bytes.as_slice(),
             Some("meta.json") => check_meta("", got, &Ds::Committed(c)).is_ok(),
-            Some("tiles") => path.get(3).is_some_and(|name| {
+            Some("tiles") => path.get(base + 1).is_some_and(|name| {
                 (0..c.spec.ntiles())
                     .find(|t| c.spec.tile_name(*t) == *name)
                     .is_some_and(|t| c.spec.tile_bytes(&c.bytes, t) == got)
@@ -954,10 +1002,25 @@ impl Sut {
                 let fs = &self.cores[core as usize];
                 // mkdir looks its name up afresh (LOOKUP_EXCL makes the kernel revalidate
                 // it): a dentry cached for the name goes.
-                fs.drop_below(&[f, d]);
+                fs.drop_below(&dp(f, d, &[]));
+                let stale_parent = self.stale_mkdir_makes_file && fs.cached(&[f]);
+                let leaf = d.rsplit('/').next().unwrap_or(d);
+                let mut made_group = false;
                 let got = (|| {
-                    let fi = resolve(fs, &[f])?;
-                    let a = errno(fs.mkdir(fi, d, 0o755, 0, 0))?;
+                    let mut fi = resolve(fs, &[f])?;
+                    if let Some(g) = group_of(d) {
+                        // mkdir -p: the group first when it cannot be walked to
+                        fi = match resolve(fs, &[f, g]) {
+                            Ok(gi) => gi,
+                            Err(_) => {
+                                fs.drop_below(&[f, g]);
+                                let a = errno(fs.mkdir(fi, g, 0o755, 0, 0))?;
+                                made_group = true;
+                                a.ino
+                            }
+                        };
+                    }
+                    let a = errno(fs.mkdir(fi, leaf, 0o755, 0, 0))?;
                     let (_, fh) = errno(fs.create(a.ino, "meta.json"))?;
                     let m = spec.meta_json();
                     let w = errno(fs.write(fh, 0, &m));
@@ -966,10 +1029,15 @@ impl Sut {
                     w?;
                     fl
                 })();
-                let stale_parent = self.stale_mkdir_makes_file && fs.cached(&[f]);
+                if let (true, Some(g)) = (made_group, group_of(d)) {
+                    let fm = self.model.files.entry(f.into()).or_default();
+                    fm.pending = true;
+                    fm.pending_groups.insert(g.to_string());
+                }
                 let want = match self.model.file(f) {
                     Err(_) if stale_parent => Ok(()),
                     Err(e) => Err(e),
+                    Ok(fm) if group_of(d).is_some_and(|g| !fm.group_exists(g)) => Err(libc::ENOENT),
                     Ok(_) if self.model.ds(f, d).is_ok() => Err(libc::EEXIST),
                     Ok(_) => Ok(()),
                 };
@@ -977,6 +1045,12 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if want.is_ok() {
                     let fm = self.model.files.entry(f.into()).or_default();
+                    if let Some(g) = group_of(d) {
+                        if !fm.group_exists(g) {
+                            // made below a stale dentry of the group (`make_ancestors`)
+                            fm.pending_groups.insert(g.to_string());
+                        }
+                    }
                     fm.pending = true;
                     fm.nodes.insert(d.into(), PendingDs::new(spec));
                 }
@@ -984,9 +1058,10 @@ impl Sut {
             Op::Redeclare { core, at, spec } => {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
-                let stale = self.stale_leaf(core, f, d, &[f, d, "meta.json"]);
+                let path = dp(f, d, &["meta.json"]);
+                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
-                    let ino = resolve(fs, &[f, d, "meta.json"])?;
+                    let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
                     let w = errno(fs.write(fh, 0, &spec.meta_json()));
                     let fl = errno(fs.flush(fh));
@@ -1050,9 +1125,10 @@ impl Sut {
                 let past_end = off + len > size;
                 let data = bytes(seed, t, len);
                 let fs = &self.cores[core as usize];
-                let stale = self.stale_leaf(core, f, d, &[f, d, "tiles", &name]);
+                let path = dp(f, d, &["tiles", &name]);
+                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
-                    let ino = resolve(fs, &[f, d, "tiles", &name])?;
+                    let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
                     let w = errno(fs.write(fh, off as u64, &data));
                     fs.release(fh);
@@ -1128,9 +1204,10 @@ impl Sut {
                 let past_end = off + len > size;
                 let data = bytes(seed, 1000, len);
                 let fs = &self.cores[core as usize];
-                let stale = self.stale_leaf(core, f, d, &[f, d, "data"]);
+                let path = dp(f, d, &["data"]);
+                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
-                    let ino = resolve(fs, &[f, d, "data"])?;
+                    let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
                     let w = errno(fs.write(fh, off as u64, &data));
                     fs.release(fh);
@@ -1172,12 +1249,13 @@ impl Sut {
             Op::Rmdir { core, at } => {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
+                let dpath = dp(f, d, &[]);
                 let got = (|| {
-                    let fi = resolve(fs, &[f])?;
-                    errno(fs.rmdir(fi, d))
+                    let parent = resolve(fs, &dpath[..dpath.len() - 1])?;
+                    errno(fs.rmdir(parent, &dpath[dpath.len() - 1]))
                 })();
                 if got.is_ok() {
-                    fs.drop_below(&[f, d]);
+                    fs.drop_below(&dpath);
                 }
                 let want = self.model.ds(f, d).map(|ds| matches!(ds, Ds::Pending(_)));
                 same(&format!("rmdir {f}/{d}"), &got, &want.map(|_| ()))?;
@@ -1224,9 +1302,17 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if want.is_ok() {
                     let fm = self.model.files.get_mut(f).expect("file");
-                    if !(fm.nodes.is_empty() && fm.committed.is_some()) {
+                    if !(fm.nodes.is_empty()
+                        && fm.pending_groups.is_empty()
+                        && fm.committed.is_some())
+                    {
                         let mut c = fm.committed.take().unwrap_or_default();
+                        let groups = std::mem::take(&mut fm.pending_groups);
+                        fm.committed_groups.extend(groups);
                         for (name, p) in std::mem::take(&mut fm.nodes) {
+                            if let Some(g) = group_of(&name) {
+                                fm.committed_groups.insert(g.to_string());
+                            }
                             // The committed file knows only its blocks: a declared tile
                             // larger than the shape comes back clipped (same tiles).
                             let mut spec = p.spec;
@@ -1266,7 +1352,7 @@ impl Sut {
                         spec.shape.clone()
                     };
                     let data = bytes(seed, 2000 + ds as usize, spec.nbytes());
-                    content.insert(DSETS[ds as usize].into(), (spec, chunked, data));
+                    content.insert(DSETS[(ds % FLAT) as usize].into(), (spec, chunked, data));
                 }
                 let list: Vec<(String, Spec, bool, Vec<u8>)> = content
                     .iter()
@@ -1275,6 +1361,7 @@ impl Sut {
                 self.write_h5(&list, &self.root.join(f));
                 self.last_ok = true;
                 let fm = self.model.files.entry(f.into()).or_default();
+                fm.committed_groups.clear();
                 fm.committed = Some(
                     content
                         .into_iter()
@@ -1444,10 +1531,31 @@ impl Sut {
                     if let Some(c) = &fm.committed {
                         s.extend(c.keys().cloned());
                     }
+                    s.extend(fm.pending_groups.iter().cloned());
+                    s.extend(fm.committed_groups.iter().cloned());
+                    // the root lists names without '/'; datasets in groups are below
+                    s.retain(|n| !n.contains('/'));
                     s
                 });
                 same(&format!("readdir {f}"), &got, &want)?;
                 self.last_ok = got.is_ok();
+                // and group g, where it exists
+                if let Ok(fm) = self.model.file(f) {
+                    if fm.group_exists("g") {
+                        let mut want: BTreeSet<String> = fm
+                            .nodes
+                            .keys()
+                            .chain(fm.committed.iter().flat_map(|c| c.keys()))
+                            .filter_map(|n| n.strip_prefix("g/"))
+                            .map(str::to_string)
+                            .collect();
+                        want.retain(|n| !n.contains('/'));
+                        let got = resolve(fs, &[f, "g"])
+                            .and_then(|ino| errno(fs.readdir(ino)))
+                            .map(|v| v.into_iter().map(|e| e.name).collect::<BTreeSet<String>>());
+                        same(&format!("readdir {f}/g"), &got, &Ok(want))?;
+                    }
+                }
             }
             Op::Open { core, at, target } => {
                 let (f, d) = self.pick(at);
@@ -1508,7 +1616,10 @@ impl Sut {
                     let what = format!("{} (still open)", h.what);
                     let got = got.map_err(|e| format!("{what}: {}", ename(e)))?;
                     if self.open_misses_new_tiles {
-                        let mut m = Model::default();
+                        let mut m = Model {
+                            orphans_hidden: self.model.orphans_hidden,
+                            ..Model::default()
+                        };
                         let mut fm = self.model.files.get(f).cloned().unwrap_or_default();
                         if let Some(p) = fm.nodes.get_mut(d) {
                             // Tiles made after the open read as the fill value.
@@ -1569,7 +1680,7 @@ impl Sut {
             Ok(Ds::Committed(c)) => Some(&c.spec),
             Err(_) => None,
         };
-        let mut path = vec![f.to_string(), d.to_string()];
+        let mut path = dp(f, d, &[]);
         let t = |spec: &Spec, n: u16| n as usize % spec.ntiles();
         match target {
             Target::Data => path.push("data".into()),
@@ -1680,6 +1791,7 @@ static OK_OPS: std::sync::Mutex<BTreeMap<&'static str, usize>> =
 fn op_kind(op: &Op) -> &'static str {
     match op {
         Op::CreateFile { .. } => "create_file",
+        Op::Declare { ds, .. } if *ds >= FLAT => "declare_in_group",
         Op::Declare { .. } => "declare",
         Op::Redeclare { .. } => "redeclare",
         Op::WriteTile { .. } => "write_tile",
@@ -1712,6 +1824,7 @@ struct Flags {
     dentries: bool,
     stale_mkdir_makes_file: bool,
     stale_leaf_of_pending: bool,
+    orphans_hidden: bool,
 }
 
 const FLAGS: Flags = Flags {
@@ -1720,6 +1833,7 @@ const FLAGS: Flags = Flags {
     dentries: DENTRIES,
     stale_mkdir_makes_file: STALE_MKDIR_MAKES_FILE,
     stale_leaf_of_pending: STALE_LEAF_OF_PENDING,
+    orphans_hidden: ORPHANS_HIDDEN,
 };
 
 /// Runs `ops` on a fresh backing directory; `Err` names the divergence.
@@ -1733,6 +1847,7 @@ fn run_flags(ops: &[Op], flags: Flags) -> Result<(), String> {
     s.open_misses_new_tiles = flags.open_misses_new_tiles;
     s.stale_mkdir_makes_file = flags.stale_mkdir_makes_file;
     s.stale_leaf_of_pending = flags.stale_leaf_of_pending;
+    s.model.orphans_hidden = flags.orphans_hidden;
     for (i, op) in ops.iter().enumerate() {
         s.step(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
         if s.last_ok {
@@ -2698,4 +2813,61 @@ fn bug_rmdir_of_a_committed_group_with_a_pending_dataset_inside() {
         names.is_empty(),
         "g removed (with pending g/p inside) but the commit made {names:?}"
     );
+}
+
+/// A pending dataset declared in a committed group (so no pending node stands for the
+/// group), then the file replaced by one without that group: the pending dataset is
+/// still there (`.status` lists it, the next commit makes it and its group again), but
+/// `g` is neither listed nor found, so it cannot be read, written or removed until
+/// then. Minimal sequence written from the case `reference_model` models with
+/// `ORPHANS_HIDDEN`.
+#[test]
+#[ignore = "known divergence: a pending dataset whose committed group vanished is hidden until the commit makes it"]
+fn bug_pending_dataset_of_a_vanished_group_is_hidden() {
+    let spec = Spec {
+        dt: Dt::U8,
+        shape: vec![4],
+        tile: vec![2],
+        fill: 0,
+    };
+    let ops = vec![
+        Op::CreateFile { core: 0, file: 0 },
+        Op::Declare {
+            core: 0,
+            file: 0,
+            ds: 3, // g/d0
+            spec: spec.clone(),
+        },
+        Op::WriteData {
+            core: 0,
+            at: Pick::Raw(0, 3),
+            piece: None,
+            seed: 1,
+        },
+        Op::Commit { core: 0, file: 0 },
+        Op::Declare {
+            core: 1,
+            file: 0,
+            ds: 4, // g/d1, in the committed group
+            spec,
+        },
+        Op::Replace {
+            file: 0,
+            dsets: vec![],
+        },
+        Op::Read {
+            core: 2,
+            at: Pick::Raw(0, 4),
+            target: Target::Data,
+            window: (0, 0),
+        },
+    ];
+    run_flags(
+        &ops,
+        Flags {
+            orphans_hidden: false,
+            ..FLAGS
+        },
+    )
+    .unwrap();
 }
