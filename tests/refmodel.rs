@@ -278,6 +278,9 @@ struct Model {
     files: BTreeMap<String, FileM>,
     /// See [`ORPHANS_HIDDEN`].
     orphans_hidden: bool,
+    /// `file/group` paths the current operation's core walks through a cached dentry
+    /// (a group gone from the file stays reachable that way for the entry TTL).
+    reach: BTreeSet<String>,
 }
 
 impl Model {
@@ -291,7 +294,10 @@ impl Model {
         let fm = self.file(f)?;
         // A dataset is reached through its group (see ORPHANS_HIDDEN).
         if let Some(g) = group_of(d) {
-            if self.orphans_hidden && !fm.group_exists(g) {
+            if self.orphans_hidden
+                && !fm.group_exists(g)
+                && !self.reach.contains(&format!("{f}/{g}"))
+            {
                 return Err(libc::ENOENT);
             }
         }
@@ -971,6 +977,14 @@ impl Sut {
     fn step(&mut self, op: &Op) -> Result<(), String> {
         self.log.push(format!("{op:?}"));
         self.last_ok = false;
+        self.model.reach.clear();
+        if let Some(c) = op_core(op) {
+            for f in FILES {
+                if self.cores[c as usize].cached(&[f, "g"]) {
+                    self.model.reach.insert(format!("{f}/g"));
+                }
+            }
+        }
         match op.clone() {
             Op::CreateFile { core, file } => {
                 let f = FILES[file as usize];
@@ -1037,7 +1051,13 @@ impl Sut {
                 let want = match self.model.file(f) {
                     Err(_) if stale_parent => Ok(()),
                     Err(e) => Err(e),
-                    Ok(fm) if group_of(d).is_some_and(|g| !fm.group_exists(g)) => Err(libc::ENOENT),
+                    Ok(fm)
+                        if group_of(d).is_some_and(|g| {
+                            !fm.group_exists(g) && !self.model.reach.contains(&format!("{f}/{g}"))
+                        }) =>
+                    {
+                        Err(libc::ENOENT)
+                    }
                     Ok(_) if self.model.ds(f, d).is_ok() => Err(libc::EEXIST),
                     Ok(_) => Ok(()),
                 };
@@ -1550,10 +1570,17 @@ impl Sut {
                             .map(str::to_string)
                             .collect();
                         want.retain(|n| !n.contains('/'));
+                        // A cached dentry of the committed group, gone from the file since
+                        // (now a pending group): the readdir may fail, as for a stale
+                        // leaf (see STALE_LEAF_OF_PENDING).
+                        let stale = self.stale_leaf_of_pending
+                            && fs.cached(&[f, "g"])
+                            && !fm.committed_groups.contains("g");
                         let got = resolve(fs, &[f, "g"])
                             .and_then(|ino| errno(fs.readdir(ino)))
                             .map(|v| v.into_iter().map(|e| e.name).collect::<BTreeSet<String>>());
-                        same(&format!("readdir {f}/g"), &got, &Ok(want))?;
+                        let want = or_stale(stale, &got, Ok(want));
+                        same(&format!("readdir {f}/g"), &got, &want)?;
                     }
                 }
             }
@@ -1787,6 +1814,27 @@ impl Drop for Sut {
 /// Operations that succeeded, by kind, over the whole run (to show what was covered).
 static OK_OPS: std::sync::Mutex<BTreeMap<&'static str, usize>> =
     std::sync::Mutex::new(BTreeMap::new());
+
+/// The core an operation goes through, if any.
+fn op_core(op: &Op) -> Option<u8> {
+    match op {
+        Op::CreateFile { core, .. }
+        | Op::Declare { core, .. }
+        | Op::Redeclare { core, .. }
+        | Op::WriteTile { core, .. }
+        | Op::WriteData { core, .. }
+        | Op::Rmdir { core, .. }
+        | Op::RmFile { core, .. }
+        | Op::Commit { core, .. }
+        | Op::Read { core, .. }
+        | Op::List { core, .. }
+        | Op::Status { core, .. }
+        | Op::Truncate { core, .. }
+        | Op::Open { core, .. }
+        | Op::Expire { core } => Some(*core),
+        Op::Replace { .. } | Op::ReadOld { .. } | Op::Close { .. } => None,
+    }
+}
 
 fn op_kind(op: &Op) -> &'static str {
     match op {
