@@ -1,11 +1,14 @@
 # h5tilefs: build, test, demo, benchmark.
 #   make test        fmt + clippy + Rust unit tests + integration tests on a real mount
 #   make demo        build, mount a generated sample, read it with ls/cat/numpy/od/dd
+#   make test-cluster two nodes (mount namespaces) over one GlusterFS volume on loopback:
+#                    cross-node coherence tests (part of test; needs root and FUSE)
 #   make bench-read  read throughput through the mount vs direct reads (not part of test)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
 APT_PKGS := fuse3 libhdf5-dev pkg-config hdf5-tools rsync
+GLUSTER_PKGS := glusterfs-server glusterfs-client
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
@@ -21,7 +24,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt build test test-legate demo bench-read clean-venv fuzz
+.PHONY: setup apt gluster-apt build test test-cluster test-legate demo bench-read clean-venv fuzz
 
 # Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
 # an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
@@ -56,7 +59,25 @@ test: build
 	$(CARGO) clippy --release --all-targets $(FEATURES) -- -D warnings
 	$(CARGO) test --release $(FEATURES)
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -x -q tests/integration
+	$(MAKE) test-cluster
 	$(MAKE) test-legate
+
+gluster-apt:
+	@if ! dpkg -s $(GLUSTER_PKGS) >/dev/null 2>&1; then \
+	  echo "installing $(GLUSTER_PKGS)"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(GLUSTER_PKGS); \
+	fi
+
+# Skipped (with the reason) only when the kernel cannot mount FUSE; GlusterFS is installed.
+# The suite starts its own glusterd on 127.0.0.1 and tears everything down (docs/reliability.md).
+test-cluster: build
+	@if [ ! -c /dev/fuse ] || ! grep -qw fuse /proc/filesystems; then \
+	  echo "test-cluster: SKIPPED: this kernel has no FUSE (/dev/fuse or 'fuse' in /proc/filesystems missing)"; \
+	else \
+	  $(MAKE) --no-print-directory gluster-apt && \
+	  H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q -p no:cacheprovider tests/cluster; \
+	fi
 
 $(LEGATE_PY):
 	python3 -m venv $(LEGATE_VENV)

@@ -75,8 +75,20 @@ fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
     if values.len() != n {
         return None;
     }
+    // An empty attribute can still claim a huge shape such as (2^20, 2^20, 0): nesting
+    // it would build 2^40 empty lists. Such attributes are left out of meta.json.
+    let lists = shape
+        .iter()
+        .take(shape.len().saturating_sub(1))
+        .try_fold(1usize, |a, &d| a.checked_mul(d));
+    if lists.is_none_or(|l| l > MAX_NESTED_LISTS) {
+        return None;
+    }
     Some(nest(&values, &shape))
 }
+
+/// Most nested lists one attribute's JSON may have.
+const MAX_NESTED_LISTS: usize = 1 << 20;
 
 fn nest(values: &[Value], shape: &[usize]) -> Value {
     match shape {
@@ -174,5 +186,23 @@ mod tests {
         c.extend(2.0f32.to_le_bytes());
         assert_eq!(scalar_json("<c8", &c), json!([1.0, 2.0]));
         assert_eq!(scalar_json("<f16", &[0; 16]), Value::Null);
+    }
+
+    /// An empty attribute of shape (2^20, 2^20, 0) is left out at once; it used to build
+    /// 2^40 empty lists (meta.json hung). A small empty one still nests.
+    #[test]
+    fn empty_attribute_with_a_huge_shape_is_left_out() {
+        let d = tempfile::tempdir().unwrap();
+        let f = hdf5::File::create(d.path().join("a.h5")).unwrap();
+        let ds = f.new_dataset::<i32>().shape([2]).create("x").unwrap();
+        ds.new_attr::<i32>()
+            .shape([1 << 20, 1 << 20, 0])
+            .create("huge")
+            .unwrap();
+        ds.new_attr::<i32>().shape([2, 0]).create("small").unwrap();
+        let t0 = std::time::Instant::now();
+        assert_eq!(read_attr(&ds, "huge"), None);
+        assert!(t0.elapsed().as_secs() < 2);
+        assert_eq!(read_attr(&ds, "small"), Some(json!([[], []])));
     }
 }

@@ -133,27 +133,63 @@ pub fn rust_decodable(filters: &[FilterInfo]) -> bool {
     filters.iter().all(|f| matches!(f.id, 1..=3))
 }
 
-/// Runs the pipeline backwards over a stored chunk. `None` means "let HDF5 do it"
-/// (unknown filter, or a checksum we could not confirm).
+/// The largest cell (decoded chunk, or block read through HDF5) the daemon allocates.
+/// HDF5 allows chunks up to 4 GiB; a tiny crafted file can declare one, and every
+/// reader thread would then allocate that much. Larger cells are refused with EFBIG.
+pub const MAX_CELL_BYTES: u64 = 1 << 30;
+
+/// The most a stored (filtered) chunk may exceed its decoded size: deflate's worst
+/// case is about 0.03 % plus a few bytes, each Fletcher-32 adds 4 bytes.
+fn max_stored_bytes(decoded: u64) -> u64 {
+    decoded.saturating_mul(2).saturating_add(1 << 16)
+}
+
+/// Inflates `input` into at most `cap` bytes. `Ok(None)`: a corrupt or short stream,
+/// left to HDF5 (which reports it); `Err`: the stream inflates beyond `cap`, refused
+/// after `cap + 1` bytes so a deflate bomb never costs more than one chunk of memory.
+fn inflate_bounded(input: &[u8], cap: usize) -> std::result::Result<Option<Vec<u8>>, String> {
+    let mut out = Vec::with_capacity(cap.saturating_add(1));
+    let limit = (cap as u64).saturating_add(1);
+    match flate2::read::ZlibDecoder::new(input)
+        .take(limit)
+        .read_to_end(&mut out)
+    {
+        Ok(_) if out.len() > cap => Err(format!(
+            "its deflate stream inflates beyond the chunk's decoded size of {cap} bytes \
+             (corrupt or crafted file)"
+        )),
+        Ok(_) => Ok(Some(out)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Runs the pipeline backwards over a stored chunk whose decoded size is `expect`.
+/// `Ok(None)` means "let HDF5 do it" (unknown filter, corrupt stream, or a checksum we
+/// could not confirm); `Err` means the chunk must not be decoded at all (it would
+/// inflate beyond its size: HDF5 would allocate the whole stream, then truncate it).
 pub fn decode_chunk(
     raw: Vec<u8>,
     filters: &[FilterInfo],
     mask: u32,
     elem: usize,
     expect: usize,
-) -> Option<Vec<u8>> {
+) -> std::result::Result<Option<Vec<u8>>, String> {
+    let active = |i: usize| i >= 32 || mask & (1 << i) == 0;
     let mut buf = raw;
     for (i, f) in filters.iter().enumerate().rev() {
-        if i < 32 && mask & (1 << i) != 0 {
+        if !active(i) {
             continue;
         }
         buf = match f.id {
             1 => {
-                let mut out = Vec::with_capacity(expect);
-                flate2::read::ZlibDecoder::new(&buf[..])
-                    .read_to_end(&mut out)
-                    .ok()?;
-                out
+                // The bytes before this filter ran: the chunk plus the checksums of
+                // the Fletcher-32 filters that ran earlier.
+                let sums = (0..i).filter(|&j| active(j) && filters[j].id == 3).count();
+                let cap = expect.saturating_add(4 * sums);
+                match inflate_bounded(&buf, cap)? {
+                    Some(out) => out,
+                    None => return Ok(None),
+                }
             }
             2 => {
                 let es = f.cd_values.first().map(|&v| v as usize).unwrap_or(elem);
@@ -161,21 +197,21 @@ pub fn decode_chunk(
             }
             3 => {
                 if buf.len() < 4 {
-                    return None;
+                    return Ok(None);
                 }
                 let n = buf.len() - 4;
                 let stored = u32::from_le_bytes([buf[n], buf[n + 1], buf[n + 2], buf[n + 3]]);
                 let sum = fletcher32(&buf[..n]);
                 if stored != sum && stored != sum.swap_bytes() {
-                    return None;
+                    return Ok(None);
                 }
                 buf.truncate(n);
                 buf
             }
-            _ => return None,
+            _ => return Ok(None),
         };
     }
-    (buf.len() == expect).then_some(buf)
+    Ok((buf.len() == expect).then_some(buf))
 }
 
 /// Reads cell `index` of a regular grid of `cell`-shaped blocks through the HDF5
@@ -207,6 +243,8 @@ fn read_cell(
 /// remembered) and how a filtered one is decoded.
 pub struct ChunkStore {
     uid: u64,
+    /// The dataset's path in its file, for error messages.
+    pub name: String,
     pub file: Arc<BackingFile>,
     dset: hdf5::Dataset,
     pub shape: Vec<u64>,
@@ -214,25 +252,46 @@ pub struct ChunkStore {
     pub grid: Vec<u64>,
     pub elem: u64,
     pub filters: Vec<FilterInfo>,
+    /// Bytes of one decoded chunk (checked when built).
+    bytes: u64,
     locs: DashMap<u64, Option<ChunkLoc>>,
 }
 
 impl ChunkStore {
+    /// Fails (EFBIG) when a chunk's byte size overflows: a corrupt layout message.
     pub fn new(
+        name: &str,
         file: Arc<BackingFile>,
         dset: hdf5::Dataset,
         shape: Vec<u64>,
         chunk: Vec<u64>,
         elem: u64,
         filters: Vec<FilterInfo>,
-    ) -> Self {
+    ) -> Result<Self> {
+        if chunk.len() != shape.len() || chunk.contains(&0) {
+            return Err(Error::io(format!(
+                "{}: dataset {name}: bad chunk shape {chunk:?} for shape {shape:?}",
+                file.path.display()
+            )));
+        }
+        let bytes = crate::geometry::checked_bytes(&chunk, elem).ok_or_else(|| {
+            Error::new(
+                libc::EFBIG,
+                format!(
+                    "{}: dataset {name}: chunk shape {chunk:?} of {elem}-byte elements \
+                     overflows (corrupt layout message)",
+                    file.path.display()
+                ),
+            )
+        })?;
         let grid = shape
             .iter()
             .zip(&chunk)
             .map(|(s, c)| s.div_ceil(*c))
             .collect();
-        ChunkStore {
+        Ok(ChunkStore {
             uid: next_uid(),
+            name: name.to_string(),
             file,
             dset,
             shape,
@@ -240,8 +299,9 @@ impl ChunkStore {
             grid,
             elem,
             filters,
+            bytes,
             locs: DashMap::new(),
-        }
+        })
     }
 
     fn chunk_start(&self, index: u64) -> Vec<u64> {
@@ -252,12 +312,33 @@ impl ChunkStore {
             .collect()
     }
 
-    /// Where chunk `index` is stored; `None` if it was never written.
+    /// "FILE: dataset NAME: chunk N at [i, j]" for error messages.
+    fn what(&self, index: u64) -> String {
+        format!(
+            "{}: dataset {}: chunk {index} at {:?}",
+            self.file.path.display(),
+            self.name,
+            self.chunk_start(index)
+        )
+    }
+
+    /// Where chunk `index` is stored; `None` if it was never written. A location whose
+    /// end overflows the file offsets (corrupt chunk index) is an error (EIO).
     pub fn loc(&self, index: u64) -> Result<Option<ChunkLoc>> {
         if let Some(l) = self.locs.get(&index) {
             return Ok(*l);
         }
         let l = h5::chunk_by_coord(self.dset.id(), &self.chunk_start(index))?;
+        if let Some(loc) = &l {
+            if loc.addr.checked_add(loc.size).is_none() {
+                return Err(Error::io(format!(
+                    "{}: stored at {} with {} bytes, past any file offset (corrupt chunk index)",
+                    self.what(index),
+                    loc.addr,
+                    loc.size
+                )));
+            }
+        }
         self.locs.insert(index, l);
         Ok(l)
     }
@@ -282,6 +363,54 @@ impl ChunkStore {
             index,
         )
     }
+
+    /// Checks a stored chunk's size and place before anything (ours or HDF5's) reads
+    /// it: both come from the file's chunk index and size the read buffer.
+    fn check_stored(&self, index: u64, loc: &ChunkLoc) -> Result<()> {
+        let refuse = |why: String| Error::io(format!("{}: {why}", self.what(index)));
+        if loc.size > max_stored_bytes(self.bytes) {
+            return Err(refuse(format!(
+                "stored size of {} bytes is implausible for a chunk of {} bytes \
+                 (corrupt chunk index)",
+                loc.size, self.bytes
+            )));
+        }
+        let file_len = self
+            .file
+            .file
+            .metadata()
+            .map_err(|e| Error::from_io(format!("{}: fstat", self.file.path.display()), e))?
+            .len();
+        if loc.addr.saturating_add(loc.size) > file_len {
+            return Err(refuse(format!(
+                "stored at {}..{} past the end of the file ({file_len} bytes): \
+                 truncated or corrupt file",
+                loc.addr,
+                loc.addr.saturating_add(loc.size)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads and decodes a stored chunk (checked by `check_stored`) in Rust.
+    /// `Ok(None)`: HDF5 must decode it.
+    fn decode_stored(&self, index: u64, loc: &ChunkLoc, expect: usize) -> Result<Option<Vec<u8>>> {
+        let refuse = |why: String| Error::io(format!("{}: {why}", self.what(index)));
+        let size = usize::try_from(loc.size).map_err(|_| refuse("stored size too large".into()))?;
+        let mut raw = vec![0u8; size];
+        self.file
+            .file
+            .read_exact_at(&mut raw, loc.addr)
+            .map_err(|e| Error::from_io(format!("reading {}", self.what(index)), e))?;
+        decode_chunk(
+            raw,
+            &self.filters,
+            loc.filter_mask,
+            self.elem as usize,
+            expect,
+        )
+        .map_err(|why| refuse(format!("{why}; the chunk is not served")))
+    }
 }
 
 impl CellSource for ChunkStore {
@@ -290,30 +419,36 @@ impl CellSource for ChunkStore {
     }
 
     fn cell_bytes(&self) -> u64 {
-        self.chunk.iter().product::<u64>() * self.elem
+        self.bytes
     }
 
     fn load(&self, index: u64) -> Result<Vec<u8>> {
-        let expect = self.cell_bytes() as usize;
+        if self.bytes > MAX_CELL_BYTES {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!(
+                    "{}: decoding needs {} bytes, more than the limit of {MAX_CELL_BYTES} \
+                     (rechunk the dataset smaller)",
+                    self.what(index),
+                    self.bytes
+                ),
+            ));
+        }
+        let expect = self.bytes as usize;
         let Some(loc) = self.loc(index)? else {
             return self.read_through_hdf5(index);
         };
+        self.check_stored(index, &loc)?;
         if rust_decodable(&self.filters) {
-            let mut raw = vec![0u8; loc.size as usize];
-            self.file
-                .file
-                .read_exact_at(&mut raw, loc.addr)
-                .map_err(|e| Error::from_io(format!("reading chunk {index}"), e))?;
-            if let Some(out) = decode_chunk(
-                raw,
-                &self.filters,
-                loc.filter_mask,
-                self.elem as usize,
-                expect,
-            ) {
+            if let Some(out) = self.decode_stored(index, &loc, expect)? {
                 return Ok(out);
             }
-            tracing::debug!(index, "chunk not decodable in Rust, using HDF5");
+            tracing::debug!(
+                file = %self.file.path.display(),
+                dataset = %self.name,
+                index,
+                "chunk not decodable in Rust, using HDF5"
+            );
         }
         self.read_through_hdf5(index)
     }
@@ -354,7 +489,7 @@ impl CellSource for HdfCells {
     }
 
     fn cell_bytes(&self) -> u64 {
-        self.cell.iter().product::<u64>() * self.elem
+        crate::geometry::checked_bytes(&self.cell, self.elem).unwrap_or(u64::MAX)
     }
 
     fn load(&self, index: u64) -> Result<Vec<u8>> {
@@ -420,15 +555,82 @@ mod tests {
         let filters = vec![f(1), f(3)];
         assert_eq!(
             decode_chunk(z.clone(), &filters, 0, 4, data.len()),
-            Some(data.clone())
+            Ok(Some(data.clone()))
         );
         // A corrupted checksum is not trusted: HDF5 decides.
         let mut bad = z;
         let n = bad.len();
         bad[n - 1] ^= 0xff;
-        assert_eq!(decode_chunk(bad, &filters, 0, 4, data.len()), None);
+        assert_eq!(decode_chunk(bad, &filters, 0, 4, data.len()), Ok(None));
         // Wrong expected size is refused.
-        assert_eq!(decode_chunk(vec![1, 2, 3], &[], 0, 1, 4), None);
+        assert_eq!(decode_chunk(vec![1, 2, 3], &[], 0, 1, 4), Ok(None));
+    }
+
+    fn filter(id: i32) -> FilterInfo {
+        FilterInfo {
+            id,
+            name: String::new(),
+            cd_values: vec![],
+            optional: false,
+        }
+    }
+
+    /// A zlib stream of `n` zeros, made without holding them.
+    fn zeros_stream(n: usize) -> Vec<u8> {
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let block = vec![0u8; 1 << 20];
+        for _ in 0..n >> 20 {
+            enc.write_all(&block).unwrap();
+        }
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn deflate_bomb_fails_fast_with_bounded_memory() {
+        // 1 GiB of zeros declared as a 4 KiB chunk: refused after 4 KiB + 1 byte of
+        // output, where the unbounded read_to_end allocated and filled 1 GiB.
+        let z = zeros_stream(1 << 30);
+        assert!(z.len() < 2 << 20);
+        let t = std::time::Instant::now();
+        let r = decode_chunk(z, &[filter(1)], 0, 4, 4096);
+        let why = r.expect_err("a stream inflating past its chunk must be refused");
+        assert!(
+            why.contains("inflates beyond") && why.contains("4096"),
+            "{why}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        // The same bound holds after a shuffle and with a checksum inside the deflate.
+        let z = zeros_stream(64 << 20);
+        assert!(decode_chunk(z, &[filter(2), filter(1)], 0, 4, 4096).is_err());
+        // A stream of exactly the chunk's size still decodes, checksum inside included:
+        // the Fletcher-32 that ran before deflate adds 4 bytes to what it inflates to.
+        let data = vec![7u8; 4096];
+        let mut inner = data.clone();
+        inner.extend_from_slice(&fletcher32(&data).to_le_bytes());
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(4));
+        enc.write_all(&inner).unwrap();
+        let z = enc.finish().unwrap();
+        assert_eq!(
+            decode_chunk(z.clone(), &[filter(3), filter(1)], 0, 1, 4096),
+            Ok(Some(data))
+        );
+        // One byte short of the checksum: it no longer fits.
+        assert!(decode_chunk(z, &[filter(1)], 0, 1, 4096).is_err());
+        // A filter skipped by the chunk's mask is not run.
+        assert_eq!(
+            decode_chunk(vec![9u8; 16], &[filter(1)], 1, 1, 16),
+            Ok(Some(vec![9u8; 16]))
+        );
+    }
+
+    #[test]
+    fn stored_size_bound() {
+        assert_eq!(max_stored_bytes(4096), 8192 + 65536);
+        assert_eq!(max_stored_bytes(u64::MAX), u64::MAX);
     }
 
     struct Counting(AtomicU64);

@@ -51,6 +51,26 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::from_io(what, e)
 }
 
+/// `create_dir_all` that survives other nodes making the same directories at once. On
+/// GlusterFS two clients' concurrent `mkdir` of one name is not atomic: both can get
+/// EEXIST while no directory exists yet (measured: 2 of 62 tries); retry until the
+/// directory is there.
+pub fn create_dir_all(dir: &Path) -> Result<()> {
+    let mut wait = Duration::from_millis(1);
+    for _ in 0..12 {
+        match std::fs::create_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(_) if dir.is_dir() => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(Error::from_io(format!("creating {}", dir.display()), e)),
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))
+}
+
 /// fsyncs a directory, so that a rename or a new name in it survives a crash.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
     let f = std::fs::File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
@@ -121,17 +141,130 @@ pub fn create_exclusive(path: &Path, data: &[u8]) -> Result<bool> {
 /// An exclusive `flock` on a file's lock file in the backing directory, held until
 /// dropped (or the daemon dies: the kernel releases it).
 pub struct FileLock {
-    _f: std::fs::File,
+    f: std::fs::File,
+    path: std::path::PathBuf,
 }
+
+/// The version of a file that the last transition under its lock left: written into
+/// the lock file before the lock is released, read by the next holder, which waits
+/// until its view of the backing directory shows that version. A distributed file
+/// system's client can keep showing the old name → inode for a while after another
+/// client renamed a new file over it (GlusterFS: up to 1 s, then `ESTALE` or, worse,
+/// the old file's bytes); starting a change from that view would drop the other
+/// node's change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// None: the file did not exist.
+    pub ident: Option<(u64, u64, i64, i64)>,
+}
+
+impl Stamp {
+    /// The stamp of `path` as this node sees it now.
+    pub fn of(path: &Path) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            ident: std::fs::metadata(path)
+                .ok()
+                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec())),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![b' '; STAMP_LEN];
+        let text = match self.ident {
+            Some((ino, size, s, ns)) => format!("h5tilefs-stamp v1 {ino} {size} {s} {ns}\n"),
+            None => "h5tilefs-stamp v1 absent\n".to_string(),
+        };
+        b[..text.len()].copy_from_slice(text.as_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Stamp> {
+        let text = std::str::from_utf8(b).ok()?;
+        let mut it = text.split_whitespace();
+        if it.next()? != "h5tilefs-stamp" || it.next()? != "v1" {
+            return None;
+        }
+        let first = it.next()?;
+        if first == "absent" {
+            return Some(Stamp { ident: None });
+        }
+        Some(Stamp {
+            ident: Some((
+                first.parse().ok()?,
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+            )),
+        })
+    }
+}
+
+/// Bytes of the stamp at the start of a lock file (one aligned block, for O_DIRECT).
+const STAMP_LEN: usize = 4096;
 
 impl FileLock {
     fn open(path: &Path) -> Result<std::fs::File> {
         std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
             .open(path)
             .map_err(io(format!("opening lock {}", path.display())))
+    }
+
+    /// Opens the lock file for stamp I/O that bypasses this node's page cache
+    /// (O_DIRECT), or normally where the file system has no O_DIRECT.
+    fn open_direct(&self) -> Result<(std::fs::File, bool)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.path)
+        {
+            Ok(f) => Ok((f, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((
+                self.f
+                    .try_clone()
+                    .map_err(io(format!("opening lock {}", self.path.display())))?,
+                false,
+            )),
+            Err(e) => Err(Error::from_io(
+                format!("opening lock {}", self.path.display()),
+                e,
+            )),
+        }
+    }
+
+    /// The stamp the last transition left (None: none yet, e.g. a new file).
+    pub fn stamp(&self) -> Result<Option<Stamp>> {
+        use std::os::unix::fs::FileExt;
+        let (f, _) = self.open_direct()?;
+        let mut buf = AlignedBlock::new()?;
+        let n = match f.read_at(buf.as_mut(), 0) {
+            Ok(n) => n,
+            Err(e) => {
+                return Err(Error::from_io(
+                    format!("reading {}", self.path.display()),
+                    e,
+                ))
+            }
+        };
+        Ok(Stamp::decode(&buf.as_mut()[..n]))
+    }
+
+    /// Records `stamp` for the next holder; durable before the lock is released.
+    pub fn set_stamp(&self, stamp: Stamp) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (f, _) = self.open_direct()?;
+        let mut buf = AlignedBlock::new()?;
+        buf.as_mut().copy_from_slice(&stamp.encode());
+        f.write_all_at(buf.as_mut(), 0)
+            .map_err(io(format!("writing {}", self.path.display())))?;
+        f.sync_all()
+            .map_err(io(format!("fsync {}", self.path.display())))
     }
 
     fn try_flock(f: &std::fs::File) -> std::io::Result<bool> {
@@ -151,7 +284,10 @@ impl FileLock {
     pub fn try_lock(path: &Path) -> Result<Option<FileLock>> {
         let f = Self::open(path)?;
         match Self::try_flock(&f) {
-            Ok(true) => Ok(Some(FileLock { _f: f })),
+            Ok(true) => Ok(Some(FileLock {
+                f,
+                path: path.to_path_buf(),
+            })),
             Ok(false) => Ok(None),
             Err(e) => Err(Error::from_io(format!("flock {}", path.display()), e)),
         }
@@ -165,7 +301,7 @@ impl FileLock {
         let mut wait = Duration::from_millis(1);
         loop {
             match Self::try_flock(&f) {
-                Ok(true) => return Ok(FileLock { _f: f }),
+                Ok(true) => return Ok(FileLock { f, path: path.to_path_buf() }),
                 Ok(false) if t0.elapsed() < limit => {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_millis(50));
@@ -183,6 +319,40 @@ impl FileLock {
                 Err(e) => return Err(Error::from_io(format!("flock {}", path.display()), e)),
             }
         }
+    }
+}
+
+/// One 4 KiB block aligned for O_DIRECT.
+struct AlignedBlock {
+    p: *mut u8,
+}
+
+impl AlignedBlock {
+    fn layout() -> std::alloc::Layout {
+        // 4096 is a power of two and non-zero: the layout is valid.
+        std::alloc::Layout::from_size_align(STAMP_LEN, STAMP_LEN)
+            .unwrap_or(std::alloc::Layout::new::<u8>())
+    }
+
+    fn new() -> Result<AlignedBlock> {
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
+        if p.is_null() {
+            return Err(Error::new(libc::ENOMEM, "no memory for a lock stamp"));
+        }
+        Ok(AlignedBlock { p })
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `p` points to STAMP_LEN initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.p, STAMP_LEN) }
+    }
+}
+
+impl Drop for AlignedBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.p, Self::layout()) }
     }
 }
 
@@ -237,6 +407,24 @@ mod tests {
         });
         assert_eq!(wins, 1);
         assert_eq!(std::fs::read(&p).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn stamps_round_trip_through_the_lock_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("commit.lock");
+        let l = FileLock::try_lock(&p).unwrap().unwrap();
+        assert_eq!(l.stamp().unwrap(), None);
+        let f = d.path().join("f.h5");
+        assert_eq!(Stamp::of(&f), Stamp { ident: None });
+        l.set_stamp(Stamp::of(&f)).unwrap();
+        assert_eq!(l.stamp().unwrap(), Some(Stamp { ident: None }));
+        std::fs::write(&f, b"x").unwrap();
+        l.set_stamp(Stamp::of(&f)).unwrap();
+        drop(l);
+        let l = FileLock::try_lock(&p).unwrap().unwrap();
+        assert_eq!(l.stamp().unwrap(), Some(Stamp::of(&f)));
+        assert!(Stamp::of(&f).ident.is_some());
     }
 
     #[test]

@@ -168,7 +168,8 @@ pub fn dim_overlap(d: &DimSel, b0: u64, bn: u64) -> (u64, u64) {
     if d.count == 0 || bn == 0 {
         return (0, 0);
     }
-    let b1 = b0 + bn;
+    // Blocks are checked against the dataset when built; saturate all the same.
+    let b1 = b0.saturating_add(bn);
     let lo = if b0 > d.start {
         (b0 - d.start).div_ceil(d.step)
     } else {

@@ -4,13 +4,14 @@
 use crate::decode::CellCache;
 use crate::error::{Error, Result};
 use crate::geometry::{parse_tile_name, tile_name};
-use crate::h5file::{join, ChildKind, H5File};
+use crate::h5file::{join, ChildKind, H5File, Ident};
 use crate::model::{read_selection, DatasetModel, ModelOptions};
 use crate::namespace::{EntryKind, Namespace};
 use crate::pending::Pending;
 use crate::selection::{parse_slice, Hyperslab};
 use crate::staging::PendingMeta;
 use dashmap::DashMap;
+use std::ffi::OsStr;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -119,6 +120,53 @@ impl Node {
             Node::Dir(_) | Node::Control => None,
         }
     }
+
+    /// Whether the node shows bytes or structure of one version of a committed file, so
+    /// its inode is bound to that version (see "Identity and the kernel's caches" in
+    /// docs/architecture.md). Groups are not: the kernel caches only their entries, which
+    /// are invalidated one by one.
+    fn versioned(&self) -> bool {
+        matches!(
+            self,
+            Node::Dataset { .. }
+                | Node::Meta { .. }
+                | Node::Data { .. }
+                | Node::Tiles { .. }
+                | Node::Tile { .. }
+                | Node::Slices { .. }
+                | Node::Slice { .. }
+        )
+    }
+
+    /// The name of the node in its parent directory (for `inval_entry`).
+    fn name(&self) -> Option<String> {
+        match self {
+            Node::Meta { .. } | Node::PMeta { .. } => Some("meta.json".into()),
+            Node::Data { .. } | Node::PData { .. } => Some("data".into()),
+            Node::Tiles { .. } | Node::PTiles { .. } => Some("tiles".into()),
+            Node::Slices { .. } => Some("slice".into()),
+            Node::Tile { idx, .. } | Node::PTile { idx, .. } => Some(tile_name(idx)),
+            Node::Slice { sel, .. } => Some(sel.clone()),
+            Node::Commit { .. } => Some(".commit".into()),
+            Node::Status { .. } => Some(".status".into()),
+            Node::Control => Some(CONTROL_NAME.into()),
+            Node::Group { path, .. } if path == "/" => None,
+            Node::Group { path, .. } | Node::Dataset { path, .. } | Node::PNode { path, .. } => {
+                path.rsplit('/').next().map(str::to_string)
+            }
+            Node::Dir(rel) => rel.file_name().and_then(|n| n.to_str()).map(str::to_string),
+        }
+    }
+}
+
+/// Tells the kernel to drop what it caches of an inode (pages, attributes) or of a
+/// name (the dentry). Set by the FUSE adapter once the session exists; the core stays
+/// free of fuser. Implementations must not block: the core calls them from request
+/// handlers, and the kernel may wait on the request being handled before it acts on an
+/// `inval_entry` (the adapter queues them to a thread).
+pub trait Invalidator: Send + Sync {
+    fn inval_inode(&self, ino: u64);
+    fn inval_entry(&self, parent: u64, name: &OsStr);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +189,8 @@ pub struct Attr {
     pub atime: SystemTime,
     /// The node can change state at any time (pending data, commit): no kernel caching.
     pub volatile: bool,
+    /// The committed file version these attributes describe (None: not from one).
+    pub version: Option<Ident>,
 }
 
 #[derive(Clone, Debug)]
@@ -214,11 +264,35 @@ enum Handle {
     },
 }
 
+/// One registered node: its inode, the kernel's lookup count, the backing version it
+/// was made for (`None` for nodes that do not show a committed file's bytes) and the
+/// directory the kernel last looked it up in (0: unknown), for `inval_entry`.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    ino: u64,
+    count: u64,
+    version: Option<Ident>,
+    parent: u64,
+}
+
+/// An inode given up because its node now shows another version: what the kernel must
+/// be told (see `Fs::notify_stale`).
+#[derive(Clone, Debug)]
+struct Stale {
+    ino: u64,
+    parent: u64,
+    node: Node,
+}
+
 struct InodeTable {
-    by_node: DashMap<Node, (u64, u64)>,
+    by_node: DashMap<Node, Entry>,
     by_ino: DashMap<u64, Node>,
-    /// Inodes of removed directories (see `detach`): kernel lookup counts left.
+    /// Inodes given up by their node (see `detach`): kernel lookup counts left.
     detached: DashMap<u64, u64>,
+    /// Attributes of the version a data file's inode (`data`, a tile, a slice) was
+    /// made for, answered once that version is no longer current: the handles opened
+    /// on it still read it, and the kernel sizes their reads by these.
+    shown: DashMap<u64, Attr>,
     next: AtomicU64,
 }
 
@@ -228,33 +302,108 @@ impl InodeTable {
             by_node: DashMap::new(),
             by_ino: DashMap::new(),
             detached: DashMap::new(),
+            shown: DashMap::new(),
             next: AtomicU64::new(ROOT_INO + 1),
         };
-        t.by_node.insert(Node::Dir(PathBuf::new()), (ROOT_INO, 1));
+        t.by_node.insert(
+            Node::Dir(PathBuf::new()),
+            Entry {
+                ino: ROOT_INO,
+                count: 1,
+                version: None,
+                parent: 0,
+            },
+        );
         t.by_ino.insert(ROOT_INO, Node::Dir(PathBuf::new()));
         t
     }
 
-    /// The inode of `node`, counting one kernel lookup.
-    fn lookup(&self, node: &Node) -> u64 {
+    /// The inode of `node` showing `version`, counting one kernel lookup made in
+    /// directory `parent`. A node registered for another version gets a new inode; the
+    /// old one is detached and returned, so the kernel can be told to drop it.
+    /// `shown`: the attributes answered for it (kept for data files, see `shown`).
+    fn lookup(
+        &self,
+        node: &Node,
+        version: Option<Ident>,
+        parent: u64,
+        shown: Option<&Attr>,
+    ) -> (u64, Option<Stale>) {
+        let mut stale = None;
+        let mut fresh = false;
         let mut e = self.by_node.entry(node.clone()).or_insert_with(|| {
-            let ino = self.next.fetch_add(1, Ordering::Relaxed);
-            (ino, 0)
+            fresh = true;
+            Entry {
+                ino: self.next.fetch_add(1, Ordering::Relaxed),
+                count: 0,
+                version,
+                parent,
+            }
         });
-        e.1 += 1;
-        let ino = e.0;
+        if e.version != version {
+            fresh = true;
+            let old = *e;
+            *e = Entry {
+                ino: self.next.fetch_add(1, Ordering::Relaxed),
+                count: 0,
+                version,
+                parent,
+            };
+            // Under the entry's guard, so a concurrent forget of the old inode (which
+            // takes this guard first) finds its count in `detached`.
+            self.retire(old.ino, old.count);
+            stale = Some(Stale {
+                ino: old.ino,
+                parent: old.parent,
+                node: node.clone(),
+            });
+        }
+        e.count += 1;
+        if parent != 0 {
+            e.parent = parent;
+        }
+        let ino = e.ino;
         drop(e);
         self.by_ino.entry(ino).or_insert_with(|| node.clone());
-        ino
+        if let (true, Some(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) =
+            (fresh, shown, node)
+        {
+            self.shown.insert(ino, Attr { ino, ..a.clone() });
+        }
+        (ino, stale)
     }
 
-    /// The inode of `node` if it has one, else a stable pseudo number for listings.
-    fn peek(&self, node: &Node) -> u64 {
+    /// An inode no node maps to any more: kept while the kernel holds lookups of it.
+    fn retire(&self, ino: u64, count: u64) {
+        if count > 0 {
+            self.detached.insert(ino, count);
+        } else {
+            self.drop_ino(ino);
+        }
+    }
+
+    /// Forgets inode `ino` for good (the kernel holds no lookup of it).
+    fn drop_ino(&self, ino: u64) {
+        self.by_ino.remove(&ino);
+        self.shown.remove(&ino);
+    }
+
+    /// The attributes `ino` was made with, if it is a data file's inode.
+    fn shown(&self, ino: u64) -> Option<Attr> {
+        self.shown.get(&ino).map(|a| a.clone())
+    }
+
+    /// The inode of `node` if it has one for `version`, else a stable pseudo number
+    /// for listings.
+    fn peek(&self, node: &Node, version: Option<Ident>) -> u64 {
         if let Some(e) = self.by_node.get(node) {
-            return e.0;
+            if e.version == version {
+                return e.ino;
+            }
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         node.hash(&mut h);
+        version.hash(&mut h);
         h.finish() | (1 << 63)
     }
 
@@ -263,6 +412,15 @@ impl InodeTable {
             .get(&ino)
             .map(|n| n.clone())
             .ok_or_else(|| Error::new(libc::ESTALE, format!("unknown inode {ino}")))
+    }
+
+    /// The version `ino` was made for: `Ok(None)` for unversioned nodes, `Err` when the
+    /// inode was detached (it shows a version that is no longer current).
+    fn version(&self, ino: u64, node: &Node) -> std::result::Result<Option<Ident>, ()> {
+        match self.by_node.get(node) {
+            Some(e) if e.ino == ino => Ok(e.version),
+            _ => Err(()),
+        }
     }
 
     fn forget(&self, ino: u64, n: u64) {
@@ -275,10 +433,10 @@ impl InodeTable {
         let mut gone = false;
         let mut found = false;
         if let Some(mut e) = self.by_node.get_mut(&node) {
-            if e.0 == ino {
+            if e.ino == ino {
                 found = true;
-                e.1 = e.1.saturating_sub(n);
-                gone = e.1 == 0;
+                e.count = e.count.saturating_sub(n);
+                gone = e.count == 0;
             }
         }
         if !found {
@@ -287,7 +445,7 @@ impl InodeTable {
                 let last = *c == 0;
                 drop(c);
                 if last && self.detached.remove_if(&ino, |_, c| *c == 0).is_some() {
-                    self.by_ino.remove(&ino);
+                    self.drop_ino(ino);
                 }
             }
             return;
@@ -297,10 +455,10 @@ impl InodeTable {
         if gone
             && self
                 .by_node
-                .remove_if(&node, |_, v| v.0 == ino && v.1 == 0)
+                .remove_if(&node, |_, v| v.ino == ino && v.count == 0)
                 .is_some()
         {
-            self.by_ino.remove(&ino);
+            self.drop_ino(ino);
         }
     }
 
@@ -310,14 +468,41 @@ impl InodeTable {
     /// asking us; while anything still holds it (an open file below it), handing out the
     /// same number again for the name made again (mkdir, commit) made the kernel reuse the
     /// dead inode, so the new dataset or file directory was ENOENT through this mount.
-    fn detach(&self, node: &Node) {
-        if let Some((_, (ino, count))) = self.by_node.remove(node) {
-            if count > 0 {
-                self.detached.insert(ino, count);
-            } else {
-                self.by_ino.remove(&ino);
+    fn detach(&self, node: &Node) -> Option<Stale> {
+        self.detach_if(node, |_| true)
+    }
+
+    /// `detach` when `pred` holds for the node's entry, decided under the entry's guard.
+    fn detach_if(&self, node: &Node, pred: impl FnOnce(&Entry) -> bool) -> Option<Stale> {
+        match self.by_node.entry(node.clone()) {
+            dashmap::mapref::entry::Entry::Occupied(o) if pred(o.get()) => {
+                let e = *o.get();
+                // Under the guard, as in `lookup`.
+                self.retire(e.ino, e.count);
+                o.remove();
+                Some(Stale {
+                    ino: e.ino,
+                    parent: e.parent,
+                    node: node.clone(),
+                })
             }
+            _ => None,
         }
+    }
+
+    /// Nodes of backing file `file` registered for a version other than `current`.
+    fn outdated(&self, file: &Path, current: Ident) -> Vec<Node> {
+        self.by_node
+            .iter()
+            .filter(|e| {
+                // Byte comparison: `Path`'s `==` compares component by component.
+                e.value().version.is_some_and(|v| v != current)
+                    && e.key()
+                        .file_and_path()
+                        .is_some_and(|(f, _)| f.as_os_str() == file.as_os_str())
+            })
+            .map(|e| e.key().clone())
+            .collect()
     }
 
     fn len(&self) -> usize {
@@ -334,8 +519,12 @@ pub struct Fs {
     /// Open handles; cloned out (`Fs::handle`) so no map guard is held across I/O.
     handles: DashMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
-    /// File generation seen at the last open of each inode, for keep_cache.
-    opened_gen: DashMap<u64, u64>,
+    /// Identity of each backing file when last seen, to notice a new version once
+    /// (see `Fs::file`).
+    seen: DashMap<PathBuf, Ident>,
+    /// Where notifications for the kernel go (none in unit tests and before the session
+    /// is made).
+    invalidator: std::sync::OnceLock<Arc<dyn Invalidator>>,
     pub cache: CellCache,
     pub bytes_served: AtomicU64,
     pub read_requests: AtomicU64,
@@ -458,7 +647,8 @@ impl Fs {
             inodes: InodeTable::new(),
             handles: DashMap::new(),
             next_fh: AtomicU64::new(1),
-            opened_gen: DashMap::new(),
+            seen: DashMap::new(),
+            invalidator: std::sync::OnceLock::new(),
             bytes_served: AtomicU64::new(0),
             read_requests: AtomicU64::new(0),
             pending: Pending::new(&ns_root),
@@ -550,6 +740,61 @@ impl Fs {
         Ok(())
     }
 
+    /// Sets where kernel notifications go; the first call wins.
+    pub fn set_invalidator(&self, inv: Arc<dyn Invalidator>) {
+        if self.invalidator.set(inv).is_err() {
+            tracing::warn!("kernel invalidator set twice; keeping the first");
+        }
+    }
+
+    /// The open HDF5 file at `rel` (revalidated by identity, see `Namespace::file`).
+    /// The first caller to see a new version of it detaches the inodes made for older
+    /// versions and tells the kernel to drop their pages and entries.
+    fn file(&self, rel: &Path) -> Result<Arc<H5File>> {
+        let f = self.ns.file(rel)?;
+        if self.seen.get(rel).is_some_and(|v| *v == f.ident) {
+            return Ok(f);
+        }
+        if let Some(prev) = self.seen.insert(rel.to_path_buf(), f.ident) {
+            if prev != f.ident {
+                self.drop_outdated(rel, f.ident);
+            }
+        }
+        Ok(f)
+    }
+
+    /// Detaches every inode of `rel` made for a version other than `current`, and
+    /// tells the kernel (their pages and their names).
+    fn drop_outdated(&self, rel: &Path, current: Ident) {
+        let nodes = self.inodes.outdated(rel, current);
+        if nodes.is_empty() {
+            return;
+        }
+        tracing::debug!(file = %rel.display(), inodes = nodes.len(), "new backing version: dropping inodes of the old one");
+        for n in nodes {
+            if let Some(st) = self
+                .inodes
+                .detach_if(&n, |e| e.version.is_some_and(|v| v != current))
+            {
+                self.notify_stale(&st);
+            }
+        }
+    }
+
+    /// Tells the kernel that `st`'s inode shows an old version: drop its pages and
+    /// attributes, and the dentry that names it.
+    fn notify_stale(&self, st: &Stale) {
+        let Some(inv) = self.invalidator.get() else {
+            return;
+        };
+        inv.inval_inode(st.ino);
+        if st.parent != 0 {
+            if let Some(name) = st.node.name() {
+                inv.inval_entry(st.parent, OsStr::new(&name));
+            }
+        }
+    }
+
     fn model(&self, f: &H5File, path: &str) -> Result<Arc<DatasetModel>> {
         f.model(path, &self.model_opts, &self.ns)
     }
@@ -584,6 +829,7 @@ impl Fs {
             ctime: t(m.ctime(), m.ctime_nsec()),
             atime: t(m.atime(), m.atime_nsec()),
             volatile: false,
+            version: None,
         }
     }
 
@@ -608,7 +854,7 @@ impl Fs {
 
     /// The backing metadata that attributes of nodes in `file` mirror.
     fn file_meta(&self, file: &Path) -> Result<std::fs::Metadata> {
-        match self.ns.file(file) {
+        match self.file(file) {
             Ok(f) => Ok(f.meta.clone()),
             Err(e) if self.pending.is_pending(file) => {
                 tracing::trace!(error = %e, "file not committed yet");
@@ -686,7 +932,7 @@ impl Fs {
         let mut a = match self.attr_of_inner(ino, &pnode) {
             Ok(a) => a,
             Err(_) if group => {
-                if let Ok(h) = self.ns.file(f) {
+                if let Ok(h) = self.file(f) {
                     if h.kind_of(p).is_ok() {
                         return None; // now a dataset: ENOENT stands
                     }
@@ -777,8 +1023,10 @@ impl Fs {
             }
             _ => {
                 let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let m = &f.meta;
+                let version = Some(f.ident);
+                let with_version = |a: Attr| Attr { version, ..a };
                 match node {
                     Node::Group { .. } => {
                         if f.kind_of(path)? != ChildKind::Group {
@@ -808,6 +1056,7 @@ impl Fs {
                     }
                     _ => Err(Error::io("unreachable node")),
                 }
+                .map(with_version)
             }
         }
     }
@@ -874,7 +1123,7 @@ impl Fs {
                         _ => Err(Error::not_found(format!("no {name} in pending {path}"))),
                     };
                 }
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 match f.listing(path)?.get(name) {
                     Some(ChildKind::Group) => Ok(Node::Group {
                         file: file.clone(),
@@ -919,7 +1168,7 @@ impl Fs {
                 match name {
                     "meta.json" => Ok(Node::Meta { file, path }),
                     "data" | "tiles" | "slice" => {
-                        let f = self.ns.file(&file)?;
+                        let f = self.file(&file)?;
                         self.supported_model(&f, &path)?;
                         Ok(match name {
                             "data" => Node::Data { file, path },
@@ -931,7 +1180,7 @@ impl Fs {
                 }
             }
             Node::Tiles { file, path } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 let idx = parse_tile_name(name, &md.grid().grid())
                     .ok_or_else(|| Error::not_found(format!("{path}: no tile {name:?}")))?;
@@ -952,7 +1201,7 @@ impl Fs {
                 })
             }
             Node::Slices { file, path } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 if let Err(e) = parse_slice(name, &md.shape) {
                     tracing::info!(dataset = %path, slice = name, reason = %e, "slice name rejected");
@@ -971,16 +1220,33 @@ impl Fs {
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
         let pnode = self.inodes.node(parent)?;
         let node = self.child(&pnode, name)?;
-        // Attributes first: a node that fails them is not registered.
+        // Attributes first: a node that fails them is not registered. The inode is bound
+        // to the version they were read from.
         let a = self.attr_of(0, &node)?;
-        let ino = self.inodes.lookup(&node);
+        let version = a.version.filter(|_| node.versioned());
+        let (ino, stale) = self.inodes.lookup(&node, version, parent, Some(&a));
+        if let Some(st) = stale {
+            // The kernel replaces the dentry being looked up itself (a new node id);
+            // one it holds elsewhere (under an old parent inode) must be dropped.
+            if st.parent == parent {
+                if let Some(inv) = self.invalidator.get() {
+                    inv.inval_inode(st.ino);
+                }
+            } else {
+                self.notify_stale(&st);
+            }
+        }
         Ok(Attr { ino, ..a })
     }
 
     /// Registers `node` (one kernel lookup) and returns its attributes.
     fn register(&self, node: &Node) -> Result<Attr> {
         let a = self.attr_of(0, node)?;
-        let ino = self.inodes.lookup(node);
+        let version = a.version.filter(|_| node.versioned());
+        let (ino, stale) = self.inodes.lookup(node, version, 0, Some(&a));
+        if let Some(st) = stale {
+            self.notify_stale(&st);
+        }
         Ok(Attr { ino, ..a })
     }
 
@@ -988,18 +1254,42 @@ impl Fs {
         self.inodes.forget(ino, n);
     }
 
+    /// Attributes of `ino`. A data file's inode made for a version that another
+    /// committed version replaced answers its own version's attributes: handles opened on it still read it,
+    /// and the kernel would clip or extend their reads to the new size. (New opens
+    /// through it use direct I/O, which the size does not limit; see `open`.)
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let node = self.inodes.node(ino)?;
-        self.attr_of(ino, &node)
+        let r = self.attr_of(ino, &node);
+        // Only against another committed version: a node answered as the pending one
+        // that replaces it (see `attr_of_replaced`) keeps that answer, for writes.
+        if let (Ok(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) = (&r, &node) {
+            let current = match self.inodes.version(ino, &node) {
+                Ok(v) => v == a.version,
+                Err(()) => false,
+            };
+            if !current && a.version.is_some() {
+                if let Some(old) = self.inodes.shown(ino) {
+                    return Ok(old);
+                }
+            }
+        }
+        r
     }
 
     /// Every entry of directory `ino` (without `.` and `..`).
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
         let node = self.inodes.node(ino)?;
+        // The committed version entries of this directory show, for their inode numbers.
+        let current = node
+            .file_and_path()
+            .and_then(|(f, _)| self.file(f).ok())
+            .map(|f| f.ident);
         let mut out = Vec::new();
         let mut add = |n: Node, kind: Kind, name: String| {
+            let version = if n.versioned() { current } else { None };
             out.push(DirEntry {
-                ino: self.inodes.peek(&n),
+                ino: self.inodes.peek(&n, version),
                 kind,
                 name,
             })
@@ -1113,7 +1403,7 @@ impl Fs {
                     );
                 }
                 if let Node::Group { .. } = &node {
-                    if let Ok(f) = self.ns.file(file) {
+                    if let Ok(f) = self.file(file) {
                         for (name, k) in &f.listing(path)?.children {
                             if seen.contains(name) {
                                 continue;
@@ -1137,7 +1427,7 @@ impl Fs {
                 }
             }
             Node::Dataset { file, path } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.model(&f, path)?;
                 let (file, path) = (file.clone(), path.clone());
                 add(
@@ -1169,7 +1459,7 @@ impl Fs {
                 }
             }
             Node::Tiles { file, path } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 for idx in md.grid().indices() {
                     let name = tile_name(&idx);
@@ -1255,7 +1545,8 @@ impl Fs {
                 }
             }
         }
-        let (handle, generation) = match &node {
+        // `served`: the committed version a data handle serves.
+        let (handle, served) = match &node {
             Node::Control => (Handle::Control(Arc::new(self.control_json())), None),
             Node::Status { file } => (Handle::Bytes(Arc::new(self.status_json(file))), None),
             Node::Commit { file } => (Handle::Commit { file: file.clone() }, None),
@@ -1318,34 +1609,41 @@ impl Fs {
                 ))
             }
             Node::Meta { file, path } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.model(&f, path)?;
-                (Handle::Bytes(md.meta_json()), Some(f.generation))
+                (Handle::Bytes(md.meta_json()), None)
             }
             Node::Data { file, path }
             | Node::Tile { file, path, .. }
             | Node::Slice { file, path, .. } => {
-                let f = self.ns.file(file)?;
+                let f = self.file(file)?;
                 let md = self.supported_model(&f, path)?;
                 let sel = self.selection(&node, &md)?;
                 caller.may_read_sources(&md, &f.abs, &self.ns.root)?;
-                let g = f.generation;
+                let v = f.ident;
                 (
                     Handle::View {
                         model: md,
                         sel,
                         _file: f,
                     },
-                    Some(g),
+                    Some(v),
                 )
             }
             _ => return Err(Error::new(libc::EISDIR, "is a directory")),
         };
-        let keep = match generation {
-            Some(g) => self.opened_gen.insert(ino, g) == Some(g),
-            None => false,
+        // The page cache of an inode only ever holds the version the inode is bound to:
+        // a handle of that version may use and keep it; one opened through an inode of
+        // an older version (a dentry the kernel still holds) serves the current version
+        // with direct I/O, so neither version's pages mix with the other's.
+        let (keep, direct) = match served {
+            Some(v) if self.inodes.version(ino, &node) == Ok(Some(v)) => (true, false),
+            Some(v) => {
+                tracing::debug!(ino, version = ?v, "open through an inode of an older version: direct I/O");
+                (false, true)
+            }
+            None => (false, !matches!(handle, Handle::View { .. })),
         };
-        let direct = !matches!(handle, Handle::View { .. });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.insert(fh, Arc::new(handle));
         Ok((fh, keep, direct))
@@ -1428,4 +1726,219 @@ fn meta_bytes(m: &PendingMeta) -> Vec<u8> {
     let mut v = serde_json::to_vec(&m.to_json()).unwrap_or_default();
     v.push(b'\n');
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn ident(v: u64) -> Ident {
+        Ident {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: v as i128,
+            ctime_ns: v as i128,
+        }
+    }
+
+    fn attr(size: u64) -> Attr {
+        Attr {
+            ino: 0,
+            kind: Kind::File,
+            size,
+            perm: 0o444,
+            uid: 0,
+            gid: 0,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
+            atime: SystemTime::UNIX_EPOCH,
+            volatile: false,
+            version: None,
+        }
+    }
+
+    fn tile(i: u64) -> Node {
+        Node::Tile {
+            file: PathBuf::from("f.h5"),
+            path: "/ds".into(),
+            idx: vec![i],
+        }
+    }
+
+    /// Every inode number maps to one node; every node's entry names an inode that maps
+    /// back to it; detached inodes belong to no entry; and the lookup counts the table
+    /// keeps equal what the kernel (`held`) was told and has not forgotten.
+    fn check(t: &InodeTable, held: &HashMap<u64, u64>) {
+        let mut in_entries = HashMap::new();
+        for e in t.by_node.iter() {
+            let ino = e.value().ino;
+            assert!(
+                in_entries.insert(ino, e.value().count).is_none(),
+                "ino {ino} twice"
+            );
+            assert_eq!(t.by_ino.get(&ino).as_deref(), Some(e.key()), "ino {ino}");
+        }
+        for s in t.shown.iter() {
+            assert!(
+                t.by_ino.contains_key(s.key()),
+                "attributes of gone ino {}",
+                s.key()
+            );
+            assert_eq!(s.value().ino, *s.key());
+        }
+        for d in t.detached.iter() {
+            assert!(
+                !in_entries.contains_key(d.key()),
+                "detached {} in use",
+                d.key()
+            );
+            assert!(
+                t.by_ino.contains_key(d.key()),
+                "detached {} unknown",
+                d.key()
+            );
+        }
+        for (&ino, &n) in held {
+            let kept = in_entries
+                .get(&ino)
+                .copied()
+                .or_else(|| t.detached.get(&ino).map(|c| *c))
+                .unwrap_or(0);
+            assert_eq!(kept, n, "lookup count of ino {ino}");
+        }
+        for e in t.by_node.iter() {
+            let ino = e.value().ino;
+            if ino != ROOT_INO {
+                assert_eq!(e.value().count, held.get(&ino).copied().unwrap_or(0));
+            }
+        }
+        for d in t.detached.iter() {
+            assert_eq!(*d.value(), held.get(d.key()).copied().unwrap_or(0));
+        }
+        // Only inodes the kernel holds (and entries being made) stay.
+        assert_eq!(
+            t.by_ino.len(),
+            1 + held
+                .iter()
+                .filter(|(&i, &n)| i != ROOT_INO && n > 0)
+                .count()
+        );
+    }
+
+    #[test]
+    fn new_version_gets_new_inode_and_old_one_lives_until_forgotten() {
+        let t = InodeTable::new();
+        let (a, s) = t.lookup(&tile(0), Some(ident(1)), 7, Some(&attr(100)));
+        assert!(s.is_none());
+        assert_eq!(t.lookup(&tile(0), Some(ident(1)), 7, None).0, a);
+        assert_eq!(t.peek(&tile(0), Some(ident(1))), a);
+        assert_ne!(t.peek(&tile(0), Some(ident(2))), a);
+        let (b, s) = t.lookup(&tile(0), Some(ident(2)), 9, Some(&attr(200)));
+        let s = s.expect("the old inode is reported");
+        assert_ne!(a, b);
+        assert_eq!((s.ino, s.parent), (a, 7));
+        assert_eq!(s.node.name().as_deref(), Some("0"));
+        // The old inode still answers (the kernel holds 2 lookups), as a stale one, with
+        // the attributes of its own version.
+        assert_eq!(t.node(a).unwrap(), tile(0));
+        assert_eq!(t.shown(a).map(|x| (x.ino, x.size)), Some((a, 100)));
+        assert_eq!(t.shown(b).map(|x| (x.ino, x.size)), Some((b, 200)));
+        assert!(t.version(a, &tile(0)).is_err());
+        assert_eq!(t.version(b, &tile(0)), Ok(Some(ident(2))));
+        t.forget(a, 1);
+        assert!(t.node(a).is_ok());
+        t.forget(a, 1);
+        assert_eq!(t.node(a).unwrap_err().errno, libc::ESTALE);
+        assert!(t.shown(a).is_none());
+        // Outdated nodes of the file, then detached for the new version.
+        assert!(t.outdated(Path::new("f.h5"), ident(2)).is_empty());
+        assert_eq!(t.outdated(Path::new("f.h5"), ident(3)), vec![tile(0)]);
+        assert!(t
+            .detach_if(&tile(0), |e| e.version == Some(ident(3)))
+            .is_none());
+        let s = t
+            .detach_if(&tile(0), |e| e.version != Some(ident(3)))
+            .unwrap();
+        assert_eq!((s.ino, s.parent), (b, 9));
+        assert_eq!(t.node(b).unwrap(), tile(0));
+        t.forget(b, 1);
+        check(&t, &HashMap::new());
+    }
+
+    /// Lookups of a few nodes in two versions, forgets and detaches from many threads;
+    /// each thread plays a kernel that forgets only what it looked up.
+    #[test]
+    fn inode_table_invariants_under_concurrency() {
+        let t = Arc::new(InodeTable::new());
+        let threads = 8;
+        let rounds = 20_000u64;
+        let barrier = Arc::new(std::sync::Barrier::new(threads));
+        let handles: Vec<_> = (0..threads as u64)
+            .map(|id| {
+                let (t, barrier) = (t.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut held: HashMap<u64, u64> = HashMap::new();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (id + 1);
+                    let mut rnd = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    barrier.wait();
+                    for _ in 0..rounds {
+                        let r = rnd();
+                        let node = tile(r % 6);
+                        match (r >> 8) % 10 {
+                            0..=4 => {
+                                let v = Some(ident(1 + (r >> 16) % 2));
+                                let (ino, _) = t.lookup(&node, v, 1, Some(&attr(r % 7)));
+                                assert_eq!(t.node(ino).unwrap(), node);
+                                *held.entry(ino).or_default() += 1;
+                            }
+                            5..=8 => {
+                                let Some((&ino, &n)) = held.iter().next() else {
+                                    continue;
+                                };
+                                let k = 1 + (r >> 16) % n;
+                                // Still known until the last lookup is forgotten.
+                                assert!(t.node(ino).is_ok(), "ino {ino} lost while held");
+                                t.forget(ino, k);
+                                if n == k {
+                                    held.remove(&ino);
+                                } else {
+                                    held.insert(ino, n - k);
+                                }
+                            }
+                            _ => {
+                                t.detach(&node);
+                            }
+                        }
+                    }
+                    held
+                })
+            })
+            .collect();
+        let mut held: HashMap<u64, u64> = HashMap::new();
+        let mut all = Vec::new();
+        for h in handles {
+            let h = h.join().expect("thread panicked");
+            for (&ino, &n) in &h {
+                *held.entry(ino).or_default() += n;
+            }
+            all.push(h);
+        }
+        check(&t, &held);
+        for h in all {
+            for (ino, n) in h {
+                t.forget(ino, n);
+            }
+        }
+        check(&t, &HashMap::new());
+        assert_eq!(t.len(), 1, "only the root is left");
+        assert!(t.detached.is_empty());
+        assert!(t.shown.is_empty());
+    }
 }

@@ -2,7 +2,7 @@
 //! one place where core errors become errnos.
 
 use crate::error::Error;
-use crate::fs::{Attr, Caller, Fs, Kind, ROOT_INO};
+use crate::fs::{Attr, Caller, Fs, Invalidator, Kind, ROOT_INO};
 use crate::stats::Op;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -10,7 +10,8 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
     Request, TimeOrNow, WriteFlags,
 };
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug_span, warn};
@@ -87,6 +88,52 @@ macro_rules! done {
             Err(e) => $reply.error($call.err(e)),
         }
     };
+}
+
+/// A notification for the kernel.
+enum Notice {
+    Inode(u64),
+    Entry(u64, OsString),
+}
+
+/// The core's [`Invalidator`]: queues notifications to one thread that writes them to
+/// /dev/fuse. Why a thread: the kernel handles `inval_entry` under the parent
+/// directory's lock, which a lookup in that directory holds while we answer it; sent
+/// from the request thread, the notification would wait for the reply it precedes.
+struct Queued(mpsc::Sender<Notice>);
+
+impl Invalidator for Queued {
+    fn inval_inode(&self, ino: u64) {
+        let _ = self.0.send(Notice::Inode(ino));
+    }
+
+    fn inval_entry(&self, parent: u64, name: &OsStr) {
+        let _ = self.0.send(Notice::Entry(parent, name.to_os_string()));
+    }
+}
+
+/// Starts the thread that sends the core's notifications through `notifier`, and
+/// returns the core's end of it. The thread ends when the core is dropped.
+pub fn invalidator(notifier: fuser::Notifier) -> std::io::Result<Arc<dyn Invalidator>> {
+    let (tx, rx) = mpsc::channel::<Notice>();
+    std::thread::Builder::new()
+        .name("h5tilefs-notify".into())
+        .spawn(move || {
+            for n in rx {
+                // ENOENT: the kernel no longer holds that inode or name; nothing to drop.
+                let r = match &n {
+                    Notice::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
+                    Notice::Entry(parent, name) => notifier.inval_entry(INodeNo(*parent), name),
+                };
+                match r {
+                    Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                        tracing::debug!(error = %e, "kernel notification failed")
+                    }
+                    _ => {}
+                }
+            }
+        })?;
+    Ok(Arc::new(Queued(tx)))
 }
 
 fn ttl(a: &Attr) -> Duration {

@@ -25,8 +25,9 @@ impl TileGrid {
             .collect()
     }
 
+    /// Saturating: a grid from a corrupt file may hold more tiles than u64 counts.
     pub fn num_tiles(&self) -> u64 {
-        self.grid().iter().product()
+        self.grid().iter().fold(1u64, |a, &g| a.saturating_mul(g))
     }
 
     /// The clipped hyperslab of tile `idx`, or None when `idx` is outside the grid.
@@ -51,9 +52,16 @@ impl TileGrid {
     /// Tile indices in C order.
     pub fn indices(&self) -> impl Iterator<Item = Vec<u64>> + '_ {
         let grid = self.grid();
-        let total: u64 = grid.iter().product();
+        let total = self.num_tiles();
         (0..total).map(move |lin| unravel(lin, &grid))
     }
+}
+
+/// Bytes of an array of `dims` elements of `elem` bytes, `None` when that overflows u64:
+/// dims come from files and users, and a wrapped size would mis-size every buffer and
+/// offset computed from it.
+pub fn checked_bytes(dims: &[u64], elem: u64) -> Option<u64> {
+    dims.iter().try_fold(elem, |a, &d| a.checked_mul(d))
 }
 
 /// C-order multi-index of linear index `lin` in `shape`.
@@ -142,6 +150,22 @@ mod tests {
         assert!(g.tile_slab(&[3, 0]).is_none());
         assert_eq!(g.indices().count(), 6);
         assert_eq!(TileGrid::new(vec![0, 5], vec![1, 5]).num_tiles(), 0);
+    }
+
+    #[test]
+    fn sizes_and_counts_do_not_wrap() {
+        assert_eq!(checked_bytes(&[4, 5], 8), Some(160));
+        assert_eq!(checked_bytes(&[], 8), Some(8));
+        // 2^32 * 2^32 elements: wrapped to 0 with a plain product in release builds.
+        assert_eq!(checked_bytes(&[1 << 32, 1 << 32], 1), None);
+        assert_eq!(checked_bytes(&[1 << 31, 1 << 31], 4), None);
+        assert_eq!(checked_bytes(&[0, u64::MAX], 8), Some(0));
+        let g = TileGrid::new(vec![u64::MAX, u64::MAX, 4], vec![1, 1, 1]);
+        assert_eq!(g.num_tiles(), u64::MAX);
+        let g = TileGrid::new(vec![1 << 32, 1 << 32], vec![1, 1]);
+        assert_eq!(g.num_tiles(), u64::MAX);
+        assert_eq!(g.indices().next(), Some(vec![0, 0]));
+        assert_eq!(TileGrid::new(vec![0, u64::MAX], vec![1, 1]).num_tiles(), 0);
     }
 
     #[test]

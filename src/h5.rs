@@ -311,7 +311,8 @@ pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
             if n < 0 {
                 return Err(Error::io("H5Pget_nfilters failed"));
             }
-            let mut out = Vec::with_capacity(n as usize);
+            // HDF5 holds at most 32 filters per pipeline (H5Z_MAX_NFILTERS).
+            let mut out = Vec::with_capacity((n as usize).min(32));
             for i in 0..n as c_uint {
                 let mut flags: c_uint = 0;
                 let mut nelem: usize = 32;
@@ -367,8 +368,16 @@ pub fn chunk_shape(dcpl: &Hid, rank: usize) -> Result<Vec<u64>> {
     Ok(dims)
 }
 
-/// The fill value's bytes in the file's datatype, or zeros when none is defined.
+/// Largest element whose fill value is read: a datatype message can declare 4 GiB
+/// elements, and the fill value buffer would be one of them.
+pub const MAX_FILL_BYTES: usize = 1 << 16;
+
+/// The fill value's bytes in the file's datatype, or zeros when none is defined; empty
+/// (not defined) for elements above [`MAX_FILL_BYTES`], which are never served.
 pub fn fill_bytes(dcpl: &Hid, ftype: &Hid, itemsize: usize) -> (Vec<u8>, bool) {
+    if itemsize > MAX_FILL_BYTES {
+        return (Vec::new(), false);
+    }
     let mut buf = vec![0u8; itemsize.max(1)];
     let ok = sync(|| {
         // SAFETY: buf holds one element of `ftype`.
@@ -498,7 +507,11 @@ unsafe fn space_sel(space: hid_t) -> SpaceSel {
                 if count[d] > 1 && stride[d] != block[d] {
                     return SpaceSel::Other;
                 }
-                total.push(count[d] * block[d]);
+                // From the file: a product that overflows is no block we can serve.
+                let Some(t) = count[d].checked_mul(block[d]) else {
+                    return SpaceSel::Other;
+                };
+                total.push(t);
             }
             SpaceSel::Block {
                 start,
@@ -537,7 +550,7 @@ pub fn external_segments(dcpl: &Hid) -> Result<Vec<ExternalSegment>> {
             if n < 0 {
                 return Err(Error::io("H5Pget_external_count failed"));
             }
-            let mut out = Vec::with_capacity(n as usize);
+            let mut out = Vec::with_capacity((n as usize).min(16));
             for i in 0..n as u32 {
                 let mut buf = vec![0 as std::os::raw::c_char; 4096];
                 let mut off: libc::off_t = 0;
@@ -567,7 +580,13 @@ pub fn external_segments(dcpl: &Hid) -> Result<Vec<ExternalSegment>> {
     })
 }
 
-/// Reads the mappings with the raw `H5Pget_virtual_*` calls.
+/// Most mappings of one virtual dataset we read: each becomes a block of the model
+/// (about 200 bytes with its strings). A dataset with more is not served: its sources
+/// could not be checked to lie inside the backing directory.
+pub const MAX_VIRTUAL_MAPPINGS: usize = 1 << 20;
+
+/// Reads the mappings with the raw `H5Pget_virtual_*` calls; EFBIG above
+/// [`MAX_VIRTUAL_MAPPINGS`].
 pub fn virtual_mappings(dcpl: &Hid) -> Result<Vec<VirtualMapping>> {
     sync(|| {
         // SAFETY: dcpl is a virtual dataset's creation property list; every returned
@@ -577,7 +596,13 @@ pub fn virtual_mappings(dcpl: &Hid) -> Result<Vec<VirtualMapping>> {
             if hdf5_sys::h5p::H5Pget_virtual_count(dcpl.id(), &mut n) < 0 {
                 return Err(Error::io("H5Pget_virtual_count failed"));
             }
-            let mut out = Vec::with_capacity(n);
+            if n > MAX_VIRTUAL_MAPPINGS {
+                return Err(Error::new(
+                    libc::EFBIG,
+                    format!("{n} virtual mappings, more than {MAX_VIRTUAL_MAPPINGS}"),
+                ));
+            }
+            let mut out = Vec::with_capacity(n.min(4096));
             for i in 0..n {
                 let vs = Hid::new(
                     hdf5_sys::h5p::H5Pget_virtual_vspace(dcpl.id(), i),
@@ -633,11 +658,20 @@ pub fn read_region(
     count: &[u64],
     mem_dims: &[u64],
 ) -> Result<Vec<u8>> {
-    let n: u64 = mem_dims.iter().product();
-    let bytes = usize::try_from(n)
-        .ok()
-        .and_then(|n| n.checked_mul(itemsize))
-        .ok_or_else(|| Error::io("region too large"))?;
+    let bytes = mem_dims
+        .iter()
+        .try_fold(itemsize as u64, |a, &d| a.checked_mul(d))
+        .filter(|&b| b <= crate::decode::MAX_CELL_BYTES)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| {
+            Error::new(
+                libc::EFBIG,
+                format!(
+                    "block {mem_dims:?} of {itemsize}-byte elements is larger than {} bytes",
+                    crate::decode::MAX_CELL_BYTES
+                ),
+            )
+        })?;
     let mut buf = vec![0u8; bytes];
     if count.contains(&0) {
         return Ok(buf);
@@ -721,8 +755,15 @@ pub fn read_attr_raw(attr: hid_t) -> Result<(Hid, Vec<u8>, usize)> {
         .checked_mul(size)
         .filter(|&b| b <= 1 << 24)
         .ok_or_else(|| Error::io("attribute too large"))?;
+    // Variable-length data read in the file type is memory HDF5 allocates per element
+    // and the caller must reclaim: it is read (and freed) by the hdf5 crate instead.
+    // SAFETY: t is a valid datatype id, closed by its guard.
+    let vlen = sync(|| unsafe {
+        hdf5_sys::h5t::H5Tdetect_class(t.id(), H5T_class_t::H5T_VLEN) > 0
+            || hdf5_sys::h5t::H5Tis_variable_str(t.id()) > 0
+    });
     let mut buf = vec![0u8; bytes];
-    if n > 0 {
+    if n > 0 && !vlen {
         let r = sync(|| unsafe { hdf5_sys::h5a::H5Aread(attr, t.id(), buf.as_mut_ptr().cast()) });
         if r < 0 {
             return Err(Error::io("H5Aread failed"));

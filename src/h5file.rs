@@ -8,11 +8,11 @@ use dashmap::DashMap;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What identifies one version of a backing file: replaced, rewritten or chmod-ed files
-/// get a new identity.
+/// get a new identity. The inodes of the mount's data files are bound to it (see
+/// "Identity and the kernel's caches" in docs/architecture.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Ident {
     pub dev: u64,
@@ -52,14 +52,10 @@ impl Listing {
     }
 }
 
-static GENERATION: AtomicU64 = AtomicU64::new(1);
-
 pub struct H5File {
     pub abs: PathBuf,
     pub ident: Ident,
     pub meta: std::fs::Metadata,
-    /// Changes whenever the file is reopened; lets open() decide on keep_cache.
-    pub generation: u64,
     pub hfile: hdf5::File,
     pub backing: Arc<BackingFile>,
     models: DashMap<String, Arc<DatasetModel>>,
@@ -126,7 +122,6 @@ impl H5File {
             abs: abs.to_path_buf(),
             ident: Ident::of(&meta),
             meta,
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             hfile,
             backing: Arc::new(BackingFile {
                 path: abs.to_path_buf(),

@@ -35,7 +35,10 @@ enum Cmd {
     /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
     Umount { mountpoint: PathBuf },
     /// Health check of the daemon serving MOUNTPOINT: exit 0 when it answers, 1 when
-    /// MOUNTPOINT is not an h5tilefs mount, 2 when the daemon is gone or hung.
+    /// MOUNTPOINT is not an h5tilefs mount, 2 when the daemon is gone, hung or stuck
+    /// (unmount and mount again), 3 when the daemon is alive but its backing directory
+    /// is unreachable: removed, unmounted from under it, or hanging (restore or remount
+    /// the backing file system; leave h5tilefs mounted).
     Status {
         mountpoint: PathBuf,
         /// Print the daemon's full stats JSON instead of the summary.
@@ -506,5 +509,9 @@ fn start(
     let fs = FuseFs { core: core.clone() };
     let session = fuser::Session::new(fs, mnt, &config)
         .map_err(|e| format!("mounting {}: {e}", mnt.display()))?;
+    // Inodes of replaced backing versions are invalidated in the kernel through this.
+    let inv = h5tilefs::fuse::invalidator(session.notifier())
+        .map_err(|e| format!("starting the kernel notification thread: {e}"))?;
+    core.set_invalidator(inv);
     Ok((session, core))
 }

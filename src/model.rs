@@ -127,8 +127,12 @@ impl LazySource {
                 .unwrap_or_default();
             if let Some((off, len)) = source_index(dir).and_then(|ix| ix.get(name).copied()) {
                 if let Ok(f) = std::fs::File::open(&self.path) {
-                    let nbytes = self.count.iter().product::<u64>() * itemsize;
-                    if f.metadata().map(|m| m.len()).ok() == Some(len) && off + nbytes <= len {
+                    // The index is a file in the backing directory: checked sums only.
+                    let end = crate::geometry::checked_bytes(&self.count, itemsize)
+                        .and_then(|n| n.checked_add(off));
+                    if f.metadata().map(|m| m.len()).ok() == Some(len)
+                        && end.is_some_and(|e| e <= len)
+                    {
                         return Ok(Arc::new(DatasetModel::raw(
                             &self.dset,
                             self.count.clone(),
@@ -166,17 +170,24 @@ impl LazySource {
         }
         if model.shape.len() != self.count.len()
             || (self.whole && model.shape != self.count)
-            || self
-                .sstart
-                .iter()
-                .zip(&self.count)
-                .zip(&model.shape)
-                .any(|((s, c), n)| s + c > *n)
+            || !block_fits(&self.sstart, &self.count, &model.shape)
         {
             return Err("mapping reaches past the source's extent".into());
         }
         Ok(model)
     }
+}
+
+/// Whether the block `start + count` (from a virtual mapping in a file) lies inside
+/// `shape`. Checked sums: a start near 2^64 must not wrap around into range.
+fn block_fits(start: &[u64], count: &[u64], shape: &[u64]) -> bool {
+    start.len() == shape.len()
+        && count.len() == shape.len()
+        && start
+            .iter()
+            .zip(count)
+            .zip(shape)
+            .all(|((s, c), n)| s.checked_add(*c).is_some_and(|e| e <= *n))
 }
 
 /// Knobs that shape models.
@@ -313,7 +324,8 @@ impl DatasetModel {
         if layout == Layout::Contiguous && !matches!(dtype, DType::Unsupported { .. }) {
             let segs = h5::external_segments(&dcpl)?;
             if !segs.is_empty() {
-                let nbytes = shape.iter().product::<u64>().saturating_mul(elem);
+                // Not too_big (checked above): the product fits.
+                let nbytes = crate::geometry::checked_bytes(&shape, elem).unwrap_or(u64::MAX);
                 match external_source(&segs, &file.abs, &opts.root, nbytes) {
                     Ok(x) => external = Some(x),
                     Err(reason) => {
@@ -338,6 +350,24 @@ impl DatasetModel {
                     None => Storage::Fill,
                 },
                 Layout::Contiguous => match h5::contiguous_offset(id) {
+                    // Every extent offset is `offset + k * itemsize` with k below the
+                    // element count: checked once here, for all of them.
+                    Some(offset)
+                        if crate::geometry::checked_bytes(&shape, elem)
+                            .and_then(|n| offset.checked_add(n))
+                            .is_none() =>
+                    {
+                        let reason = format!(
+                            "contiguous data at offset {offset} runs past any file offset \
+                             (corrupt layout message)"
+                        );
+                        tracing::warn!(file = %file.abs.display(), dataset = name, %reason, "not served");
+                        dtype = DType::Unsupported {
+                            reason,
+                            itemsize: elem,
+                        };
+                        Storage::None
+                    }
                     Some(offset) => Storage::Contiguous {
                         file: file.backing.clone(),
                         offset,
@@ -351,51 +381,76 @@ impl DatasetModel {
                     if c.len() != rank || c.contains(&0) {
                         return Err(Error::io(format!("{name}: bad chunk shape {c:?}")));
                     }
-                    tile_shape = c.clone();
-                    Storage::Chunked(Arc::new(ChunkStore::new(
+                    match ChunkStore::new(
+                        name,
                         file.backing.clone(),
                         ds.clone(),
                         shape.clone(),
-                        c,
+                        c.clone(),
                         elem,
                         filters.clone(),
-                    )))
-                }
-                Layout::Virtual => {
-                    let maps = h5::virtual_mappings(&dcpl)?;
-                    virtual_count = maps.len();
-                    let descr = match &dtype {
-                        DType::Numeric { descr, .. } => descr.clone(),
-                        DType::Unsupported { .. } => String::new(),
-                    };
-                    match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
-                        Ok((blocks, missing)) => {
-                            missing_sources = missing;
-                            if let Some(t) = regular_grid(&blocks, &shape) {
-                                tile_shape = t;
-                            }
-                            Storage::Virtual(blocks)
+                    ) {
+                        Ok(store) => {
+                            tile_shape = c;
+                            Storage::Chunked(Arc::new(store))
                         }
-                        Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
-                            // HDF5 would follow it; we may run as root.
-                            Some(src) => {
-                                let reason = format!(
-                                    "virtual source {src} lies outside the backing directory"
-                                );
-                                tracing::warn!(dataset = name, %reason, "not served");
-                                dtype = DType::Unsupported {
-                                    reason,
-                                    itemsize: elem,
-                                };
-                                Storage::None
-                            }
-                            None => {
-                                tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
-                                hdf_cells(ds.clone())
-                            }
-                        },
+                        Err(e) => {
+                            tracing::warn!(dataset = name, error = %e, "not served");
+                            dtype = DType::Unsupported {
+                                reason: e.message,
+                                itemsize: elem,
+                            };
+                            Storage::None
+                        }
                     }
                 }
+                Layout::Virtual => match h5::virtual_mappings(&dcpl) {
+                    // Not even HDF5 may read it: its sources cannot be checked to lie
+                    // inside the backing directory without reading them all.
+                    Err(e) if e.errno == libc::EFBIG => {
+                        tracing::warn!(dataset = name, error = %e, "not served");
+                        dtype = DType::Unsupported {
+                            reason: e.message,
+                            itemsize: elem,
+                        };
+                        Storage::None
+                    }
+                    Err(e) => return Err(e),
+                    Ok(maps) => {
+                        virtual_count = maps.len();
+                        let descr = match &dtype {
+                            DType::Numeric { descr, .. } => descr.clone(),
+                            DType::Unsupported { .. } => String::new(),
+                        };
+                        match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
+                            Ok((blocks, missing)) => {
+                                missing_sources = missing;
+                                if let Some(t) = regular_grid(&blocks, &shape) {
+                                    tile_shape = t;
+                                }
+                                Storage::Virtual(blocks)
+                            }
+                            Err(why) => match escaping_source(&maps, &file.abs, &opts.root) {
+                                // HDF5 would follow it; we may run as root.
+                                Some(src) => {
+                                    let reason = format!(
+                                        "virtual source {src} lies outside the backing directory"
+                                    );
+                                    tracing::warn!(dataset = name, %reason, "not served");
+                                    dtype = DType::Unsupported {
+                                        reason,
+                                        itemsize: elem,
+                                    };
+                                    Storage::None
+                                }
+                                None => {
+                                    tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
+                                    hdf_cells(ds.clone())
+                                }
+                            },
+                        }
+                    }
+                },
             }
         };
         Ok(DatasetModel {
@@ -422,7 +477,7 @@ impl DatasetModel {
     /// Returns that boundary too, so callers can trim.
     pub fn plan(&self, sel: &Hyperslab, off: u64, len: u64) -> Result<(u64, Vec<Extent>)> {
         let es = self.itemsize();
-        let total = sel.num_elements() * es;
+        let total = selection_bytes(self, sel)?;
         let end = off.saturating_add(len).min(total);
         if es == 0 || off >= end {
             return Ok((off, vec![]));
@@ -510,8 +565,12 @@ impl DatasetModel {
                         self.name
                     )));
                 }
-                let covered: u64 = blocks.iter().map(|b| b.count.iter().product::<u64>()).sum();
-                if covered < self.shape.iter().product::<u64>() {
+                // Blocks may overlap: their sum can exceed u64 where the dataset cannot.
+                let covered: u128 = blocks
+                    .iter()
+                    .map(|b| b.count.iter().map(|&c| c as u128).product::<u128>())
+                    .fold(0u128, |a, n| a.saturating_add(n));
+                if covered < self.shape.iter().map(|&c| c as u128).product::<u128>() {
                     emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
                 }
                 for b in blocks {
@@ -767,12 +826,7 @@ fn map_virtual(
                 "mapping source {scount:?} and destination {count:?} differ in shape"
             ));
         }
-        if vstart
-            .iter()
-            .zip(count)
-            .zip(shape)
-            .any(|((s, c), n)| s + c > *n)
-        {
+        if !block_fits(vstart, count, shape) {
             return Err("mapping exceeds the dataset".into());
         }
         let mut block = VBlock {
@@ -807,11 +861,7 @@ fn map_virtual(
             }
             if model.shape.len() != shape.len()
                 || (whole && &model.shape != count)
-                || sstart
-                    .iter()
-                    .zip(count)
-                    .zip(&model.shape)
-                    .any(|((s, c), n)| s + c > *n)
+                || !block_fits(&sstart, count, &model.shape)
             {
                 return Err("mapping reaches past the source's extent".into());
             }
@@ -926,6 +976,12 @@ fn external_source(
         return Err(format!(
             "external file {} lies outside the backing directory",
             seg.name
+        ));
+    }
+    if seg.offset.checked_add(nbytes).is_none() {
+        return Err(format!(
+            "external segment offset {} plus the data ({nbytes} bytes) overflows",
+            seg.offset
         ));
     }
     if seg.size < nbytes {
@@ -1056,6 +1112,44 @@ fn read_full(f: &std::fs::File, buf: &mut [u8], mut off: u64) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of the C-order image of `sel`, checked: the selection comes from a user
+/// (`slice/` name, ioctl) and must lie inside the dataset, whose size fits (`build`
+/// refuses larger ones), so every offset computed from it below fits too.
+fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
+    let bad = |why: String| Error::invalid(format!("{}: selection {why}", model.name));
+    if sel.rank() != model.shape.len() {
+        return Err(bad(format!(
+            "has rank {} but the dataset has rank {}",
+            sel.rank(),
+            model.shape.len()
+        )));
+    }
+    for (d, (s, &n)) in sel.dims.iter().zip(&model.shape).enumerate() {
+        if s.count == 0 {
+            continue;
+        }
+        let last = (s.count - 1)
+            .checked_mul(s.step)
+            .and_then(|x| x.checked_add(s.start));
+        if s.step == 0 || last.is_none_or(|l| l >= n) {
+            return Err(bad(format!(
+                "{}:{}:{} of dimension {d} reaches past its length {n}",
+                s.start, s.count, s.step
+            )));
+        }
+    }
+    crate::geometry::checked_bytes(&sel.counts(), model.itemsize()).ok_or_else(|| {
+        Error::new(
+            libc::EFBIG,
+            format!(
+                "{}: selection of {:?} elements is too large",
+                model.name,
+                sel.counts()
+            ),
+        )
+    })
+}
+
 /// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`.
 pub fn read_selection(
     model: &DatasetModel,
@@ -1064,7 +1158,7 @@ pub fn read_selection(
     len: u64,
     cache: &crate::decode::CellCache,
 ) -> Result<Vec<u8>> {
-    let total = sel.num_elements() * model.itemsize();
+    let total = selection_bytes(model, sel)?;
     let end = off.saturating_add(len).min(total);
     if off >= end {
         return Ok(vec![]);
@@ -1250,4 +1344,102 @@ pub fn flatten(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
     segs.into_iter()
         .map(|(s, (t, i, skip))| (s, t, extents[i].clone(), skip))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selection::DimSel;
+
+    fn model(shape: Vec<u64>, itemsize: u64) -> DatasetModel {
+        let tile = shape.iter().map(|_| 1).collect();
+        DatasetModel::raw(
+            "/x",
+            shape,
+            "<f8",
+            itemsize,
+            tile,
+            vec![0; itemsize as usize],
+            Storage::Fill,
+        )
+    }
+
+    #[test]
+    fn mapping_ends_do_not_wrap() {
+        assert!(block_fits(&[2, 0], &[3, 4], &[5, 4]));
+        assert!(!block_fits(&[3, 0], &[3, 4], &[5, 4]));
+        // u64::MAX + 2 wrapped to 1 <= 10: accepted before, reads far outside.
+        assert!(!block_fits(&[u64::MAX], &[2], &[10]));
+        assert!(!block_fits(&[1], &[u64::MAX], &[u64::MAX]));
+        assert!(!block_fits(&[0], &[1, 1], &[5]));
+    }
+
+    #[test]
+    fn selection_size_is_checked() {
+        // 2^62 elements of 8 bytes: the byte count wrapped to 0 and the read was empty.
+        let m = model(vec![1 << 31, 1 << 31], 8);
+        let e = m.plan(&Hyperslab::full(&m.shape), 0, 4096).unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG, "{e}");
+        assert!(e.message.contains("/x"), "{e}");
+        let e = read_selection(
+            &m,
+            &Hyperslab::full(&m.shape),
+            0,
+            8,
+            &crate::decode::CellCache::new(0),
+        )
+        .unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG);
+        // A selection reaching past the dataset, by a wrapping end or plainly.
+        let m = model(vec![10], 8);
+        for d in [
+            DimSel {
+                start: u64::MAX,
+                count: 2,
+                step: 1,
+            },
+            DimSel {
+                start: 1,
+                count: 2,
+                step: u64::MAX,
+            },
+            DimSel {
+                start: 5,
+                count: 6,
+                step: 1,
+            },
+            DimSel {
+                start: 0,
+                count: 2,
+                step: 0,
+            },
+        ] {
+            let sel = Hyperslab {
+                dims: vec![d.clone()],
+            };
+            let e = m.plan(&sel, 0, 16).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{d:?}: {e}");
+        }
+        let e = m.plan(&Hyperslab::full(&[10, 1]), 0, 8).unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL);
+        // In range: served.
+        let sel = Hyperslab {
+            dims: vec![DimSel {
+                start: 1,
+                count: 3,
+                step: 4,
+            }],
+        };
+        let (base, ext) = m.plan(&sel, 0, 24).unwrap();
+        assert_eq!(base, 0);
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), 24);
+        let sel = Hyperslab {
+            dims: vec![DimSel {
+                start: 0,
+                count: 0,
+                step: 1,
+            }],
+        };
+        assert!(m.plan(&sel, 0, 8).unwrap().1.is_empty());
+    }
 }

@@ -3,7 +3,11 @@
 //!
 //! Exit codes: 0 the daemon answered; 1 MOUNTPOINT is not an h5tilefs mount; 2 the
 //! mount is there but its daemon is gone (ENOTCONN), did not answer in time, or has
-//! a request running longer than `--stuck-after` seconds.
+//! a request running longer than `--stuck-after` seconds; 3 the daemon is there but its
+//! backing directory is unreachable (removed, unmounted from under it, or hanging).
+//! 2 asks for an unmount and a new mount; 3 asks for the backing file system to be
+//! restored, with h5tilefs left mounted. Every access that can hang runs in a forked
+//! child with a timeout, so the check itself returns.
 
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -47,18 +51,127 @@ fn h5tilefs_mounts() -> Vec<MountEntry> {
         .collect()
 }
 
-/// Reads the control file on a helper thread, so a hung daemon gives a timeout
+/// Runs `f` in a forked child and returns the bytes it produced, or `None` when it
+/// has not finished within `timeout` (the child is then killed and left behind).
+///
+/// A thread is not enough: a FUSE request that its server has already read (our own
+/// daemon blocked on a hanging backing dir, or a FUSE backing file system such as a
+/// GlusterFS client) waits uninterruptibly, and one stuck thread keeps the process,
+/// and the exit code a script waits for, alive. A stuck child does not.
+fn in_child(timeout: Duration, f: impl FnOnce() -> Vec<u8>) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two new fds into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: both fds were just created and are owned here only.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the status command never starts a thread, so the child is a complete copy
+    // of a single-threaded process and may allocate and do I/O.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return None;
+    }
+    if pid == 0 {
+        drop(rd);
+        // A child left stuck must not hold the caller's pipes open (`status | head`,
+        // a script reading our output would wait for it).
+        // SAFETY: plain fd calls on this process's own descriptors.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+                if null > 2 {
+                    libc::close(null);
+                }
+            }
+        }
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_default();
+        let _ = std::fs::File::from(wr).write_all(&out);
+        // SAFETY: ends the child at once, without the parent's exit handlers or buffers.
+        unsafe { libc::_exit(0) };
+    }
+    drop(wr);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut file = std::fs::File::from(rd);
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let done = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd of ours.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if r <= 0 {
+            break false;
+        }
+        match file.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    // SAFETY: signals and reaps our own child; WNOHANG never blocks on a stuck one.
+    unsafe {
+        if !done {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        libc::waitpid(
+            pid,
+            std::ptr::null_mut(),
+            if done { 0 } else { libc::WNOHANG },
+        );
+    }
+    done.then_some(out)
+}
+
+/// Reads the control file in a child process, so a hung daemon gives a timeout
 /// instead of hanging the health check.
 fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
     let p = mnt.join(".h5tilefs");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::fs::read(&p));
+    // The child answers 0 + the file, or 1 + errno.
+    let answer = in_child(timeout, || match std::fs::read(&p) {
+        Ok(mut b) => {
+            b.insert(0, 0);
+            b
+        }
+        Err(e) => {
+            let mut b = vec![1];
+            b.extend(e.raw_os_error().unwrap_or(libc::EIO).to_le_bytes());
+            b
+        }
     });
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(bytes)) => serde_json::from_slice(&bytes)
+    let read = match answer.as_deref() {
+        Some([0, rest @ ..]) => Ok(rest.to_vec()),
+        Some([1, a, b, c, d]) => Err(i32::from_le_bytes([*a, *b, *c, *d])),
+        Some(_) => Err(libc::EIO),
+        None => {
+            return Err((
+                2,
+                format!(
+                    "the daemon of {} did not answer within {} s (hung or overloaded)",
+                    mnt.display(),
+                    timeout.as_secs()
+                ),
+            ))
+        }
+    };
+    match read {
+        Ok(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| (2, format!("the daemon's stats are not JSON: {e}"))),
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => Err((
+        Err(libc::ENOTCONN) => Err((
             2,
             format!(
                 "the daemon of {} is gone (transport endpoint not connected); \
@@ -66,16 +179,133 @@ fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
                 mnt.display()
             ),
         )),
-        Ok(Err(e)) => Err((2, format!("reading {}/.h5tilefs: {e}", mnt.display()))),
-        Err(_) => Err((
+        Err(errno) => Err((
             2,
             format!(
-                "the daemon of {} did not answer within {} s (hung or overloaded)",
+                "reading {}/.h5tilefs: {}",
                 mnt.display(),
-                timeout.as_secs()
+                std::io::Error::from_raw_os_error(errno)
             ),
         )),
     }
+}
+
+/// Exit code for "the backing directory is unreachable".
+pub const BACKING_UNREACHABLE: u8 = 3;
+
+fn fs_type(p: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path and `st` a zeroed statfs we own.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        (libc::statfs(c.as_ptr(), &mut st) == 0).then_some(st.f_type as i64)
+    }
+}
+
+/// Devices (`major:minor`) mounted in this mount namespace.
+fn mounted_devices() -> std::collections::HashSet<(u32, u32)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (maj, min) = l.split(' ').nth(2)?.split_once(':')?;
+            Some((maj.parse().ok()?, min.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Why the backing directory cannot serve the daemon, or `None` when it looks fine.
+/// Every file system access runs in a child process (`in_child`): a hung network file
+/// system gives a timeout, not a hung health check. `pid` is the daemon's, to compare
+/// the directory it started in with what the path shows now; `reported` is the
+/// `backing_id` (device, file system type) the daemon recorded at mount, when its
+/// control file has one.
+fn backing_problem(
+    backing: &Path,
+    pid: Option<u64>,
+    reported: (Option<u64>, Option<i64>),
+    timeout: Duration,
+) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let p = backing.to_path_buf();
+    // The child answers JSON: {"error"} or {"is_dir", "ftype", "cwd": [path, dev, ftype]}.
+    let answer = in_child(timeout, move || {
+        let v = match std::fs::metadata(&p) {
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+            Ok(m) => {
+                let cwd = pid.and_then(|pid| {
+                    let link = PathBuf::from(format!("/proc/{pid}/cwd"));
+                    let target = std::fs::read_link(&link).ok()?;
+                    let dev = std::fs::metadata(&link).ok()?.dev();
+                    let t = fs_type(&link).unwrap_or(0);
+                    Some(serde_json::json!([
+                        String::from_utf8_lossy(target.as_os_str().as_bytes()),
+                        dev,
+                        t
+                    ]))
+                });
+                serde_json::json!({
+                    "is_dir": m.is_dir(),
+                    "ftype": fs_type(&p).unwrap_or(0),
+                    "cwd": cwd,
+                })
+            }
+        };
+        serde_json::to_vec(&v).unwrap_or_default()
+    });
+    let Some(answer) = answer else {
+        return Some(format!(
+            "it did not answer a stat within {} s (a hung network file system?)",
+            timeout.as_secs()
+        ));
+    };
+    let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    if let Some(e) = v["error"].as_str() {
+        return Some(e.to_string());
+    }
+    if v["is_dir"] != Value::Bool(true) {
+        return Some("it is no longer a directory".into());
+    }
+    // What the daemon started on: the backing dir's device and file system type as the
+    // daemon reports them (`backing_id` in its control file, recorded at mount), else its
+    // working directory (it changes to the backing dir when it daemonizes; a
+    // `--foreground` daemon's is elsewhere and still mounted, so it never matches). If
+    // that file system is mounted nowhere now (unmounted lazily from under the daemon)
+    // and the path shows another kind of file system (the directory underneath), the
+    // daemon serves an empty stand-in. The same kind again means it was remounted.
+    let started_on = match (reported.0, reported.1) {
+        (Some(dev), Some(t)) => Some((dev, t)),
+        _ => match (
+            v["cwd"][0].as_str(),
+            v["cwd"][1].as_u64(),
+            v["cwd"][2].as_i64(),
+        ) {
+            (Some(target), Some(dev), Some(t)) if Path::new(target) != backing => Some((dev, t)),
+            _ => None,
+        },
+    };
+    if let Some((dev, t)) = started_on {
+        let detached = !mounted_devices().contains(&(libc::major(dev), libc::minor(dev)));
+        if detached && Some(t) != v["ftype"].as_i64() {
+            return Some(
+                "the file system that held it was unmounted from under the daemon \
+                 (the path now shows the directory underneath)"
+                    .into(),
+            );
+        }
+    }
+    None
+}
+
+/// The exit-3 message: what is wrong and what to do (not an unmount).
+fn unreachable_message(mnt: &Path, backing: &str, why: &str, daemon: &str) -> String {
+    format!(
+        "the backing directory {backing} of {} is unreachable: {why}. {daemon}: restore or \
+         remount the backing file system at {backing}; do not unmount h5tilefs, it serves \
+         the files again once the directory is back",
+        mnt.display()
+    )
 }
 
 fn human(n: u64) -> String {
@@ -108,9 +338,31 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
         );
         return 1;
     };
-    let v = match read_control(&mnt, Duration::from_secs(timeout.max(1))) {
+    let wait = Duration::from_secs(timeout.max(1));
+    let v = match read_control(&mnt, wait) {
         Ok(v) => v,
         Err((code, msg)) => {
+            // A daemon blocked on a hanging backing file system does not answer either:
+            // the backing directory is then the thing to fix.
+            if !msg.contains("(transport endpoint not connected)") {
+                if let Some(why) = backing_problem(Path::new(&me.source), None, (None, None), wait)
+                {
+                    eprintln!(
+                        "h5tilefs: {}",
+                        unreachable_message(
+                            &mnt,
+                            &me.source,
+                            &why,
+                            if msg.contains("did not answer") {
+                                "The daemon did not answer either, probably waiting on it"
+                            } else {
+                                "The daemon is there, but cannot even serve its control file"
+                            }
+                        )
+                    );
+                    return BACKING_UNREACHABLE;
+                }
+            }
             eprintln!("h5tilefs: {msg}");
             return code;
         }
@@ -118,7 +370,31 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
     let inflight = &v["stats"]["inflight"];
     let oldest_ms = inflight["oldest_ms"].as_u64().unwrap_or(0);
     let stuck = oldest_ms > stuck_after.saturating_mul(1000);
-    let code = if stuck { 2 } else { 0 };
+    let backing = v["backing_dir"].as_str().unwrap_or(&me.source).to_string();
+    let pid = v["stats"]["pid"].as_u64();
+    let reported = (
+        v["backing_id"]["dev"].as_u64(),
+        v["backing_id"]["fs_type"].as_i64(),
+    );
+    let unreachable = backing_problem(Path::new(&backing), pid, reported, wait);
+    if let Some(why) = &unreachable {
+        eprintln!(
+            "h5tilefs: {}",
+            unreachable_message(
+                &mnt,
+                &backing,
+                why,
+                &format!("The daemon (pid {}) is alive", pid.unwrap_or(0))
+            )
+        );
+    }
+    let code = if unreachable.is_some() {
+        BACKING_UNREACHABLE
+    } else if stuck {
+        2
+    } else {
+        0
+    };
     // The report is built first and written once: a closed pipe (`status | head`)
     // must not turn the exit code into a panic.
     let mut out = String::new();
@@ -155,7 +431,9 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
         })
         .unwrap_or_default();
     say!("mountpoint:      {}", mnt.display());
-    let state = if stuck {
+    let state = if unreachable.is_some() {
+        "backing dir unreachable"
+    } else if stuck {
         "stuck"
     } else if st["draining"].as_bool() == Some(true) {
         "draining (shutting down)"

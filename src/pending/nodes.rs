@@ -26,7 +26,7 @@ impl Pending {
 
     fn make_nodes_dir(&self, file_rel: &Path) -> Result<()> {
         let d = self.stage_dir(file_rel)?.join("nodes");
-        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))
+        crate::durable::create_dir_all(&d)
     }
 
     /// Adds a pending node (a directory made inside a file).
@@ -39,7 +39,7 @@ impl Pending {
     fn create_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
         self.make_nodes_dir(file_rel)?;
         let d = self.node_dir(file_rel, h5path)?;
-        std::fs::create_dir_all(&d).map_err(io(format!("creating {}", d.display())))?;
+        crate::durable::create_dir_all(&d)?;
         write_atomic(&d.join("path"), h5path.as_bytes())
     }
 

@@ -22,7 +22,7 @@ impl Pending {
         let mut f = match open() {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(&d).map_err(io("creating range log dir"))?;
+                crate::durable::create_dir_all(&d)?;
                 open().map_err(io("opening range log"))?
             }
             Err(e) => return Err(Error::from_io("opening range log", e)),

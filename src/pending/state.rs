@@ -26,6 +26,7 @@
 //! file lock is taken or across I/O.
 
 use super::*;
+use crate::durable::Stamp;
 use std::time::Duration;
 
 /// What the backing directory says about a file.
@@ -151,7 +152,7 @@ impl Pending {
     ) -> Result<T> {
         let what = format!("{:?} of {}", t, file_rel.display());
         let stage = self.stage_dir(file_rel)?;
-        std::fs::create_dir_all(&stage).map_err(io(format!("creating {}", stage.display())))?;
+        crate::durable::create_dir_all(&stage)?;
         let lock_path = stage.join(COMMIT_LOCK);
         let _lock = match t.wait() {
             Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
@@ -165,16 +166,59 @@ impl Pending {
                 )
             })?,
         };
+        let (parent, name) = Self::split(file_rel)?;
+        let target = self.root.join(parent).join(name);
+        wait_for_stamp(&_lock, &target, file_rel)?;
         let before = self.state(file_rel)?;
         let after = before.next(t, &file_rel.display().to_string())?;
         tracing::debug!(file = %file_rel.display(), ?t, ?before, ?after, "transition");
         let r = change(before);
+        if r.is_ok() {
+            // the version this transition left, for the next holder on any node
+            _lock.set_stamp(Stamp::of(&target))?;
+        }
         if r.is_ok() && after == FileState::Absent {
             // the staging area went with the file; the lock file must not linger
             let _ = std::fs::remove_file(&lock_path);
             let _ = std::fs::remove_dir(&stage);
         }
         r
+    }
+}
+
+/// How long a transition waits for this node's view to show the version the last
+/// transition (maybe on another node) left.
+const STAMP_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until `target` as this node sees it is the version recorded in the lock file.
+fn wait_for_stamp(lock: &FileLock, target: &Path, file_rel: &Path) -> Result<()> {
+    let Some(want) = lock.stamp()? else {
+        return Ok(());
+    };
+    let t0 = std::time::Instant::now();
+    let mut wait = Duration::from_millis(2);
+    loop {
+        let seen = Stamp::of(target);
+        if seen == want {
+            if t0.elapsed() > Duration::from_millis(50) {
+                tracing::debug!(file = %file_rel.display(), waited_s = t0.elapsed().as_secs_f64(), "backing view caught up");
+            }
+            return Ok(());
+        }
+        if t0.elapsed() > STAMP_WAIT {
+            return Err(Error::new(
+                libc::EAGAIN,
+                format!(
+                    "{}: after {} s this node still does not see the version the last change \
+                     left ({want:?}, seen {seen:?}); the backing file system's client cache is \
+                     stale or the file was changed outside h5tilefs; retry",
+                    file_rel.display(),
+                    STAMP_WAIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(Duration::from_millis(50));
     }
 }
 

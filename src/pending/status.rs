@@ -46,7 +46,7 @@ impl Pending {
     /// Records a problem (bad meta.json, failed commit) for `.status`.
     pub fn record_status(&self, file_rel: &Path, v: Value) {
         let saved = self.stage_dir(file_rel).and_then(|d| {
-            std::fs::create_dir_all(&d).map_err(io("creating staging dir"))?;
+            crate::durable::create_dir_all(&d)?;
             write_atomic(
                 &d.join("status.json"),
                 &serde_json::to_vec(&v).unwrap_or_default(),

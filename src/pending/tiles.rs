@@ -281,7 +281,7 @@ impl Pending {
             if !create {
                 return Ok(None);
             }
-            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            crate::durable::create_dir_all(&dir)?;
             let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
             let off = match make_tile_file(&tmp, &tpl) {
                 Ok(off) => off,
@@ -352,7 +352,7 @@ impl Pending {
         if let Some(t) = self.templates.get(&key).map(|t| t.clone()) {
             return Ok(t);
         }
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        crate::durable::create_dir_all(dir)?;
         let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
         let made = (|| -> Result<Template> {
             let offset = writer::create_tile_source(&tpl, dtype, count)?;
