@@ -1933,7 +1933,7 @@ fn cases() -> u32 {
     std::env::var("REFMODEL_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(400)
+        .unwrap_or(300)
 }
 
 #[test]
