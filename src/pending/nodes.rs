@@ -80,11 +80,11 @@ impl Pending {
             for n in self.nodes(file_rel)? {
                 self.remove_node_locked(file_rel, &n.path)?;
             }
-            // everything but the lock file, which `transition` removes after
+            // everything but the lock file and the journal (see `transition`)
             let d = self.stage_dir(file_rel)?;
             if let Ok(rd) = std::fs::read_dir(&d) {
                 for e in rd.flatten() {
-                    if e.file_name() != COMMIT_LOCK {
+                    if e.file_name() != COMMIT_LOCK && e.file_name() != state::JOURNAL {
                         let p = e.path();
                         let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
                     }
