@@ -12,7 +12,6 @@ use crate::selection::{parse_slice, Hyperslab};
 use crate::staging::PendingMeta;
 use crate::sync::{Counter, Family, Real, ShardMap};
 use dashmap::DashMap;
-use std::collections::hash_map;
 use std::ffi::OsStr;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
@@ -479,19 +478,16 @@ impl<S: Family> InodeTable<S> {
 
     /// `detach` when `pred` holds for the node's entry, decided under the entry's lock.
     fn detach_if(&self, node: &Node, pred: impl FnOnce(&Entry) -> bool) -> Option<Stale> {
-        self.by_node.entry(node.clone(), |slot| match slot {
-            hash_map::Entry::Occupied(o) if pred(o.get()) => {
-                let e = *o.get();
-                // Under the lock, as in `lookup`.
-                self.retire(e.ino, e.count);
-                o.remove();
-                Some(Stale {
-                    ino: e.ino,
-                    parent: e.parent,
-                    node: node.clone(),
-                })
-            }
-            _ => None,
+        self.by_node.entry(node.clone(), |slot| {
+            let e = *slot.get().filter(|e| pred(e))?;
+            // Under the lock, as in `lookup`.
+            self.retire(e.ino, e.count);
+            slot.remove();
+            Some(Stale {
+                ino: e.ino,
+                parent: e.parent,
+                node: node.clone(),
+            })
         })
     }
 
@@ -2109,14 +2105,14 @@ mod tests {
 
     #[test]
     fn shuttle_inode_table_random_schedules() {
-        shuttle::check_random(|| run_scripts(REBIND_FORGET_DETACH), 3000);
-        shuttle::check_random(|| run_scripts(LOOKUP_FORGET_CHURN), 3000);
+        shuttle::check_random(|| run_scripts(REBIND_FORGET_DETACH), 10_000);
+        shuttle::check_random(|| run_scripts(LOOKUP_FORGET_CHURN), 10_000);
     }
 
     #[test]
     fn shuttle_inode_table_pct_schedules() {
-        shuttle::check_pct(|| run_scripts(REBIND_FORGET_DETACH), 3000, 3);
-        shuttle::check_pct(|| run_scripts(LOOKUP_FORGET_CHURN), 3000, 3);
+        shuttle::check_pct(|| run_scripts(REBIND_FORGET_DETACH), 10_000, 3);
+        shuttle::check_pct(|| run_scripts(LOOKUP_FORGET_CHURN), 10_000, 3);
     }
 
     /// The lifetime of a GPU buffer registration (src/fs/gpu.rs), on a map of the same

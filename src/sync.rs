@@ -6,8 +6,8 @@
 //! code runs in both; only the lock and the counter differ. See "Concurrency tests
 //! (shuttle)" in docs/reliability.md.
 
+use hashbrown::hash_table::{self, HashTable};
 use std::borrow::Borrow;
-use std::collections::hash_map::{self, HashMap};
 use std::hash::{BuildHasher, Hash};
 
 /// The primitives a table is built on.
@@ -113,16 +113,51 @@ impl Counter for shuttle::sync::atomic::AtomicU64 {
     }
 }
 
-/// A concurrent hash map: shards of `HashMap` behind the family's lock (what DashMap
-/// is), used through closures that run under the key's shard lock. A closure must not
-/// use the same map again (it would wait on its own shard); it may use other maps, in one
-/// order for all callers. Removed values are returned, so they drop after the lock.
+/// A concurrent hash map: shards of a hash table behind the family's lock (what
+/// DashMap is; one hash of the key picks the shard and the slot), used through closures
+/// that run under the key's shard lock. A closure must not use the same map again (it
+/// would wait on its own shard); it may use other maps, in one order for all callers.
+/// Removed values are returned, so they drop after the lock.
 pub struct ShardMap<K, V, S: Family = Real> {
     hasher: S::Hasher,
+    /// log2 of the number of shards.
+    bits: u32,
     shards: Box<[Shard<K, V, S>]>,
 }
 
-type Shard<K, V, S> = <S as Family>::RwLock<HashMap<K, V, <S as Family>::Hasher>>;
+type Shard<K, V, S> = <S as Family>::RwLock<HashTable<(K, V)>>;
+
+/// The entry of one key, under its shard's write lock (see [`ShardMap::entry`]).
+pub struct Entry<'a, K, V> {
+    key: K,
+    slot: hash_table::Entry<'a, (K, V)>,
+}
+
+impl<'a, K, V> Entry<'a, K, V> {
+    /// The value, if the key has one.
+    pub fn get(&self) -> Option<&V> {
+        match &self.slot {
+            hash_table::Entry::Occupied(o) => Some(&o.get().1),
+            hash_table::Entry::Vacant(_) => None,
+        }
+    }
+
+    /// The value, made by `make` if the key had none.
+    pub fn or_insert_with(self, make: impl FnOnce() -> V) -> &'a mut V {
+        match self.slot {
+            hash_table::Entry::Occupied(o) => &mut o.into_mut().1,
+            hash_table::Entry::Vacant(v) => &mut v.insert((self.key, make())).into_mut().1,
+        }
+    }
+
+    /// Removes the key's value and returns it.
+    pub fn remove(self) -> Option<V> {
+        match self.slot {
+            hash_table::Entry::Occupied(o) => Some(o.remove().0 .1),
+            hash_table::Entry::Vacant(_) => None,
+        }
+    }
+}
 
 impl<K: Hash + Eq, V, S: Family> Default for ShardMap<K, V, S> {
     fn default() -> Self {
@@ -132,25 +167,38 @@ impl<K: Hash + Eq, V, S: Family> Default for ShardMap<K, V, S> {
 
 impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
     pub fn new() -> Self {
-        let shards = (0..S::shards().max(1))
-            .map(|_| S::RwLock::new(HashMap::with_hasher(S::Hasher::default())))
-            .collect();
+        let n = S::shards().max(1).next_power_of_two();
+        let shards = (0..n).map(|_| S::RwLock::new(HashTable::new())).collect();
         ShardMap {
             hasher: S::Hasher::default(),
+            bits: n.trailing_zeros(),
             shards,
         }
     }
 
-    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &Shard<K, V, S> {
-        // High bits: the shards' maps index by the low ones.
-        let h = self.hasher.hash_one(key) >> 32;
-        // The modulo is below the shard count, a usize.
-        &self.shards[(h % self.shards.len() as u64) as usize]
+    /// The key's hash and its shard: the bits below the top 7 (the table keeps those in
+    /// its control bytes, and indexes by the low bits), as DashMap does.
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &Shard<K, V, S>) {
+        let h = self.hasher.hash_one(key);
+        let i = match self.bits {
+            0 => 0,
+            b => (h << 7) >> (64 - b),
+        };
+        // i < 2^bits, the number of shards.
+        (h, &self.shards[i as usize])
+    }
+
+    fn rehash(&self) -> impl Fn(&(K, V)) -> u64 + '_ {
+        |(k, _)| self.hasher.hash_one(k)
     }
 
     /// `f` on the entry of `key`, under its shard's write lock.
-    pub fn entry<R>(&self, key: K, f: impl FnOnce(hash_map::Entry<'_, K, V>) -> R) -> R {
-        self.shard(&key).write(|m| f(m.entry(key)))
+    pub fn entry<R>(&self, key: K, f: impl FnOnce(Entry<'_, K, V>) -> R) -> R {
+        let (h, shard) = self.locate(&key);
+        shard.write(|t| {
+            let slot = t.entry(h, |(k, _)| *k == key, self.rehash());
+            f(Entry { key, slot })
+        })
     }
 
     /// `f` on the value of `key`, if any, under its shard's write lock.
@@ -159,7 +207,18 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).write(|m| m.get_mut(key).map(f))
+        let (h, shard) = self.locate(key);
+        shard.write(|t| t.find_mut(h, |(k, _)| k.borrow() == key).map(|(_, v)| f(v)))
+    }
+
+    /// `f` on the value of `key`, if any, under its shard's read lock.
+    pub fn with<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (h, shard) = self.locate(key);
+        shard.read(|t| t.find(h, |(k, _)| k.borrow() == key).map(|(_, v)| f(v)))
     }
 
     /// A copy of the value of `key`.
@@ -169,16 +228,7 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
         Q: Hash + Eq + ?Sized,
         V: Clone,
     {
-        self.shard(key).read(|m| m.get(key).cloned())
-    }
-
-    /// `f` on the value of `key`, if any, under its shard's read lock.
-    pub fn with<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.shard(key).read(|m| m.get(key).map(f))
+        self.with(key, V::clone)
     }
 
     pub fn contains_key<Q>(&self, key: &Q) -> bool
@@ -186,11 +236,21 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).read(|m| m.contains_key(key))
+        self.with(key, |_| ()).is_some()
     }
 
+    /// Sets the value of `key`; returns the one it replaced.
     pub fn insert(&self, key: K, value: V) -> Option<V> {
-        self.shard(&key).write(|m| m.insert(key, value))
+        let (h, shard) = self.locate(&key);
+        shard.write(|t| match t.entry(h, |(k, _)| *k == key, self.rehash()) {
+            hash_table::Entry::Occupied(mut o) => {
+                Some(std::mem::replace(&mut o.get_mut().1, value))
+            }
+            hash_table::Entry::Vacant(v) => {
+                v.insert((key, value));
+                None
+            }
+        })
     }
 
     pub fn remove<Q>(&self, key: &Q) -> Option<V>
@@ -198,7 +258,7 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).write(|m| m.remove(key))
+        self.remove_if(key, |_| true)
     }
 
     /// Removes `key` if `pred` holds for its value, decided under the shard's lock.
@@ -207,8 +267,9 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).write(|m| match m.get(key) {
-            Some(v) if pred(v) => m.remove(key),
+        let (h, shard) = self.locate(key);
+        shard.write(|t| match t.find_entry(h, |(k, _)| k.borrow() == key) {
+            Ok(o) if pred(&o.get().1) => Some(o.remove().0 .1),
             _ => None,
         })
     }
@@ -217,16 +278,16 @@ impl<K: Hash + Eq, V, S: Family> ShardMap<K, V, S> {
     /// as a whole.
     pub fn for_each(&self, mut f: impl FnMut(&K, &V)) {
         for s in self.shards.iter() {
-            s.read(|m| m.iter().for_each(|(k, v)| f(k, v)));
+            s.read(|t| t.iter().for_each(|(k, v)| f(k, v)));
         }
     }
 
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read(|m| m.len())).sum()
+        self.shards.iter().map(|s| s.read(|t| t.len())).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| s.read(|m| m.is_empty()))
+        self.shards.iter().all(|s| s.read(|t| t.is_empty()))
     }
 }
 
@@ -249,18 +310,24 @@ mod tests {
         assert_eq!(m.remove_if("7", |v| *v == 7), None);
         assert_eq!(m.remove_if("7", |v| *v == 70), Some(70));
         assert!(!m.contains_key("7"));
-        let fresh = m.entry("8".into(), |e| match e {
-            hash_map::Entry::Occupied(mut o) => {
-                *o.get_mut() += 1;
-                false
-            }
-            hash_map::Entry::Vacant(_) => true,
-        });
-        assert!(!fresh);
+        assert_eq!(m.entry("8".into(), |e| e.get().copied()), Some(8));
+        m.entry("8".into(), |e| *e.or_insert_with(|| 0) += 1);
+        assert_eq!(m.entry("x".into(), |e| e.remove()), None);
+        assert_eq!(m.entry("x".into(), |e| *e.or_insert_with(|| 5)), 5);
+        assert_eq!(m.entry("x".into(), |e| e.remove()), Some(5));
         assert_eq!(m.remove("8"), Some(9));
         let mut sum = 0;
         m.for_each(|_, v| sum += v);
         assert_eq!(sum, (0..100).sum::<u64>() - 7 - 8);
         assert_eq!(m.len(), 98);
+        let used = m
+            .shards
+            .iter()
+            .filter(|s| RwLock::read(*s, |t| !t.is_empty()))
+            .count();
+        assert!(
+            used > 1 || m.shards.len() == 1,
+            "keys spread over the shards"
+        );
     }
 }
