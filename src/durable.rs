@@ -82,14 +82,21 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
     }
 }
 
-/// Replaces `path` with `data` atomically and durably: a temporary with a node-unique
-/// name, fsync, rename, fsync of the directory. Readers see the old or the new bytes.
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+/// A temporary name next to `path` that no other call, thread or node uses: the node
+/// tag (host, pid, start time) and a counter. (Process and thread ids alone repeat
+/// across nodes, and a thread's id repeats across its calls.)
+pub fn tmp_name(path: &Path) -> std::path::PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", node_tag(), unique()));
+    path.with_file_name(format!(".{name}.{}.{}.tmp", node_tag(), unique()))
+}
+
+/// Replaces `path` with `data` atomically and durably: a temporary with a node-unique
+/// name, fsync, rename, fsync of the directory. Readers see the old or the new bytes.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = tmp_name(path);
     let write = |tmp: &Path| -> Result<()> {
         let mut f =
             std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
@@ -112,11 +119,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 /// another writer (thread or node) made it first. The file appears whole (made under a
 /// temporary name, fsync-ed, then `link`ed, which fails on an existing name).
 pub fn create_exclusive(path: &Path, data: &[u8]) -> Result<bool> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", node_tag(), unique()));
+    let tmp = tmp_name(path);
     let made = (|| -> Result<bool> {
         let mut f =
             std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
@@ -301,20 +304,23 @@ impl FileLock {
         let mut wait = Duration::from_millis(1);
         loop {
             match Self::try_flock(&f) {
-                Ok(true) => return Ok(FileLock { f, path: path.to_path_buf() }),
+                Ok(true) => {
+                    return Ok(FileLock {
+                        f,
+                        path: path.to_path_buf(),
+                    })
+                }
                 Ok(false) if t0.elapsed() < limit => {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_millis(50));
                 }
                 Ok(false) => {
-                    return Err(Error::new(
-                        libc::EBUSY,
-                        format!(
-                            "{what}: {} is held by a commit or removal that has run for over {} s; retry later",
-                            path.display(),
-                            limit.as_secs()
-                        ),
-                    ))
+                    return Err(crate::error::PendingError::LockTimeout {
+                        what: what.to_string(),
+                        lock: path.display().to_string(),
+                        secs: limit.as_secs(),
+                    }
+                    .into())
                 }
                 Err(e) => return Err(Error::from_io(format!("flock {}", path.display()), e)),
             }
@@ -390,6 +396,18 @@ mod tests {
         let b = std::fs::read(&p).unwrap();
         assert_eq!(b.len(), 4096);
         assert!(b.iter().all(|&x| x == b[0]), "torn state file");
+    }
+
+    #[test]
+    fn temporary_names_are_unique_per_call_and_name_the_node() {
+        let p = Path::new("/x/state.json");
+        let (a, b) = (tmp_name(p), tmp_name(p));
+        assert_ne!(a, b, "one thread's two writes shared a temporary");
+        assert!(
+            a.to_string_lossy().contains(node_tag()),
+            "{a:?} does not name the node"
+        );
+        assert!(node_tag().contains(&format!("-{}-", std::process::id())));
     }
 
     #[test]

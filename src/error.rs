@@ -69,10 +69,230 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Why a write-path operation (src/pending, the write half of src/fs) failed: one
+/// variant per cause; [`PendingError::errno`] is the errno table (docs/namespace.md).
+/// Messages name the file, the dataset and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum PendingError {
+    #[error("commit of {file} refused: {problems}")]
+    Incomplete { file: String, problems: String },
+    #[error("{file}: another commit or removal of this file is in progress; retry when it ends")]
+    Busy { file: String },
+    #[error(
+        "{what}: {lock} is held by a commit or removal that has run for over {secs} s; retry later"
+    )]
+    LockTimeout {
+        what: String,
+        lock: String,
+        secs: u64,
+    },
+    #[error("{dataset}: tiles were already written with another meta.json; rmdir the dataset to start over")]
+    MetaConflict { dataset: String },
+    #[error("{dataset} is not a pending dataset")]
+    NotPending { dataset: String },
+    #[error("{dataset}: no tile {tile}")]
+    NoSuchTile { dataset: String, tile: String },
+    #[error("{what}: no such file or object (removed by another process or node?)")]
+    Gone { what: String },
+    #[error("{what}: exists")]
+    Exists { what: String },
+    #[error("{dataset} tile {tile}: write of [{start}, {end}) past the tile's end ({size} bytes)")]
+    PastTileEnd {
+        dataset: String,
+        tile: String,
+        start: u64,
+        end: u64,
+        size: u64,
+    },
+    #[error("{what}: too large")]
+    TooLarge { what: String },
+    #[error("{dataset} tile {tile}: tile source {path} was deleted outside h5tilefs; rmdir the dataset and write it again")]
+    SourceDeleted {
+        dataset: String,
+        tile: String,
+        path: String,
+    },
+    #[error("{file}: after {secs} s this node still does not see the version the last change left ({want}, seen {seen}); the backing file system's client cache is stale or the file was changed outside h5tilefs; retry")]
+    ViewLagging {
+        file: String,
+        secs: u64,
+        want: String,
+        seen: String,
+    },
+    #[error("this h5tilefs daemon is shutting down (SIGTERM): writes are refused; write through a running mount")]
+    ShuttingDown,
+    #[error("{what}: malformed tile source or pending state")]
+    Corrupt { what: String },
+    #[error("no memory for {what}")]
+    NoMemory { what: String },
+}
+
+impl PendingError {
+    /// The errno table of the write path.
+    pub fn errno(&self) -> i32 {
+        use PendingError::*;
+        match self {
+            Incomplete { .. } => libc::ENODATA,
+            Busy { .. } | LockTimeout { .. } | MetaConflict { .. } => libc::EBUSY,
+            NotPending { .. } | NoSuchTile { .. } | Gone { .. } => libc::ENOENT,
+            Exists { .. } => libc::EEXIST,
+            PastTileEnd { .. } | TooLarge { .. } => libc::EFBIG,
+            SourceDeleted { .. } => libc::ESTALE,
+            ViewLagging { .. } => libc::EAGAIN,
+            ShuttingDown => libc::EROFS,
+            Corrupt { .. } => libc::EIO,
+            NoMemory { .. } => libc::ENOMEM,
+        }
+    }
+}
+
+impl From<PendingError> for Error {
+    fn from(e: PendingError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
+}
+
+/// Why reading a dataset failed (src/model.rs, src/decode.rs): the file's content or a
+/// request the dataset cannot serve. [`ModelError::errno`] is its errno table.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file's structures contradict themselves (a crafted or damaged file).
+    #[error("{0}")]
+    Corrupt(String),
+    /// A type or layout the extent map cannot serve.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Sizes beyond what the daemon allocates or can address.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A selection outside the dataset.
+    #[error("{0}")]
+    BadSelection(String),
+}
+
+impl ModelError {
+    /// The errno table of the read path.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ModelError::Corrupt(_) => libc::EIO,
+            ModelError::Unsupported(_) => libc::EOPNOTSUPP,
+            ModelError::TooLarge(_) => libc::EFBIG,
+            ModelError::BadSelection(_) => libc::EINVAL,
+        }
+    }
+}
+
+impl From<ModelError> for Error {
+    fn from(e: ModelError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
+}
+
+/// Why a GPU request failed (src/gpu.rs): [`GpuError::errno`] is its errno table.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No usable GPU, driver or cuFile, or GPU support switched off.
+    #[error("{0}")]
+    NoDevice(String),
+    /// A CUDA or cuFile call failed during a transfer.
+    #[error("{0}")]
+    Transfer(String),
+    /// The client's IPC handle or buffer does not describe memory we can map.
+    #[error("{0}")]
+    BadHandle(String),
+}
+
+impl GpuError {
+    /// The errno table of the GPU path.
+    pub fn errno(&self) -> i32 {
+        match self {
+            GpuError::NoDevice(_) => libc::ENODEV,
+            GpuError::Transfer(_) => libc::EIO,
+            GpuError::BadHandle(_) => libc::EINVAL,
+        }
+    }
+}
+
+impl From<GpuError> for Error {
+    fn from(e: GpuError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
+}
+
 /// Builds an [`Error`] with a formatted message: `err!(ENOENT, "no {x}")`.
 #[macro_export]
 macro_rules! err {
     ($errno:ident, $($arg:tt)*) => {
         $crate::error::Error::new(libc::$errno, format!($($arg)*))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The write path's errno table as docs/namespace.md documents it.
+    #[test]
+    fn pending_errnos() {
+        let s = String::new;
+        let cases = [
+            (
+                PendingError::Incomplete {
+                    file: s(),
+                    problems: s(),
+                },
+                libc::ENODATA,
+            ),
+            (PendingError::Busy { file: s() }, libc::EBUSY),
+            (PendingError::MetaConflict { dataset: s() }, libc::EBUSY),
+            (PendingError::Gone { what: s() }, libc::ENOENT),
+            (
+                PendingError::PastTileEnd {
+                    dataset: s(),
+                    tile: s(),
+                    start: 0,
+                    end: 1,
+                    size: 0,
+                },
+                libc::EFBIG,
+            ),
+            (
+                PendingError::SourceDeleted {
+                    dataset: s(),
+                    tile: s(),
+                    path: s(),
+                },
+                libc::ESTALE,
+            ),
+            (PendingError::ShuttingDown, libc::EROFS),
+            (
+                PendingError::ViewLagging {
+                    file: s(),
+                    secs: 1,
+                    want: s(),
+                    seen: s(),
+                },
+                libc::EAGAIN,
+            ),
+        ];
+        for (e, errno) in cases {
+            let msg = e.to_string();
+            let err: Error = e.into();
+            assert_eq!(err.errno, errno, "{msg}");
+            assert_eq!(err.message, msg);
+        }
+    }
+
+    #[test]
+    fn read_and_gpu_errnos() {
+        let m = |e: ModelError| Error::from(e).errno;
+        assert_eq!(m(ModelError::Corrupt("x".into())), libc::EIO);
+        assert_eq!(m(ModelError::Unsupported("x".into())), libc::EOPNOTSUPP);
+        assert_eq!(m(ModelError::TooLarge("x".into())), libc::EFBIG);
+        assert_eq!(m(ModelError::BadSelection("x".into())), libc::EINVAL);
+        let g = |e: GpuError| Error::from(e).errno;
+        assert_eq!(g(GpuError::NoDevice("x".into())), libc::ENODEV);
+        assert_eq!(g(GpuError::Transfer("x".into())), libc::EIO);
+        assert_eq!(g(GpuError::BadHandle("x".into())), libc::EINVAL);
+    }
 }

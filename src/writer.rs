@@ -116,7 +116,7 @@ fn half_type(big: bool) -> Result<Hid> {
                 "H5Tset_order",
             )?;
         }
-        Ok(())
+        Ok::<(), Error>(())
     })?;
     Ok(t)
 }

@@ -23,11 +23,7 @@ impl Fs {
         // After SIGTERM the backing file system was synced: a write accepted now could
         // be lost with the node, so refuse it (reads are still served).
         if self.draining.load(Ordering::Relaxed) {
-            return Err(Error::new(
-                libc::EROFS,
-                "this h5tilefs daemon is shutting down (SIGTERM): writes are refused; \
-                 write through a running mount",
-            ));
+            return Err(crate::error::PendingError::ShuttingDown.into());
         }
         Ok(())
     }

@@ -21,7 +21,7 @@ pub(super) fn fsync_all(paths: &[PathBuf]) -> Result<()> {
         for h in hs {
             h.join().map_err(|_| Error::io("fsync thread panicked"))??;
         }
-        Ok(())
+        Ok::<(), Error>(())
     })?;
     let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
     dirs.dedup();
@@ -129,9 +129,9 @@ impl Pending {
             let mut tiles = Vec::new();
             let mut lost = Vec::new();
             for idx in grid.indices() {
-                let slab = grid
-                    .tile_slab(&idx)
-                    .ok_or_else(|| Error::io("tile geometry"))?;
+                let slab = grid.tile_slab(&idx).ok_or_else(|| PendingError::Corrupt {
+                    what: format!("{} tile geometry", n.path),
+                })?;
                 let tname = tile_name(&idx);
                 let src = dir.join(&rel_dir).join(format!("{tname}.h5"));
                 if !src.exists() {
@@ -163,14 +163,11 @@ impl Pending {
         }
         if !problems.is_empty() {
             // Its own errno, so scripts tell "not finished" from a failure of the disk.
-            return Err(Error::new(
-                INCOMPLETE,
-                format!(
-                    "commit of {} refused: {}",
-                    file_rel.display(),
-                    problems.join("; ")
-                ),
-            ));
+            return Err(PendingError::Incomplete {
+                file: file_rel.display().to_string(),
+                problems: problems.join("; "),
+            }
+            .into());
         }
         // An index of data offsets next to each dataset's sources lets readers (ours)
         // serve the committed file without opening every source through HDF5.

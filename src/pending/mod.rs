@@ -28,7 +28,7 @@ pub use state::{FileState, Transition};
 use tiles::*;
 
 use crate::durable::{create_exclusive, fsync_dir, node_tag, unique, FileLock};
-use crate::error::{Error, Result};
+use crate::error::{Error, PendingError, Result};
 use crate::extent::BackingFile;
 use crate::geometry::{tile_name, TileGrid};
 use crate::staging::{PendingMeta, RangeSet};
@@ -44,6 +44,7 @@ use std::sync::{Arc, OnceLock};
 /// The errno of a commit refused because tiles are missing or were deleted: ENODATA
 /// ("No data available"); the message and `.status` name the tiles.
 pub const INCOMPLETE: i32 = libc::ENODATA;
+const _: () = assert!(INCOMPLETE == libc::ENODATA);
 
 /// The lock file of a file's staging area: held by commit and by removals.
 pub const COMMIT_LOCK: &str = "commit.lock";

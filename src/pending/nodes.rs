@@ -144,10 +144,10 @@ impl Pending {
                 .map(|mut r| r.next().is_some())
                 .unwrap_or(false);
             if written {
-                return Err(Error::new(
-                    libc::EBUSY,
-                    format!("{h5path}: tiles were already written with another meta.json; rmdir the dataset to start over"),
-                ));
+                return Err(PendingError::MetaConflict {
+                    dataset: h5path.to_string(),
+                }
+                .into());
             }
             // A new description gets a new generation of tile sources, published
             // (atomically) before the description that uses it.
@@ -169,6 +169,11 @@ impl Pending {
         let d = self.node_dir(file_rel, h5path)?;
         std::fs::read_to_string(d.join("gen"))
             .map(|s| s.trim().to_string())
-            .map_err(|_| Error::not_found(format!("{h5path} is not a pending dataset")))
+            .map_err(|_| {
+                PendingError::NotPending {
+                    dataset: h5path.to_string(),
+                }
+                .into()
+            })
     }
 }

@@ -78,13 +78,16 @@ impl FileState {
         use Transition::*;
         let committed = self.committed();
         let gone = || {
-            Error::not_found(format!(
-                "{what}: no such file (removed by another process or node?)"
-            ))
+            Error::from(PendingError::Gone {
+                what: what.to_string(),
+            })
         };
         match (self, t) {
             (Absent, Declare) => Ok(Declared { committed }),
-            (Committed, Declare) => Err(Error::new(libc::EEXIST, format!("{what}: exists"))),
+            (Committed, Declare) => Err(PendingError::Exists {
+                what: what.to_string(),
+            }
+            .into()),
             (Declared { .. } | Writing { .. }, Declare) => Ok(self),
             (Absent | Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
             (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta) => Ok(self),
@@ -94,9 +97,10 @@ impl FileState {
             (Committed, Commit) => Ok(Committed),
             (Absent, Commit) => Err(gone()),
             (_, RemoveObject) if committed => Ok(self),
-            (_, RemoveObject) => Err(Error::not_found(format!(
-                "{what}: not committed (removed by another process or node?)"
-            ))),
+            (_, RemoveObject) => Err(PendingError::Gone {
+                what: what.to_string(),
+            }
+            .into()),
             (Absent, RemoveFile) => Err(gone()),
             (_, RemoveFile) => Ok(Absent),
         }
@@ -156,14 +160,8 @@ impl Pending {
         let lock_path = stage.join(COMMIT_LOCK);
         let _lock = match t.wait() {
             Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
-            None => FileLock::try_lock(&lock_path)?.ok_or_else(|| {
-                Error::new(
-                    libc::EBUSY,
-                    format!(
-                        "{}: another commit or removal of this file is in progress; retry when it ends",
-                        file_rel.display()
-                    ),
-                )
+            None => FileLock::try_lock(&lock_path)?.ok_or_else(|| PendingError::Busy {
+                file: file_rel.display().to_string(),
             })?,
         };
         let (parent, name) = Self::split(file_rel)?;
@@ -206,16 +204,13 @@ fn wait_for_stamp(lock: &FileLock, target: &Path, file_rel: &Path) -> Result<()>
             return Ok(());
         }
         if t0.elapsed() > STAMP_WAIT {
-            return Err(Error::new(
-                libc::EAGAIN,
-                format!(
-                    "{}: after {} s this node still does not see the version the last change \
-                     left ({want:?}, seen {seen:?}); the backing file system's client cache is \
-                     stale or the file was changed outside h5tilefs; retry",
-                    file_rel.display(),
-                    STAMP_WAIT.as_secs()
-                ),
-            ));
+            return Err(PendingError::ViewLagging {
+                file: file_rel.display().to_string(),
+                secs: STAMP_WAIT.as_secs(),
+                want: format!("{want:?}"),
+                seen: format!("{seen:?}"),
+            }
+            .into());
         }
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_millis(50));

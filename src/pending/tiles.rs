@@ -258,21 +258,22 @@ impl Pending {
             // would be lost, so refuse (commit refuses too: see `commit_locked`).
             use std::os::unix::fs::MetadataExt;
             if t.file.file.metadata().is_ok_and(|m| m.nlink() == 0) {
-                return Err(Error::new(
-                    libc::ESTALE,
-                    format!(
-                        "{h5path} tile {name}: tile source {} was deleted outside h5tilefs; \
-                         rmdir the dataset and write it again",
-                        path.display()
-                    ),
-                ));
+                return Err(PendingError::SourceDeleted {
+                    dataset: h5path.to_string(),
+                    tile: name,
+                    path: path.display().to_string(),
+                }
+                .into());
             }
             return Ok(Some(t));
         }
         let slab = meta
             .grid()
             .tile_slab(idx)
-            .ok_or_else(|| Error::not_found(format!("no tile {name}")))?;
+            .ok_or_else(|| PendingError::NoSuchTile {
+                dataset: h5path.to_string(),
+                tile: name.clone(),
+            })?;
         let count = slab.counts();
         let size = slab.num_elements() * meta.itemsize;
         let tpl = self.template(&dir, &meta.dtype, &count, size)?;
@@ -409,19 +410,23 @@ impl Pending {
     ) -> Result<()> {
         let t = self
             .tile(file_rel, h5path, meta, idx, true)?
-            .ok_or_else(|| Error::io("tile source missing"))?;
+            .ok_or_else(|| PendingError::Corrupt {
+                what: format!("{h5path} tile {}: source missing", tile_name(idx)),
+            })?;
         let end = off
             .checked_add(data.len() as u64)
-            .ok_or_else(|| Error::new(libc::EFBIG, "offset overflow"))?;
+            .ok_or_else(|| PendingError::TooLarge {
+                what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
+            })?;
         if end > t.size {
-            return Err(Error::new(
-                libc::EFBIG,
-                format!(
-                    "{h5path} tile {}: write of [{off}, {end}) past the tile's end ({} bytes)",
-                    tile_name(idx),
-                    t.size
-                ),
-            ));
+            return Err(PendingError::PastTileEnd {
+                dataset: h5path.to_string(),
+                tile: tile_name(idx),
+                start: off,
+                end,
+                size: t.size,
+            }
+            .into());
         }
         t.file
             .file
