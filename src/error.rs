@@ -96,6 +96,8 @@ pub enum PendingError {
     Gone { what: String },
     #[error("{what}: exists")]
     Exists { what: String },
+    #[error("{group} holds pending datasets or groups ({inside}); rmdir them first")]
+    NotEmpty { group: String, inside: String },
     #[error("{dataset} tile {tile}: write of [{start}, {end}) past the tile's end ({size} bytes)")]
     PastTileEnd {
         dataset: String,
@@ -136,6 +138,7 @@ impl PendingError {
             Busy { .. } | LockTimeout { .. } | MetaConflict { .. } => libc::EBUSY,
             NotPending { .. } | NoSuchTile { .. } | Gone { .. } => libc::ENOENT,
             Exists { .. } => libc::EEXIST,
+            NotEmpty { .. } => libc::ENOTEMPTY,
             PastTileEnd { .. } | TooLarge { .. } => libc::EFBIG,
             SourceDeleted { .. } => libc::ESTALE,
             ViewLagging { .. } => libc::EAGAIN,

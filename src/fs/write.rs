@@ -450,7 +450,7 @@ impl Fs {
         let abs = self.ns.abs(file)?;
         let dir = abs.parent().unwrap_or(Path::new("/")).to_path_buf();
         let stage = self.pending.stage_dir(file)?;
-        self.pending.remove_object(file, || {
+        self.pending.remove_object(file, path, || {
             let tmp = stage.join(format!(
                 "remove.{}.{}.tmp.h5",
                 crate::durable::node_tag(),

@@ -62,9 +62,13 @@ impl Pending {
     pub fn remove_object(
         &self,
         file_rel: &Path,
+        h5path: &str,
         change: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        self.transition(file_rel, Transition::RemoveObject, |_| change())
+        self.transition(file_rel, Transition::RemoveObject, |_| {
+            self.refuse_pending_inside(file_rel, h5path)?;
+            change()
+        })
     }
 
     pub fn commit(&self, file_rel: &Path) -> Result<Value> {

@@ -69,8 +69,34 @@ impl Pending {
 
     pub fn remove_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
         self.transition(file_rel, Transition::RemoveNode, |_| {
+            self.refuse_pending_inside(file_rel, h5path)?;
             self.remove_node_locked(file_rel, h5path)
         })
+    }
+
+    /// ENOTEMPTY when pending nodes lie below `h5path`: removing the group alone would
+    /// leave them pending unseen, and the next commit would make them again.
+    pub(super) fn refuse_pending_inside(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let prefix = format!("{}/", h5path.trim_end_matches('/'));
+        let inside: Vec<String> = self
+            .nodes(file_rel)?
+            .into_iter()
+            .map(|n| n.path)
+            .filter(|p| p.starts_with(&prefix))
+            .collect();
+        if inside.is_empty() {
+            return Ok(());
+        }
+        Err(PendingError::NotEmpty {
+            group: format!("{}:{h5path}", file_rel.display()),
+            inside: inside
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+        .into())
     }
 
     fn remove_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
