@@ -2,7 +2,7 @@
 //! compact storage, virtual mappings HDF5 must resolve), their decoders and a
 //! byte-capped cache of decoded cells.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, Result};
 use crate::extent::{BackingFile, CellRef, CellSource};
 use crate::geometry::unravel;
 use crate::h5::{self, ChunkLoc, FilterInfo};
@@ -364,7 +364,8 @@ impl ChunkStore {
     /// Checks a stored chunk's size and place before anything (ours or HDF5's) reads
     /// it: both come from the file's chunk index and size the read buffer.
     fn check_stored(&self, index: u64, loc: &ChunkLoc) -> Result<()> {
-        let refuse = |why: String| Error::io(format!("{}: {why}", self.what(index)));
+        let refuse =
+            |why: String| Error::from(ModelError::Corrupt(format!("{}: {why}", self.what(index))));
         if loc.size > max_stored_bytes(self.bytes) {
             return Err(refuse(format!(
                 "stored size of {} bytes is implausible for a chunk of {} bytes \
@@ -392,7 +393,8 @@ impl ChunkStore {
     /// Reads and decodes a stored chunk (checked by `check_stored`) in Rust.
     /// `Ok(None)`: HDF5 must decode it.
     fn decode_stored(&self, index: u64, loc: &ChunkLoc, expect: usize) -> Result<Option<Vec<u8>>> {
-        let refuse = |why: String| Error::io(format!("{}: {why}", self.what(index)));
+        let refuse =
+            |why: String| Error::from(ModelError::Corrupt(format!("{}: {why}", self.what(index))));
         let size = usize::try_from(loc.size).map_err(|_| refuse("stored size too large".into()))?;
         let mut raw = vec![0u8; size];
         self.file

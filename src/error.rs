@@ -152,6 +152,73 @@ impl From<PendingError> for Error {
     }
 }
 
+/// Why reading a dataset failed (src/model.rs, src/decode.rs): the file's content or a
+/// request the dataset cannot serve. [`ModelError::errno`] is its errno table.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file's structures contradict themselves (a crafted or damaged file).
+    #[error("{0}")]
+    Corrupt(String),
+    /// A type or layout the extent map cannot serve.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Sizes beyond what the daemon allocates or can address.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A selection outside the dataset.
+    #[error("{0}")]
+    BadSelection(String),
+}
+
+impl ModelError {
+    /// The errno table of the read path.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ModelError::Corrupt(_) => libc::EIO,
+            ModelError::Unsupported(_) => libc::EOPNOTSUPP,
+            ModelError::TooLarge(_) => libc::EFBIG,
+            ModelError::BadSelection(_) => libc::EINVAL,
+        }
+    }
+}
+
+impl From<ModelError> for Error {
+    fn from(e: ModelError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
+}
+
+/// Why a GPU request failed (src/gpu.rs): [`GpuError::errno`] is its errno table.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No usable GPU, driver or cuFile, or GPU support switched off.
+    #[error("{0}")]
+    NoDevice(String),
+    /// A CUDA or cuFile call failed during a transfer.
+    #[error("{0}")]
+    Transfer(String),
+    /// The client's IPC handle or buffer does not describe memory we can map.
+    #[error("{0}")]
+    BadHandle(String),
+}
+
+impl GpuError {
+    /// The errno table of the GPU path.
+    pub fn errno(&self) -> i32 {
+        match self {
+            GpuError::NoDevice(_) => libc::ENODEV,
+            GpuError::Transfer(_) => libc::EIO,
+            GpuError::BadHandle(_) => libc::EINVAL,
+        }
+    }
+}
+
+impl From<GpuError> for Error {
+    fn from(e: GpuError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
+}
+
 /// Builds an [`Error`] with a formatted message: `err!(ENOENT, "no {x}")`.
 #[macro_export]
 macro_rules! err {
@@ -214,5 +281,18 @@ mod tests {
             assert_eq!(err.errno, errno, "{msg}");
             assert_eq!(err.message, msg);
         }
+    }
+
+    #[test]
+    fn read_and_gpu_errnos() {
+        let m = |e: ModelError| Error::from(e).errno;
+        assert_eq!(m(ModelError::Corrupt("x".into())), libc::EIO);
+        assert_eq!(m(ModelError::Unsupported("x".into())), libc::EOPNOTSUPP);
+        assert_eq!(m(ModelError::TooLarge("x".into())), libc::EFBIG);
+        assert_eq!(m(ModelError::BadSelection("x".into())), libc::EINVAL);
+        let g = |e: GpuError| Error::from(e).errno;
+        assert_eq!(g(GpuError::NoDevice("x".into())), libc::ENODEV);
+        assert_eq!(g(GpuError::Transfer("x".into())), libc::EIO);
+        assert_eq!(g(GpuError::BadHandle("x".into())), libc::EINVAL);
     }
 }

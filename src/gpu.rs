@@ -3,7 +3,7 @@
 //! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
 //! host staging plus a copy for decoded and fill runs.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, GpuError, Result};
 use crate::extent::{BackingFile, Extent, Src};
 use crate::h5file::Ident;
 use cudarc::cufile::sys as cf;
@@ -64,14 +64,14 @@ impl SendHandle {
 }
 
 fn no_dev(msg: impl Into<String>) -> Error {
-    Error::new(libc::ENODEV, msg)
+    GpuError::NoDevice(msg.into()).into()
 }
 
 fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Error::io(format!("CUDA {what}: {r:?}")))
+        Err(GpuError::Transfer(format!("CUDA {what}: {r:?}")).into())
     }
 }
 
@@ -441,7 +441,7 @@ impl Gpu {
                     // daemon's lifetime.
                     unsafe {
                         cu_ok(cu::cuDeviceGet(&mut dev, device), "cuDeviceGet")
-                            .map_err(|e| Error::new(libc::ENODEV, e.message))?;
+                            .map_err(|e| Error::from(GpuError::NoDevice(e.message)))?;
                         cu_ok(
                             cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
                             "cuDevicePrimaryCtxRetain",
@@ -473,9 +473,10 @@ impl Gpu {
         // the mapping is closed when the `Mapping` made below is dropped.
         let r = unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, 1) };
         if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(Error::invalid(format!(
+            return Err(GpuError::BadHandle(format!(
                 "cuIpcOpenMemHandle: {r:?} (bad handle or device)"
-            )));
+            ))
+            .into());
         }
         let mut registered = false;
         if l.cufile {
@@ -504,7 +505,12 @@ impl Gpu {
         let ident = Ident::of(&meta);
         l.files
             .get(ident, bf, || register_cufile(bf, ident))
-            .map_err(|e| Error::io(format!("cuFile cannot read {}: {e}", bf.path.display())))
+            .map_err(|e| {
+                Error::from(GpuError::Transfer(format!(
+                    "cuFile cannot read {}: {e}",
+                    bf.path.display()
+                )))
+            })
     }
 
     fn take_pinned(&self, l: &Loaded) -> Result<usize> {
@@ -548,7 +554,7 @@ impl Gpu {
                     )
                 };
                 if r <= 0 {
-                    return Err(Error::io(format!("cuFileRead returned {r}")));
+                    return Err(GpuError::Transfer(format!("cuFileRead returned {r}")).into());
                 }
                 done += r as u64;
             }

@@ -2,7 +2,7 @@
 //! gathered once through HDF5, then used without the library to plan reads.
 
 use crate::decode::{ChunkStore, HdfCells};
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, Result};
 use crate::extent::{
     c_strides, emit_block, linear_boxes, sub_selection, BackingFile, BlockSrc, CellRef, Dst,
     Extent, Src,
@@ -398,7 +398,9 @@ impl DatasetModel {
                 Layout::Chunked => {
                     let c = chunks.clone().unwrap_or_default();
                     if c.len() != rank || c.contains(&0) {
-                        return Err(Error::io(format!("{name}: bad chunk shape {c:?}")));
+                        return Err(
+                            ModelError::Corrupt(format!("{name}: bad chunk shape {c:?}")).into(),
+                        );
                     }
                     match ChunkStore::new(
                         name,
@@ -527,10 +529,9 @@ impl DatasetModel {
         let fill = || BlockSrc::Fill(self.fill.clone());
         let zeros = vec![0u64; self.shape.len()];
         match &self.storage {
-            Storage::None => Err(Error::new(
-                libc::EOPNOTSUPP,
-                format!("{}: type cannot be served", self.name),
-            )),
+            Storage::None => {
+                Err(ModelError::Unsupported(format!("{}: type cannot be served", self.name)).into())
+            }
             Storage::Fill => {
                 emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
                 Ok(())
@@ -579,10 +580,11 @@ impl DatasetModel {
             }
             Storage::Virtual(blocks) => {
                 if depth > MAX_VDS_DEPTH {
-                    return Err(Error::io(format!(
+                    return Err(ModelError::Corrupt(format!(
                         "{}: virtual nesting too deep",
                         self.name
-                    )));
+                    ))
+                    .into());
                 }
                 // Blocks may overlap: their sum can exceed u64 where the dataset cannot.
                 let covered: u128 = blocks
@@ -1135,7 +1137,12 @@ fn read_full(f: &std::fs::File, buf: &mut [u8], mut off: u64) -> Result<()> {
 /// (`slice/` name, ioctl) and must lie inside the dataset, whose size fits (`build`
 /// refuses larger ones), so every offset computed from it below fits too.
 fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
-    let bad = |why: String| Error::invalid(format!("{}: selection {why}", model.name));
+    let bad = |why: String| {
+        Error::from(ModelError::BadSelection(format!(
+            "{}: selection {why}",
+            model.name
+        )))
+    };
     if sel.rank() != model.shape.len() {
         return Err(bad(format!(
             "has rank {} but the dataset has rank {}",
