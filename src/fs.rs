@@ -1033,13 +1033,19 @@ impl Fs {
 
     /// The child `name` of `parent`, without registering it.
     fn child(&self, parent: &Node, name: &str) -> Result<Node> {
+        self.child_of(parent, name).map(|(n, _)| n)
+    }
+
+    /// `child`, with the resolution it was decided from when the child shows the same
+    /// dataset (its files, tiles and slices), so `lookup` decides once.
+    fn child_of(&self, parent: &Node, name: &str) -> Result<(Node, Option<Resolved>)> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::not_found(format!("bad name {name:?}")));
         }
         let (file, path) = match parent {
             Node::Dir(rel) => {
                 if rel.as_os_str().is_empty() && name == CONTROL_NAME {
-                    return Ok(Node::Control);
+                    return Ok((Node::Control, None));
                 }
                 if name == crate::pending::STAGE_DIR {
                     return Err(Error::not_found("staging area is hidden"));
@@ -1049,18 +1055,19 @@ impl Fs {
                     file: crel.clone(),
                     path: "/".into(),
                 };
-                return match self.ns.classify(&crel) {
-                    Ok(EntryKind::Dir) => Ok(Node::Dir(crel)),
-                    Ok(EntryKind::H5File) => Ok(file()),
-                    Err(_) if self.pending.is_pending(&crel) => Ok(file()),
-                    Err(e) => Err(e),
+                let node = match self.ns.classify(&crel) {
+                    Ok(EntryKind::Dir) => Node::Dir(crel),
+                    Ok(EntryKind::H5File) => file(),
+                    Err(_) if self.pending.is_pending(&crel) => file(),
+                    Err(e) => return Err(e),
                 };
+                return Ok((node, None));
             }
             Node::Object { file, path } if path == "/" && name == ".commit" => {
-                return Ok(Node::Commit { file: file.clone() })
+                return Ok((Node::Commit { file: file.clone() }, None))
             }
             Node::Object { file, path } if path == "/" && name == ".status" => {
-                return Ok(Node::Status { file: file.clone() })
+                return Ok((Node::Status { file: file.clone() }, None))
             }
             Node::Object { file, path }
             | Node::Tiles { file, path }
@@ -1071,14 +1078,15 @@ impl Fs {
             file: file.clone(),
             path,
         };
-        match (parent, self.resolve(parent)?) {
+        let r = self.resolve(parent)?;
+        let node = match (parent, &r) {
             (Node::Object { .. }, Resolved::Dataset { file: f }) => match name {
                 "meta.json" => Ok(Node::Meta {
                     file: file.clone(),
                     path: path.clone(),
                 }),
                 "data" | "tiles" | "slice" => {
-                    self.supported_model(&f, path)?;
+                    self.supported_model(f, path)?;
                     Ok(dataset_file(name, file, path))
                 }
                 _ => Err(Error::not_found(format!("no {name} in a dataset"))),
@@ -1093,7 +1101,7 @@ impl Fs {
             (Node::Object { .. }, r) => {
                 let cpath = join(path, name);
                 if self.pending.node(file, &cpath).is_some() {
-                    return Ok(obj(cpath));
+                    return Ok((obj(cpath), None));
                 }
                 match r {
                     Resolved::Group { file: Some(f) } => match f.listing(path)?.get(name) {
@@ -1107,7 +1115,7 @@ impl Fs {
                 }
             }
             (Node::Tiles { .. }, r) => {
-                let grid = match &r {
+                let grid = match r {
                     Resolved::Pending { meta: Some(pm) } => pm.grid().grid(),
                     Resolved::Dataset { file: f } => self.supported_model(f, path)?.grid().grid(),
                     _ => return Err(Error::not_found(format!("{path} is not a dataset"))),
@@ -1121,7 +1129,7 @@ impl Fs {
                 })
             }
             (Node::Slices { .. }, Resolved::Dataset { file: f }) => {
-                let md = self.supported_model(&f, path)?;
+                let md = self.supported_model(f, path)?;
                 if let Err(e) = parse_slice(name, &md.shape) {
                     tracing::info!(dataset = %path, slice = name, reason = %e, "slice name rejected");
                     return Err(e);
@@ -1133,15 +1141,20 @@ impl Fs {
                 })
             }
             _ => Err(Error::not_found(format!("{path} is not a dataset"))),
-        }
+        }?;
+        let same = !matches!(node, Node::Object { .. });
+        Ok((node, same.then_some(r)))
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
         let pnode = self.inodes.node(parent)?;
-        let node = self.child(&pnode, name)?;
+        let (node, resolved) = self.child_of(&pnode, name)?;
         // Attributes first: a node that fails them is not registered. The inode is bound
         // to the version they were read from.
-        let a = self.attr_of(0, &node)?;
+        let a = match resolved {
+            Some(r) => self.attr_in(0, &node, &r)?,
+            None => self.attr_of(0, &node)?,
+        };
         let (ino, stale) = self.inodes.lookup(&node, a.version, parent, Some(&a));
         if let Some(st) = stale {
             // The kernel replaces the dentry being looked up itself (a new node id);
