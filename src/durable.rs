@@ -148,17 +148,16 @@ pub struct FileLock {
     path: std::path::PathBuf,
 }
 
-/// The version of a file that the last transition under its lock left: written into
-/// the lock file before the lock is released, read by the next holder, which waits
-/// until its view of the backing directory shows that version. A distributed file
-/// system's client can keep showing the old name → inode for a while after another
-/// client renamed a new file over it (GlusterFS: up to 1 s, then `ESTALE` or, worse,
-/// the old file's bytes); starting a change from that view would drop the other
-/// node's change.
+/// The version of a file that the last transition under its lock left, read by the
+/// next holder, which waits until its view of the backing directory shows that version.
+/// A distributed file system's client can keep showing the old name → inode for a while
+/// after another client renamed a new file over it (GlusterFS: up to 1 s, then `ESTALE`
+/// or, worse, the old file's bytes); starting a change from that view would drop the
+/// other node's change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
-    /// None: the file did not exist.
-    pub ident: Option<(u64, u64, i64, i64)>,
+    /// (ino, size, mtime s, mtime ns, ctime s, ctime ns); None: the file did not exist.
+    pub ident: Option<(u64, u64, i64, i64, i64, i64)>,
 }
 
 impl Stamp {
@@ -166,44 +165,64 @@ impl Stamp {
     pub fn of(path: &Path) -> Stamp {
         use std::os::unix::fs::MetadataExt;
         Stamp {
-            ident: std::fs::metadata(path)
-                .ok()
-                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec())),
+            ident: std::fs::metadata(path).ok().map(|m| {
+                (
+                    m.ino(),
+                    m.size(),
+                    m.mtime(),
+                    m.mtime_nsec(),
+                    m.ctime(),
+                    m.ctime_nsec(),
+                )
+            }),
         }
     }
 
-    fn encode(&self) -> Vec<u8> {
-        let mut b = vec![b' '; STAMP_LEN];
-        let text = match self.ident {
-            Some((ino, size, s, ns)) => format!("h5tilefs-stamp v1 {ino} {size} {s} {ns}\n"),
-            None => "h5tilefs-stamp v1 absent\n".to_string(),
-        };
-        b[..text.len()].copy_from_slice(text.as_bytes());
-        b
+    /// The change time, for telling a later change (made outside h5tilefs) from a view
+    /// that still shows an earlier version: users cannot set ctime.
+    pub fn ctime(&self) -> Option<(i64, i64)> {
+        self.ident.map(|i| (i.4, i.5))
+    }
+
+    fn encode(&self) -> String {
+        match self.ident {
+            Some((ino, size, ms, mns, cs, cns)) => {
+                format!("h5tilefs-stamp v2 {ino} {size} {ms} {mns} {cs} {cns}\n")
+            }
+            None => "h5tilefs-stamp v2 absent\n".to_string(),
+        }
     }
 
     fn decode(b: &[u8]) -> Option<Stamp> {
         let text = std::str::from_utf8(b).ok()?;
         let mut it = text.split_whitespace();
-        if it.next()? != "h5tilefs-stamp" || it.next()? != "v1" {
+        if it.next()? != "h5tilefs-stamp" || it.next()? != "v2" {
             return None;
         }
         let first = it.next()?;
         if first == "absent" {
             return Some(Stamp { ident: None });
         }
+        let mut n = || -> Option<i64> { it.next()?.parse().ok() };
+        let size = n()?;
         Some(Stamp {
             ident: Some((
                 first.parse().ok()?,
-                it.next()?.parse().ok()?,
-                it.next()?.parse().ok()?,
-                it.next()?.parse().ok()?,
+                u64::try_from(size).ok()?,
+                n()?,
+                n()?,
+                n()?,
+                n()?,
             )),
         })
     }
 }
 
-/// Bytes of the stamp at the start of a lock file (one aligned block, for O_DIRECT).
+/// What the previous transition of a file left: its stamp, and when it ended (the
+/// file system's clock: seconds and nanoseconds, comparable with change times).
+pub type Previous = (Stamp, (i64, i64));
+
+/// Bytes of the hint at the start of a lock file (one aligned block, for O_DIRECT).
 const STAMP_LEN: usize = 4096;
 
 impl FileLock {
@@ -241,33 +260,85 @@ impl FileLock {
         }
     }
 
-    /// The stamp the last transition left (None: none yet, e.g. a new file).
-    pub fn stamp(&self) -> Result<Option<Stamp>> {
+    /// The transition number the lock file suggests: a hint only (a client may show
+    /// stale content), so the journal is probed upward from it.
+    fn hint(&self) -> u64 {
         use std::os::unix::fs::FileExt;
-        let (f, _) = self.open_direct()?;
-        let mut buf = AlignedBlock::new()?;
-        let n = match f.read_at(buf.as_mut(), 0) {
-            Ok(n) => n,
-            Err(e) => {
-                return Err(Error::from_io(
-                    format!("reading {}", self.path.display()),
-                    e,
-                ))
-            }
+        let Ok((f, _)) = self.open_direct() else {
+            return 0;
         };
-        Ok(Stamp::decode(&buf.as_mut()[..n]))
+        let Ok(mut buf) = AlignedBlock::new() else {
+            return 0;
+        };
+        let n = f.read_at(buf.as_mut(), 0).unwrap_or(0);
+        std::str::from_utf8(&buf.as_mut()[..n])
+            .ok()
+            .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            .unwrap_or(0)
     }
 
-    /// Records `stamp` for the next holder; durable before the lock is released.
-    pub fn set_stamp(&self, stamp: Stamp) -> Result<()> {
+    /// Starts a transition under the lock: claims the next number in the file's journal
+    /// `dir` and returns it with the stamp the previous transition left. The journal is
+    /// a directory of files written once each and never changed, named by number and
+    /// claimed with O_EXCL, which distributed file systems decide on the server: a
+    /// client cache can hide that a number exists (then O_EXCL fails and the next one is
+    /// tried) but never show old content for it. (A stamp rewritten in one file was
+    /// read stale from a GlusterFS client's cache, O_DIRECT or not.)
+    pub fn begin(&self, dir: &Path) -> Result<(u64, Option<Previous>)> {
+        create_dir_all(dir)?;
+        let mut k = self.hint().saturating_add(1).max(1);
+        loop {
+            let p = dir.join(k.to_string());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&p)
+            {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => k += 1,
+                Err(e) => return Err(Error::from_io(format!("creating {}", p.display()), e)),
+            }
+        }
+        // with the time the previous transition ended (the file system's clock, as the
+        // file's own change times)
+        let prev = match k.checked_sub(1).filter(|&j| j > 0) {
+            Some(j) => {
+                use std::os::unix::fs::MetadataExt;
+                let p = dir.join(j.to_string());
+                let at = std::fs::metadata(&p)
+                    .ok()
+                    .map(|m| (m.mtime(), m.mtime_nsec()));
+                std::fs::read(&p)
+                    .ok()
+                    .and_then(|b| Stamp::decode(&b))
+                    .zip(at)
+            }
+            None => None,
+        };
+        Ok((k, prev))
+    }
+
+    /// Ends transition `k`: records the version it left (durably, before the lock is
+    /// released) and the hint for the next holder.
+    pub fn finish(&self, dir: &Path, k: u64, stamp: Stamp) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let (f, _) = self.open_direct()?;
-        let mut buf = AlignedBlock::new()?;
-        buf.as_mut().copy_from_slice(&stamp.encode());
-        f.write_all_at(buf.as_mut(), 0)
-            .map_err(io(format!("writing {}", self.path.display())))?;
-        f.sync_all()
-            .map_err(io(format!("fsync {}", self.path.display())))
+        let p = dir.join(k.to_string());
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .map_err(io(format!("opening {}", p.display())))?;
+        f.write_all_at(stamp.encode().as_bytes(), 0)
+            .map_err(io(format!("writing {}", p.display())))?;
+        f.sync_all().map_err(io(format!("fsync {}", p.display())))?;
+        // the hint: best effort (a stale or missing one only costs probes)
+        if let (Ok((f, _)), Ok(mut buf)) = (self.open_direct(), AlignedBlock::new()) {
+            let text = format!("h5tilefs-seq {k}\n");
+            let b = buf.as_mut();
+            b.fill(b' ');
+            b[..text.len()].copy_from_slice(text.as_bytes());
+            let _ = f.write_all_at(buf.as_mut(), 0);
+        }
+        Ok(())
     }
 
     fn try_flock(f: &std::fs::File) -> std::io::Result<bool> {
@@ -428,21 +499,31 @@ mod tests {
     }
 
     #[test]
-    fn stamps_round_trip_through_the_lock_file() {
+    fn journal_numbers_transitions_and_hands_on_stamps() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("commit.lock");
-        let l = FileLock::try_lock(&p).unwrap().unwrap();
-        assert_eq!(l.stamp().unwrap(), None);
+        let j = d.path().join("journal");
         let f = d.path().join("f.h5");
-        assert_eq!(Stamp::of(&f), Stamp { ident: None });
-        l.set_stamp(Stamp::of(&f)).unwrap();
-        assert_eq!(l.stamp().unwrap(), Some(Stamp { ident: None }));
-        std::fs::write(&f, b"x").unwrap();
-        l.set_stamp(Stamp::of(&f)).unwrap();
-        drop(l);
         let l = FileLock::try_lock(&p).unwrap().unwrap();
-        assert_eq!(l.stamp().unwrap(), Some(Stamp::of(&f)));
+        let (k, prev) = l.begin(&j).unwrap();
+        assert_eq!((k, prev), (1, None));
+        let prev = |p: Option<Previous>| p.map(|(s, _)| s);
+        l.finish(&j, k, Stamp::of(&f)).unwrap();
+        drop(l);
+        std::fs::write(&f, b"x").unwrap();
+        let l = FileLock::try_lock(&p).unwrap().unwrap();
+        let (k, p2) = l.begin(&j).unwrap();
+        assert_eq!((k, prev(p2)), (2, Some(Stamp { ident: None })));
+        l.finish(&j, k, Stamp::of(&f)).unwrap();
+        // a stale hint (here: none) only costs probes
+        std::fs::write(&p, b"").unwrap();
+        let (k, p3) = l.begin(&j).unwrap();
+        assert_eq!((k, prev(p3)), (3, Some(Stamp::of(&f))));
         assert!(Stamp::of(&f).ident.is_some());
+        assert_eq!(
+            Stamp::decode(Stamp::of(&f).encode().as_bytes()),
+            Some(Stamp::of(&f))
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::namespace::{EntryKind, Namespace};
 use crate::pending::Pending;
 use crate::selection::{parse_slice, Hyperslab};
 use crate::staging::PendingMeta;
+use crate::sync::{Counter, Family, Real, ShardMap};
 use dashmap::DashMap;
 use std::ffi::OsStr;
 use std::hash::{Hash, Hasher};
@@ -253,26 +254,28 @@ struct Stale {
     node: Node,
 }
 
-struct InodeTable {
-    by_node: DashMap<Node, Entry>,
-    by_ino: DashMap<u64, Node>,
+/// The daemon's inodes. Generic over its primitives ([`crate::sync::Family`]) so the
+/// concurrency tests run this very code under shuttle's scheduler.
+struct InodeTable<S: Family = Real> {
+    by_node: ShardMap<Node, Entry, S>,
+    by_ino: ShardMap<u64, Node, S>,
     /// Inodes given up by their node (see `detach`): kernel lookup counts left.
-    detached: DashMap<u64, u64>,
+    detached: ShardMap<u64, u64, S>,
     /// Attributes of the version a data file's inode (`data`, a tile, a slice) was
     /// made for, answered once that version is no longer current: the handles opened
     /// on it still read it, and the kernel sizes their reads by these.
-    shown: DashMap<u64, Attr>,
-    next: AtomicU64,
+    shown: ShardMap<u64, Attr, S>,
+    next: S::AtomicU64,
 }
 
-impl InodeTable {
+impl<S: Family> InodeTable<S> {
     fn new() -> Self {
         let t = InodeTable {
-            by_node: DashMap::new(),
-            by_ino: DashMap::new(),
-            detached: DashMap::new(),
-            shown: DashMap::new(),
-            next: AtomicU64::new(ROOT_INO + 1),
+            by_node: ShardMap::new(),
+            by_ino: ShardMap::new(),
+            detached: ShardMap::new(),
+            shown: ShardMap::new(),
+            next: S::AtomicU64::new(ROOT_INO + 1),
         };
         t.by_node.insert(
             Node::Dir(PathBuf::new()),
@@ -298,42 +301,45 @@ impl InodeTable {
         parent: u64,
         shown: Option<&Attr>,
     ) -> (u64, Option<Stale>) {
-        let mut stale = None;
-        let mut fresh = false;
-        let mut e = self.by_node.entry(node.clone()).or_insert_with(|| {
-            fresh = true;
-            Entry {
-                ino: self.next.fetch_add(1, Ordering::Relaxed),
-                count: 0,
-                version,
-                parent,
-            }
-        });
-        if e.version != version {
-            fresh = true;
-            let old = *e;
-            *e = Entry {
-                ino: self.next.fetch_add(1, Ordering::Relaxed),
-                count: 0,
-                version,
-                parent,
-            };
-            // Under the entry's guard, so a concurrent forget of the old inode (which
-            // takes this guard first) finds its count in `detached`.
-            self.retire(old.ino, old.count);
-            stale = Some(Stale {
-                ino: old.ino,
-                parent: old.parent,
-                node: node.clone(),
+        let (ino, fresh, stale) = self.by_node.entry(node.clone(), |slot| {
+            let mut fresh = false;
+            let e = slot.or_insert_with(|| {
+                fresh = true;
+                Entry {
+                    ino: self.next.fetch_add(1),
+                    count: 0,
+                    version,
+                    parent,
+                }
             });
-        }
-        e.count += 1;
-        if parent != 0 {
-            e.parent = parent;
-        }
-        let ino = e.ino;
-        drop(e);
-        self.by_ino.entry(ino).or_insert_with(|| node.clone());
+            let mut stale = None;
+            if e.version != version {
+                fresh = true;
+                let old = *e;
+                *e = Entry {
+                    ino: self.next.fetch_add(1),
+                    count: 0,
+                    version,
+                    parent,
+                };
+                // Under the entry's lock, so a concurrent forget of the old inode (which
+                // takes this lock first) finds its count in `detached`.
+                self.retire(old.ino, old.count);
+                stale = Some(Stale {
+                    ino: old.ino,
+                    parent: old.parent,
+                    node: node.clone(),
+                });
+            }
+            e.count += 1;
+            if parent != 0 {
+                e.parent = parent;
+            }
+            (e.ino, fresh, stale)
+        });
+        self.by_ino.entry(ino, |s| {
+            s.or_insert_with(|| node.clone());
+        });
         if let (true, Some(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) =
             (fresh, shown, node)
         {
@@ -359,7 +365,7 @@ impl InodeTable {
 
     /// The attributes `ino` was made with, if it is a data file's inode.
     fn shown(&self, ino: u64) -> Option<Attr> {
-        self.shown.get(&ino).map(|a| a.clone())
+        self.shown.get(&ino)
     }
 
     /// The inode of `node` if it has one for `version`, else a stable pseudo number
@@ -379,7 +385,6 @@ impl InodeTable {
     fn node(&self, ino: u64) -> Result<Node> {
         self.by_ino
             .get(&ino)
-            .map(|n| n.clone())
             .ok_or_else(|| Error::new(libc::ESTALE, format!("unknown inode {ino}")))
     }
 
@@ -396,35 +401,35 @@ impl InodeTable {
         if ino == ROOT_INO {
             return;
         }
-        let Some(node) = self.by_ino.get(&ino).map(|n| n.clone()) else {
+        let Some(node) = self.by_ino.get(&ino) else {
             return;
         };
-        let mut gone = false;
-        let mut found = false;
-        if let Some(mut e) = self.by_node.get_mut(&node) {
-            if e.ino == ino {
-                found = true;
-                e.count = e.count.saturating_sub(n);
-                gone = e.count == 0;
-            }
-        }
-        if !found {
-            if let Some(mut c) = self.detached.get_mut(&ino) {
+        // Some(gone) when the node's entry is this inode's.
+        let found = self
+            .by_node
+            .update(&node, |e| {
+                (e.ino == ino).then(|| {
+                    e.count = e.count.saturating_sub(n);
+                    e.count == 0
+                })
+            })
+            .flatten();
+        let Some(gone) = found else {
+            let last = self.detached.update(&ino, |c| {
                 *c = c.saturating_sub(n);
-                let last = *c == 0;
-                drop(c);
-                if last && self.detached.remove_if(&ino, |_, c| *c == 0).is_some() {
-                    self.drop_ino(ino);
-                }
+                *c == 0
+            });
+            if last == Some(true) && self.detached.remove_if(&ino, |c| *c == 0).is_some() {
+                self.drop_ino(ino);
             }
             return;
-        }
+        };
         // A lookup may have taken the node again since the count was read: only the one
         // that removes the node's entry drops the inode, or the kernel's inode goes stale.
         if gone
             && self
                 .by_node
-                .remove_if(&node, |_, v| v.ino == ino && v.count == 0)
+                .remove_if(&node, |v| v.ino == ino && v.count == 0)
                 .is_some()
         {
             self.drop_ino(ino);
@@ -441,37 +446,35 @@ impl InodeTable {
         self.detach_if(node, |_| true)
     }
 
-    /// `detach` when `pred` holds for the node's entry, decided under the entry's guard.
+    /// `detach` when `pred` holds for the node's entry, decided under the entry's lock.
     fn detach_if(&self, node: &Node, pred: impl FnOnce(&Entry) -> bool) -> Option<Stale> {
-        match self.by_node.entry(node.clone()) {
-            dashmap::mapref::entry::Entry::Occupied(o) if pred(o.get()) => {
-                let e = *o.get();
-                // Under the guard, as in `lookup`.
-                self.retire(e.ino, e.count);
-                o.remove();
-                Some(Stale {
-                    ino: e.ino,
-                    parent: e.parent,
-                    node: node.clone(),
-                })
-            }
-            _ => None,
-        }
+        self.by_node.entry(node.clone(), |slot| {
+            let e = *slot.get().filter(|e| pred(e))?;
+            // Under the lock, as in `lookup`.
+            self.retire(e.ino, e.count);
+            slot.remove();
+            Some(Stale {
+                ino: e.ino,
+                parent: e.parent,
+                node: node.clone(),
+            })
+        })
     }
 
     /// Nodes of backing file `file` registered for a version other than `current`.
     fn outdated(&self, file: &Path, current: Ident) -> Vec<Node> {
-        self.by_node
-            .iter()
-            .filter(|e| {
-                // Byte comparison: `Path`'s `==` compares component by component.
-                e.value().version.is_some_and(|v| v != current)
-                    && e.key()
-                        .file_and_path()
-                        .is_some_and(|(f, _)| f.as_os_str() == file.as_os_str())
-            })
-            .map(|e| e.key().clone())
-            .collect()
+        let mut out = Vec::new();
+        self.by_node.for_each(|node, e| {
+            // Byte comparison: `Path`'s `==` compares component by component.
+            if e.version.is_some_and(|v| v != current)
+                && node
+                    .file_and_path()
+                    .is_some_and(|(f, _)| f.as_os_str() == file.as_os_str())
+            {
+                out.push(node.clone());
+            }
+        });
+        out
     }
 
     fn len(&self) -> usize {
@@ -1614,7 +1617,8 @@ fn meta_bytes(m: &PendingMeta) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use crate::sync::Shuttle;
+    use std::collections::{BTreeMap, HashMap};
 
     fn ident(v: u64) -> Ident {
         Ident {
@@ -1651,68 +1655,68 @@ mod tests {
     }
 
     /// Every inode number maps to one node; every node's entry names an inode that maps
-    /// back to it; detached inodes belong to no entry; and the lookup counts the table
-    /// keeps equal what the kernel (`held`) was told and has not forgotten.
-    fn check(t: &InodeTable, held: &HashMap<u64, u64>) {
+    /// back to it, and no two entries share one; detached inodes belong to no entry; and
+    /// the lookup counts the table keeps equal what the kernel (`held`) was told and has
+    /// not forgotten. Only at rest: the maps are read one shard at a time.
+    fn check<S: Family>(t: &InodeTable<S>, held: &HashMap<u64, u64>) {
+        let mut entries = Vec::new();
+        t.by_node.for_each(|n, e| entries.push((n.clone(), *e)));
+        let mut by_ino = HashMap::new();
+        t.by_ino.for_each(|&i, n| {
+            by_ino.insert(i, n.clone());
+        });
+        let mut detached = HashMap::new();
+        t.detached.for_each(|&i, &c| {
+            detached.insert(i, c);
+        });
+        let mut shown = Vec::new();
+        t.shown.for_each(|&i, a| shown.push((i, a.ino)));
         let mut in_entries = HashMap::new();
-        for e in t.by_node.iter() {
-            let ino = e.value().ino;
-            assert!(
-                in_entries.insert(ino, e.value().count).is_none(),
-                "ino {ino} twice"
-            );
-            assert_eq!(t.by_ino.get(&ino).as_deref(), Some(e.key()), "ino {ino}");
+        for (node, e) in &entries {
+            let ino = e.ino;
+            assert!(in_entries.insert(ino, e.count).is_none(), "ino {ino} twice");
+            assert_eq!(by_ino.get(&ino), Some(node), "ino {ino}");
         }
-        for s in t.shown.iter() {
-            assert!(
-                t.by_ino.contains_key(s.key()),
-                "attributes of gone ino {}",
-                s.key()
-            );
-            assert_eq!(s.value().ino, *s.key());
+        for &(i, a) in &shown {
+            assert!(by_ino.contains_key(&i), "attributes of gone ino {i}");
+            assert_eq!(a, i);
         }
-        for d in t.detached.iter() {
-            assert!(
-                !in_entries.contains_key(d.key()),
-                "detached {} in use",
-                d.key()
-            );
-            assert!(
-                t.by_ino.contains_key(d.key()),
-                "detached {} unknown",
-                d.key()
-            );
+        for d in detached.keys() {
+            assert!(!in_entries.contains_key(d), "detached {d} in use");
+            assert!(by_ino.contains_key(d), "detached {d} unknown");
         }
         for (&ino, &n) in held {
             let kept = in_entries
                 .get(&ino)
+                .or_else(|| detached.get(&ino))
                 .copied()
-                .or_else(|| t.detached.get(&ino).map(|c| *c))
                 .unwrap_or(0);
             assert_eq!(kept, n, "lookup count of ino {ino}");
         }
-        for e in t.by_node.iter() {
-            let ino = e.value().ino;
-            if ino != ROOT_INO {
-                assert_eq!(e.value().count, held.get(&ino).copied().unwrap_or(0));
+        for (_, e) in &entries {
+            if e.ino != ROOT_INO {
+                let n = held.get(&e.ino).copied().unwrap_or(0);
+                assert_eq!(e.count, n, "lookup count of ino {}", e.ino);
             }
         }
-        for d in t.detached.iter() {
-            assert_eq!(*d.value(), held.get(d.key()).copied().unwrap_or(0));
+        for (d, &c) in &detached {
+            let n = held.get(d).copied().unwrap_or(0);
+            assert_eq!(c, n, "lookup count of detached ino {d}");
         }
         // Only inodes the kernel holds (and entries being made) stay.
         assert_eq!(
-            t.by_ino.len(),
+            by_ino.len(),
             1 + held
                 .iter()
                 .filter(|(&i, &n)| i != ROOT_INO && n > 0)
-                .count()
+                .count(),
+            "inodes known: {by_ino:?}"
         );
     }
 
     #[test]
     fn new_version_gets_new_inode_and_old_one_lives_until_forgotten() {
-        let t = InodeTable::new();
+        let t = InodeTable::<Real>::new();
         let (a, s) = t.lookup(&tile(0), Some(ident(1)), 7, Some(&attr(100)));
         assert!(s.is_none());
         assert_eq!(t.lookup(&tile(0), Some(ident(1)), 7, None).0, a);
@@ -1754,7 +1758,7 @@ mod tests {
     /// each thread plays a kernel that forgets only what it looked up.
     #[test]
     fn inode_table_invariants_under_concurrency() {
-        let t = Arc::new(InodeTable::new());
+        let t = Arc::new(InodeTable::<Real>::new());
         let threads = 8;
         let rounds = 20_000u64;
         let barrier = Arc::new(std::sync::Barrier::new(threads));
@@ -1823,5 +1827,231 @@ mod tests {
         assert_eq!(t.len(), 1, "only the root is left");
         assert!(t.detached.is_empty());
         assert!(t.shown.is_empty());
+    }
+
+    // Concurrency tests under shuttle: the same InodeTable code on shuttle's locks, so
+    // the checker chooses which thread runs at every lock and counter operation and
+    // explores many interleavings (random and PCT schedules, all of them for the small
+    // one). Each thread plays a kernel that forgets only what it looked up.
+
+    /// One step of a thread: look up `tile(node)` showing `ident(version)`, forget one
+    /// lookup of the inode held longest, forget all held, or detach `tile(node)`.
+    #[derive(Clone, Copy, Debug)]
+    enum Op {
+        Lookup(u64, u64),
+        Forget,
+        ForgetAll,
+        Detach(u64),
+    }
+
+    /// Runs `ops` against `t`; returns the lookups still held (the thread's ledger). An
+    /// inode answers for its node from its lookup to its last forget, detached or not.
+    fn play(t: &InodeTable<Shuttle>, ops: &[Op]) -> BTreeMap<u64, u64> {
+        let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+        let answers = |ino: u64| {
+            assert!(t.node(ino).is_ok(), "ino {ino} lost while held");
+        };
+        for op in ops {
+            match *op {
+                Op::Lookup(n, v) => {
+                    let (ino, _) = t.lookup(&tile(n), Some(ident(v)), 1, Some(&attr(v)));
+                    assert_eq!(t.node(ino).ok(), Some(tile(n)), "ino {ino}");
+                    *held.entry(ino).or_default() += 1;
+                }
+                Op::Forget => {
+                    if let Some(mut e) = held.first_entry() {
+                        answers(*e.key());
+                        t.forget(*e.key(), 1);
+                        *e.get_mut() -= 1;
+                        if *e.get() == 0 {
+                            e.remove();
+                        }
+                    }
+                }
+                Op::ForgetAll => {
+                    for (ino, n) in std::mem::take(&mut held) {
+                        answers(ino);
+                        t.forget(ino, n);
+                    }
+                }
+                Op::Detach(n) => {
+                    t.detach(&tile(n));
+                }
+            }
+        }
+        held
+    }
+
+    /// One execution: a thread per script, then the invariants (`check`) against the
+    /// threads' ledgers, then every lookup left forgotten: only the root remains.
+    fn run_scripts(scripts: &'static [&'static [Op]]) {
+        let t = shuttle::sync::Arc::new(InodeTable::<Shuttle>::new());
+        let threads: Vec<_> = scripts
+            .iter()
+            .map(|ops| {
+                let t = t.clone();
+                shuttle::thread::spawn(move || play(&t, ops))
+            })
+            .collect();
+        let mut held = HashMap::new();
+        let mut ledgers = Vec::new();
+        for th in threads {
+            let h = th.join().expect("thread panicked");
+            for (&ino, &n) in &h {
+                *held.entry(ino).or_default() += n;
+            }
+            ledgers.push(h);
+        }
+        check(&t, &held);
+        for (ino, n) in ledgers.into_iter().flatten() {
+            assert!(t.node(ino).is_ok(), "ino {ino} lost while held");
+            t.forget(ino, n);
+        }
+        check(&t, &HashMap::new());
+        assert_eq!(t.len(), 1, "only the root is left");
+        assert!(t.detached.is_empty(), "detached inodes left");
+        assert!(t.shown.is_empty(), "attributes left");
+    }
+
+    /// A forget racing the detach of its node (rmdir, a commit): the count moves to
+    /// `detached` under the node's lock, so the forget finds it in one place or the other.
+    const DETACH_VS_FORGET: &[&[Op]] = &[&[Op::Lookup(0, 1), Op::Forget], &[Op::Detach(0)]];
+
+    /// Lookups of one node in two versions (a rebind detaches the old inode), forgets and
+    /// detaches from three threads, over two nodes.
+    const REBIND_FORGET_DETACH: &[&[Op]] = &[
+        &[
+            Op::Lookup(0, 1),
+            Op::Lookup(1, 1),
+            Op::Forget,
+            Op::Lookup(0, 1),
+        ],
+        &[
+            Op::Lookup(0, 2),
+            Op::Detach(1),
+            Op::Forget,
+            Op::Lookup(1, 2),
+        ],
+        &[
+            Op::Lookup(1, 1),
+            Op::Detach(0),
+            Op::ForgetAll,
+            Op::Lookup(0, 2),
+        ],
+    ];
+
+    /// The same three threads with the lookups given back at once: inodes forgotten to 0
+    /// while others look the node up again or rebind it.
+    const LOOKUP_FORGET_CHURN: &[&[Op]] = &[
+        &[
+            Op::Lookup(0, 1),
+            Op::ForgetAll,
+            Op::Lookup(0, 1),
+            Op::Forget,
+        ],
+        &[Op::Lookup(0, 1), Op::Lookup(0, 2), Op::ForgetAll],
+        &[
+            Op::Lookup(0, 2),
+            Op::Detach(0),
+            Op::Lookup(0, 1),
+            Op::ForgetAll,
+        ],
+    ];
+
+    #[test]
+    fn shuttle_detach_vs_forget_every_schedule() {
+        shuttle::check_dfs(|| run_scripts(DETACH_VS_FORGET), None);
+    }
+
+    #[test]
+    fn shuttle_inode_table_random_schedules() {
+        shuttle::check_random(|| run_scripts(REBIND_FORGET_DETACH), 10_000);
+        shuttle::check_random(|| run_scripts(LOOKUP_FORGET_CHURN), 10_000);
+    }
+
+    #[test]
+    fn shuttle_inode_table_pct_schedules() {
+        shuttle::check_pct(|| run_scripts(REBIND_FORGET_DETACH), 10_000, 3);
+        shuttle::check_pct(|| run_scripts(LOOKUP_FORGET_CHURN), 10_000, 3);
+    }
+
+    /// The lifetime of a GPU buffer registration (src/fs/gpu.rs), on a map of the same
+    /// kind: a transfer clones the mapping out of the map and writes into it with no lock
+    /// held, while UNREGISTER and the close of the control file remove the registration.
+    /// The mapping (a probe counting its unmaps) is unmapped exactly once, never while a
+    /// transfer holds it, and by the end.
+    #[test]
+    fn shuttle_mapping_outlives_unregister() {
+        use crate::gpu::Mapping;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        shuttle::check_random(
+            || {
+                let map = shuttle::sync::Arc::new(ShardMap::<u64, Registration, Shuttle>::new());
+                let drops: Vec<_> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+                for (id, d) in (1u64..).zip(&drops) {
+                    let mapping = Mapping::probe(1 << 20, d.clone());
+                    map.insert(
+                        id,
+                        Registration {
+                            owner: 7,
+                            ctl_fh: 100,
+                            mapping: Some(Arc::new(mapping)),
+                            offset: 0,
+                            length: 1 << 20,
+                        },
+                    );
+                }
+                let transfer = |id: u64, drops: Arc<AtomicUsize>| {
+                    let map = map.clone();
+                    shuttle::thread::spawn(move || {
+                        // As read_to_gpu: the mapping is cloned out under the lock.
+                        let Some(m) = map.with(&id, |r| r.mapping.clone()).flatten() else {
+                            return;
+                        };
+                        for _ in 0..2 {
+                            shuttle::thread::yield_now();
+                            assert_eq!(drops.load(SeqCst), 0, "unmapped under a transfer");
+                        }
+                        drop(m);
+                    })
+                };
+                let threads = [
+                    transfer(1, drops[0].clone()),
+                    transfer(2, drops[1].clone()),
+                    {
+                        // UNREGISTER of buffer 1 by its owner.
+                        let map = map.clone();
+                        shuttle::thread::spawn(move || {
+                            if map.with(&1, |r| r.owner) == Some(7) {
+                                drop(map.remove(&1));
+                            }
+                        })
+                    },
+                    {
+                        // The control file closed: every registration made on it goes.
+                        let map = map.clone();
+                        shuttle::thread::spawn(move || {
+                            let mut ids = Vec::new();
+                            map.for_each(|&id, r| {
+                                if r.ctl_fh == 100 {
+                                    ids.push(id);
+                                }
+                            });
+                            for id in ids {
+                                drop(map.remove(&id));
+                            }
+                        })
+                    },
+                ];
+                for th in threads {
+                    th.join().expect("thread panicked");
+                }
+                assert!(map.is_empty());
+                for d in &drops {
+                    assert_eq!(d.load(SeqCst), 1, "unmapped once");
+                }
+            },
+            3000,
+        );
     }
 }

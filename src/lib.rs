@@ -24,4 +24,5 @@ pub mod reaper;
 pub mod selection;
 pub mod staging;
 pub mod stats;
+pub mod sync;
 pub mod writer;

@@ -2,11 +2,35 @@ use super::*;
 
 /// The pending node stored in node directory `d`, if it is one.
 pub(super) fn read_node(d: &Path) -> Option<PendingNode> {
-    let path = std::fs::read_to_string(d.join("path")).ok()?;
-    let meta = std::fs::read(d.join("meta.json"))
-        .ok()
-        .and_then(|b| PendingMeta::parse(&b).ok());
+    let path = read_settled(&d.join("path"), d)?;
+    // `gen` is published before meta.json: with `gen` there, a missing meta.json is an
+    // acceptance in flight (or a name a distributed file system hides for a moment).
+    let meta = match std::fs::read(d.join("meta.json")) {
+        Ok(b) => PendingMeta::parse(&b).ok(),
+        Err(_) if d.join("gen").exists() => {
+            read_settled(&d.join("meta.json"), d).and_then(|b| PendingMeta::parse(&b).ok())
+        }
+        Err(_) => None,
+    };
+    let path = String::from_utf8(path).ok()?;
     Some(PendingNode { path, meta })
+}
+
+/// Reads a state file, retrying a few times over 60 ms when it is missing while its
+/// directory exists: on GlusterFS a name can read as missing for a moment while
+/// another client creates entries beside it (seen once in about 50 rounds of two nodes
+/// writing one tile: a tile open failed with ENOENT).
+fn read_settled(p: &Path, dir: &Path) -> Option<Vec<u8>> {
+    for i in 0..4u64 {
+        match std::fs::read(p) {
+            Ok(b) => return Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && i < 3 && dir.is_dir() => {
+                std::thread::sleep(std::time::Duration::from_millis(10 * (i + 1)));
+            }
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 impl Pending {
@@ -80,11 +104,11 @@ impl Pending {
             for n in self.nodes(file_rel)? {
                 self.remove_node_locked(file_rel, &n.path)?;
             }
-            // everything but the lock file, which `transition` removes after
+            // everything but the lock file and the journal (see `transition`)
             let d = self.stage_dir(file_rel)?;
             if let Ok(rd) = std::fs::read_dir(&d) {
                 for e in rd.flatten() {
-                    if e.file_name() != COMMIT_LOCK {
+                    if e.file_name() != COMMIT_LOCK && e.file_name() != state::JOURNAL {
                         let p = e.path();
                         let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
                     }
