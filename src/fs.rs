@@ -28,18 +28,19 @@ mod write;
 
 pub use gpu::{query, validate_read, Registration};
 
-/// Every object the mount shows, by path: stable across lookups and forgets.
+/// Every object the mount shows, by the name the kernel sees: stable across lookups and
+/// forgets. A name inside an HDF5 file is one node whether it is pending or committed
+/// now: `Fs::resolve` decides that once per operation. The kernel still gets a new inode
+/// when a data name changes side, as committed nodes are bound to a file version and
+/// pending ones to none (see `InodeTable::lookup`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Node {
     /// A backing directory; the empty path is the mount root.
     Dir(PathBuf),
     Control,
-    /// A group; `path == "/"` is the HDF5 file's own directory.
-    Group {
-        file: PathBuf,
-        path: String,
-    },
-    Dataset {
+    /// A group or a dataset, pending or committed; `path == "/"` is the HDF5 file's own
+    /// directory.
+    Object {
         file: PathBuf,
         path: String,
     },
@@ -76,87 +77,56 @@ pub enum Node {
     Status {
         file: PathBuf,
     },
-    /// A pending node (a directory made in a file): a dataset once it has a meta.json.
-    PNode {
-        file: PathBuf,
-        path: String,
-    },
-    PMeta {
-        file: PathBuf,
-        path: String,
-    },
-    PData {
-        file: PathBuf,
-        path: String,
-    },
-    PTiles {
-        file: PathBuf,
-        path: String,
-    },
-    PTile {
-        file: PathBuf,
-        path: String,
-        idx: Vec<u64>,
-    },
 }
 
 impl Node {
     fn file_and_path(&self) -> Option<(&Path, &str)> {
         match self {
-            Node::Group { file, path }
-            | Node::Dataset { file, path }
+            Node::Object { file, path }
             | Node::Meta { file, path }
             | Node::Data { file, path }
             | Node::Tiles { file, path }
             | Node::Tile { file, path, .. }
             | Node::Slices { file, path }
-            | Node::Slice { file, path, .. }
-            | Node::PNode { file, path }
-            | Node::PMeta { file, path }
-            | Node::PData { file, path }
-            | Node::PTiles { file, path }
-            | Node::PTile { file, path, .. } => Some((file, path)),
+            | Node::Slice { file, path, .. } => Some((file, path)),
             Node::Commit { file } | Node::Status { file } => Some((file, "/")),
             Node::Dir(_) | Node::Control => None,
         }
     }
 
-    /// Whether the node shows bytes or structure of one version of a committed file, so
-    /// its inode is bound to that version (see "Identity and the kernel's caches" in
-    /// docs/architecture.md). Groups are not: the kernel caches only their entries, which
-    /// are invalidated one by one.
-    fn versioned(&self) -> bool {
-        matches!(
-            self,
-            Node::Dataset { .. }
-                | Node::Meta { .. }
-                | Node::Data { .. }
-                | Node::Tiles { .. }
-                | Node::Tile { .. }
-                | Node::Slices { .. }
-                | Node::Slice { .. }
-        )
-    }
-
     /// The name of the node in its parent directory (for `inval_entry`).
     fn name(&self) -> Option<String> {
         match self {
-            Node::Meta { .. } | Node::PMeta { .. } => Some("meta.json".into()),
-            Node::Data { .. } | Node::PData { .. } => Some("data".into()),
-            Node::Tiles { .. } | Node::PTiles { .. } => Some("tiles".into()),
+            Node::Meta { .. } => Some("meta.json".into()),
+            Node::Data { .. } => Some("data".into()),
+            Node::Tiles { .. } => Some("tiles".into()),
             Node::Slices { .. } => Some("slice".into()),
-            Node::Tile { idx, .. } | Node::PTile { idx, .. } => Some(tile_name(idx)),
+            Node::Tile { idx, .. } => Some(tile_name(idx)),
             Node::Slice { sel, .. } => Some(sel.clone()),
             Node::Commit { .. } => Some(".commit".into()),
             Node::Status { .. } => Some(".status".into()),
             Node::Control => Some(CONTROL_NAME.into()),
-            Node::Group { path, .. } if path == "/" => None,
-            Node::Group { path, .. } | Node::Dataset { path, .. } | Node::PNode { path, .. } => {
-                path.rsplit('/').next().map(str::to_string)
-            }
+            Node::Object { path, .. } if path == "/" => None,
+            Node::Object { path, .. } => path.rsplit('/').next().map(str::to_string),
             Node::Dir(rel) => rel.file_name().and_then(|n| n.to_str()).map(str::to_string),
         }
     }
+}
+
+/// What the object path of a node is now, decided once per operation (`Fs::resolve`):
+/// the pending state first (this or another daemon may have declared the path since the
+/// kernel looked it up), then the committed file, as `child` resolves names.
+enum Resolved {
+    /// Not inside an HDF5 file's objects: a backing dir, the control file, `.commit`,
+    /// `.status`.
+    Outside,
+    /// Declared and not committed; `meta` once the node is a dataset.
+    Pending { meta: Option<Box<PendingMeta>> },
+    /// A group of the committed file, or a file's own directory (`file` is None while
+    /// the file is only pending). Pending children are listed with the committed ones.
+    Group { file: Option<Arc<H5File>> },
+    /// A dataset of the committed file: nodes showing it are bound to `file.ident`.
+    Dataset { file: Arc<H5File> },
 }
 
 /// Tells the kernel to drop what it caches of an inode (pages, attributes) or of a
@@ -890,13 +860,6 @@ impl Fs {
         }
     }
 
-    fn pending_meta(&self, file: &Path, path: &str) -> Result<PendingMeta> {
-        self.pending
-            .node(file, path)
-            .and_then(|n| n.meta)
-            .ok_or_else(|| Error::not_found(format!("{path} is not a pending dataset")))
-    }
-
     fn status_json(&self, file: &Path) -> Vec<u8> {
         let v = self
             .pending
@@ -907,76 +870,80 @@ impl Fs {
         out
     }
 
-    fn attr_of(&self, ino: u64, node: &Node) -> Result<Attr> {
-        let mut a = match self.attr_of_inner(ino, node) {
-            Err(e) if e.errno == libc::ENOENT => self.attr_of_replaced(ino, node).ok_or(e)?,
-            r => r?,
+    /// What `node`'s object path is now (see `Resolved`): pending first, then committed;
+    /// ENOENT when it is neither. Every operation on a node inside a file calls this
+    /// once and matches the answer.
+    fn resolve(&self, node: &Node) -> Result<Resolved> {
+        let (file, path) = match node {
+            Node::Dir(_) | Node::Control | Node::Commit { .. } | Node::Status { .. } => {
+                return Ok(Resolved::Outside)
+            }
+            _ => node.file_and_path().ok_or_else(|| Error::io("bad node"))?,
         };
-        a.volatile |= match node {
-            Node::Commit { .. }
-            | Node::Status { .. }
-            | Node::PNode { .. }
-            | Node::PMeta { .. }
-            | Node::PData { .. }
-            | Node::PTiles { .. }
-            | Node::PTile { .. }
-            | Node::Control => true,
-            Node::Group { file, path } => path == "/" && self.pending.is_pending(file),
-            _ => false,
-        };
-        Ok(a)
+        if path == "/" {
+            return match self.file(file) {
+                Ok(f) => Ok(Resolved::Group { file: Some(f) }),
+                Err(e) if self.pending.is_pending(file) => {
+                    tracing::trace!(error = %e, "file not committed yet");
+                    Ok(Resolved::Group { file: None })
+                }
+                Err(e) => Err(e),
+            };
+        }
+        if let Some(n) = self.pending.node(file, path) {
+            return Ok(Resolved::Pending {
+                meta: n.meta.map(Box::new),
+            });
+        }
+        let f = self.file(file)?;
+        Ok(match f.kind_of(path)? {
+            ChildKind::Group => Resolved::Group { file: Some(f) },
+            ChildKind::Dataset => Resolved::Dataset { file: f },
+        })
     }
 
-    /// Attributes of a committed group or dataset node (or a file of a dataset: `tiles/`,
-    /// a tile, `data`, `meta.json`) whose path is gone from the
-    /// committed file, as the kernel may still hold it (1 s entry TTL), typically after a
-    /// removal through another mount. The kernel asks for them when it walks through the
-    /// node (the permission check of `mkdir -p`, `open` of a tile), and an ENOENT here
-    /// fails that walk without making the kernel look the name up again. So: a path made
-    /// again as a pending node answers as that node (as `child` resolves its children);
-    /// a group that is simply gone, in a file that still exists, answers as an empty
-    /// directory, and `mkdir` below it makes the group again (`mkdir` makes missing
-    /// ancestors). Both are volatile: the kernel looks the name up again at its next walk
-    /// once the entry expires, and then gets the truth.
-    fn attr_of_replaced(&self, ino: u64, node: &Node) -> Option<Attr> {
-        let (f, p) = node.file_and_path()?;
-        let (file, path) = (f.to_path_buf(), p.to_string());
-        let group = matches!(node, Node::Group { .. });
-        let pnode = match node {
-            Node::Group { .. } if path == "/" => return None,
-            Node::Group { .. } | Node::Dataset { .. } => Node::PNode { file, path },
-            Node::Meta { .. } => Node::PMeta { file, path },
-            Node::Data { .. } => Node::PData { file, path },
-            Node::Tiles { .. } => Node::PTiles { file, path },
-            Node::Tile { idx, .. } => Node::PTile {
-                file,
-                path,
-                idx: idx.clone(),
-            },
-            _ => return None,
+    fn attr_of(&self, ino: u64, node: &Node) -> Result<Attr> {
+        match self.resolve(node) {
+            Ok(r) => self.attr_in(ino, node, &r),
+            Err(e) if e.errno == libc::ENOENT => self.attr_of_gone(ino, node).ok_or(e),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Attributes of a group the kernel still holds (1 s entry TTL) whose path is gone,
+    /// typically removed through another mount. The kernel asks for them when it walks
+    /// through the group (the permission check of `mkdir -p`), and an ENOENT fails that
+    /// walk without making the kernel look the name up again. While the file exists, it
+    /// answers as an empty, volatile directory, and `mkdir` below it makes the group
+    /// again (`make_ancestors`). A committed dataset's inode (bound to a version, or
+    /// detached with it) stays ENOENT.
+    fn attr_of_gone(&self, ino: u64, node: &Node) -> Option<Attr> {
+        let Node::Object { file, path } = node else {
+            return None;
         };
-        let mut a = match self.attr_of_inner(ino, &pnode) {
-            Ok(a) => a,
-            Err(_) if group => {
-                if let Ok(h) = self.file(f) {
-                    if h.kind_of(p).is_ok() {
-                        return None; // now a dataset: ENOENT stands
-                    }
-                }
-                let m = self.file_meta(f).ok()?;
-                self.file_attr(ino, Kind::Dir, 0, &m, self.opts.read_only)
-            }
-            Err(_) => return None,
-        };
-        tracing::debug!(file = %f.display(), path = p, "attributes of a replaced or removed node");
+        if path == "/" || !self.held_unbound(ino, node) {
+            return None;
+        }
+        let m = self.file_meta(file).ok()?;
+        tracing::debug!(file = %file.display(), path, "attributes of a removed group");
+        let mut a = self.file_attr(ino, Kind::Dir, 0, &m, self.opts.read_only);
         a.volatile = true;
         Some(a)
     }
 
-    fn attr_of_inner(&self, ino: u64, node: &Node) -> Result<Attr> {
+    /// Whether `ino` is `node`'s current inode and bound to no version: the kernel was
+    /// shown a group or a pending node there, not a committed dataset.
+    fn held_unbound(&self, ino: u64, node: &Node) -> bool {
+        ino != 0 && self.inodes.version(ino, node) == Ok(None)
+    }
+
+    /// Attributes of `node` resolved as `r`. Only nodes showing a committed dataset
+    /// carry a version (the one the inode is bound to at lookup).
+    fn attr_in(&self, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
         let ro = self.opts.read_only;
-        match node {
-            Node::Dir(rel) => {
+        let path = node.file_and_path().map(|(_, p)| p).unwrap_or("/");
+        let mut a = match (node, r) {
+            (Node::Dir(rel), _) => {
                 let m = self.ns.stat(rel)?;
                 if !m.is_dir() {
                     return Err(Error::not_found(format!(
@@ -984,231 +951,179 @@ impl Fs {
                         rel.display()
                     )));
                 }
-                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+                self.file_attr(ino, Kind::Dir, 0, &m, ro)
             }
-            Node::Control => {
+            (Node::Control, _) => {
                 let m = self.ns.stat(Path::new(""))?;
                 let mut a =
                     self.file_attr(ino, Kind::File, self.control_json().len() as u64, &m, true);
                 a.perm = 0o444;
-                Ok(a)
+                a
             }
-            Node::Commit { file } => {
+            (Node::Commit { file }, _) => {
                 let m = self.file_meta(file)?;
                 let mut a = self.file_attr(ino, Kind::File, 0, &m, ro);
                 a.perm = if ro { 0 } else { (m.mode() & 0o222) as u16 };
-                Ok(a)
+                a
             }
-            Node::Status { file } => {
+            (Node::Status { file }, _) => {
                 let m = self.file_meta(file)?;
-                Ok(self.file_attr(
-                    ino,
-                    Kind::File,
-                    self.status_json(file).len() as u64,
-                    &m,
-                    true,
-                ))
+                let size = self.status_json(file).len() as u64;
+                self.file_attr(ino, Kind::File, size, &m, true)
             }
-            Node::PNode { file, path } => {
-                self.pending
-                    .node(file, path)
-                    .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            (Node::Object { .. }, Resolved::Group { file: Some(f) }) => {
+                self.file_attr(ino, Kind::Dir, 0, &f.meta, ro)
             }
-            Node::PMeta { file, path } => {
-                let n = self
-                    .pending
-                    .node(file, path)
-                    .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
-                let size = n.meta.map(|m| meta_bytes(&m).len() as u64).unwrap_or(0);
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::File, size, &m, ro))
+            (
+                Node::Object { file, .. },
+                Resolved::Group { file: None } | Resolved::Pending { .. },
+            )
+            | (Node::Tiles { file, .. }, Resolved::Pending { meta: Some(_) }) => {
+                self.file_attr(ino, Kind::Dir, 0, &self.file_meta(file)?, ro)
             }
-            Node::PTiles { file, path } => {
-                self.pending_meta(file, path)?;
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            (Node::Meta { file, .. }, Resolved::Pending { meta }) => {
+                let size = meta.as_ref().map_or(0, |m| meta_bytes(m).len() as u64);
+                self.file_attr(ino, Kind::File, size, &self.file_meta(file)?, ro)
             }
-            Node::PData { file, path } => {
-                let pm = self.pending_meta(file, path)?;
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::File, pm.nbytes(), &m, ro))
+            (Node::Data { file, .. }, Resolved::Pending { meta: Some(pm) }) => {
+                self.file_attr(ino, Kind::File, pm.nbytes(), &self.file_meta(file)?, ro)
             }
-            Node::PTile { file, path, idx } => {
-                let pm = self.pending_meta(file, path)?;
+            (Node::Tile { file, idx, .. }, Resolved::Pending { meta: Some(pm) }) => {
                 let size = pm
                     .tile_bytes(idx)
                     .ok_or_else(|| Error::not_found(format!("no tile {}", tile_name(idx))))?;
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::File, size, &m, ro))
+                self.file_attr(ino, Kind::File, size, &self.file_meta(file)?, ro)
             }
-            Node::Group { file, path } if path == "/" => {
-                let m = self.file_meta(file)?;
-                Ok(self.file_attr(ino, Kind::Dir, 0, &m, ro))
+            (_, Resolved::Pending { .. }) => {
+                return Err(Error::not_found(format!("{path} is not a pending dataset")))
             }
-            _ => {
-                let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
-                let f = self.file(file)?;
+            (_, Resolved::Dataset { file: f }) => {
                 let m = &f.meta;
-                let version = Some(f.ident);
-                let with_version = |a: Attr| Attr { version, ..a };
-                match node {
-                    Node::Group { .. } => {
-                        if f.kind_of(path)? != ChildKind::Group {
-                            return Err(Error::not_found(format!("{path} is not a group")));
-                        }
-                        Ok(self.file_attr(ino, Kind::Dir, 0, m, ro))
-                    }
-                    Node::Dataset { .. } => {
-                        if f.kind_of(path)? != ChildKind::Dataset {
-                            return Err(Error::not_found(format!("{path} is not a dataset")));
-                        }
-                        Ok(self.file_attr(ino, Kind::Dir, 0, m, true))
-                    }
+                let a = match node {
+                    Node::Object { .. } => self.file_attr(ino, Kind::Dir, 0, m, true),
                     Node::Meta { .. } => {
-                        let md = self.model(&f, path)?;
-                        Ok(self.file_attr(ino, Kind::File, md.meta_json().len() as u64, m, true))
+                        let md = self.model(f, path)?;
+                        self.file_attr(ino, Kind::File, md.meta_json().len() as u64, m, true)
                     }
                     Node::Tiles { .. } | Node::Slices { .. } => {
-                        self.supported_model(&f, path)?;
-                        Ok(self.file_attr(ino, Kind::Dir, 0, m, true))
+                        self.supported_model(f, path)?;
+                        self.file_attr(ino, Kind::Dir, 0, m, true)
                     }
-                    Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } => {
-                        let md = self.supported_model(&f, path)?;
+                    _ => {
+                        let md = self.supported_model(f, path)?;
                         let sel = self.selection(node, &md)?;
                         let size = sel.num_elements() * md.itemsize();
-                        Ok(self.file_attr(ino, Kind::File, size, m, true))
+                        self.file_attr(ino, Kind::File, size, m, true)
                     }
-                    _ => Err(Error::io("unreachable node")),
+                };
+                Attr {
+                    version: Some(f.ident),
+                    ..a
                 }
-                .map(with_version)
             }
-        }
+            _ => return Err(Error::not_found(format!("{path} is not a dataset"))),
+        };
+        a.volatile |= match (node, r) {
+            (Node::Commit { .. } | Node::Status { .. } | Node::Control, _) => true,
+            (_, Resolved::Pending { .. }) => true,
+            (Node::Object { file, path }, Resolved::Group { .. }) => {
+                path == "/" && self.pending.is_pending(file)
+            }
+            _ => false,
+        };
+        Ok(a)
     }
 
     /// The child `name` of `parent`, without registering it.
     fn child(&self, parent: &Node, name: &str) -> Result<Node> {
+        self.child_of(parent, name).map(|(n, _)| n)
+    }
+
+    /// `child`, with the resolution it was decided from when the child shows the same
+    /// dataset (its files, tiles and slices), so `lookup` decides once.
+    fn child_of(&self, parent: &Node, name: &str) -> Result<(Node, Option<Resolved>)> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::not_found(format!("bad name {name:?}")));
         }
-        match parent {
+        let (file, path) = match parent {
             Node::Dir(rel) => {
                 if rel.as_os_str().is_empty() && name == CONTROL_NAME {
-                    return Ok(Node::Control);
+                    return Ok((Node::Control, None));
                 }
                 if name == crate::pending::STAGE_DIR {
                     return Err(Error::not_found("staging area is hidden"));
                 }
                 let crel = rel.join(name);
-                match self.ns.classify(&crel) {
-                    Ok(EntryKind::Dir) => Ok(Node::Dir(crel)),
-                    Ok(EntryKind::H5File) => Ok(Node::Group {
-                        file: crel,
-                        path: "/".into(),
-                    }),
-                    Err(_) if self.pending.is_pending(&crel) => Ok(Node::Group {
-                        file: crel,
-                        path: "/".into(),
-                    }),
-                    Err(e) => Err(e),
-                }
+                let file = || Node::Object {
+                    file: crel.clone(),
+                    path: "/".into(),
+                };
+                let node = match self.ns.classify(&crel) {
+                    Ok(EntryKind::Dir) => Node::Dir(crel),
+                    Ok(EntryKind::H5File) => file(),
+                    Err(_) if self.pending.is_pending(&crel) => file(),
+                    Err(e) => return Err(e),
+                };
+                return Ok((node, None));
             }
-            Node::Group { file, path } | Node::PNode { file, path } => {
-                let cpath = join(path, name);
-                if path == "/" && name == ".commit" {
-                    return Ok(Node::Commit { file: file.clone() });
-                }
-                if path == "/" && name == ".status" {
-                    return Ok(Node::Status { file: file.clone() });
-                }
-                if self.pending.node(file, &cpath).is_some() {
-                    return Ok(Node::PNode {
-                        file: file.clone(),
-                        path: cpath,
-                    });
-                }
-                if let Node::PNode { .. } = parent {
-                    let n = self
-                        .pending
-                        .node(file, path)
-                        .ok_or_else(|| Error::not_found(format!("no pending {path}")))?;
-                    return match (name, n.meta.is_some()) {
-                        ("meta.json", true) => Ok(Node::PMeta {
-                            file: file.clone(),
-                            path: path.clone(),
-                        }),
-                        ("data", true) => Ok(Node::PData {
-                            file: file.clone(),
-                            path: path.clone(),
-                        }),
-                        ("tiles", true) => Ok(Node::PTiles {
-                            file: file.clone(),
-                            path: path.clone(),
-                        }),
-                        _ => Err(Error::not_found(format!("no {name} in pending {path}"))),
-                    };
-                }
-                let f = self.file(file)?;
-                match f.listing(path)?.get(name) {
-                    Some(ChildKind::Group) => Ok(Node::Group {
-                        file: file.clone(),
-                        path: cpath,
-                    }),
-                    Some(ChildKind::Dataset) => Ok(Node::Dataset {
-                        file: file.clone(),
-                        path: cpath,
-                    }),
-                    None => Err(Error::not_found(format!(
-                        "no {cpath} in {}",
-                        file.display()
-                    ))),
-                }
+            Node::Object { file, path } if path == "/" && name == ".commit" => {
+                return Ok((Node::Commit { file: file.clone() }, None))
             }
-            // The kernel may still hold (1 s entry TTL) a committed dataset's dentry after
-            // the dataset was removed and created again as a pending node, possibly through
-            // another mount: its children resolve as a fresh lookup would, to the pending ones.
-            Node::Dataset { file, path } if self.pending.node(file, path).is_some() => self.child(
-                &Node::PNode {
+            Node::Object { file, path } if path == "/" && name == ".status" => {
+                return Ok((Node::Status { file: file.clone() }, None))
+            }
+            Node::Object { file, path }
+            | Node::Tiles { file, path }
+            | Node::Slices { file, path } => (file, path),
+            _ => return Err(Error::new(libc::ENOTDIR, "not a directory")),
+        };
+        let obj = |path: String| Node::Object {
+            file: file.clone(),
+            path,
+        };
+        let r = self.resolve(parent)?;
+        let node = match (parent, &r) {
+            (Node::Object { .. }, Resolved::Dataset { file: f }) => match name {
+                "meta.json" => Ok(Node::Meta {
                     file: file.clone(),
                     path: path.clone(),
-                },
-                name,
-            ),
-            Node::Tiles { file, path }
-                if self
-                    .pending
-                    .node(file, path)
-                    .is_some_and(|n| n.meta.is_some()) =>
+                }),
+                "data" | "tiles" | "slice" => {
+                    self.supported_model(f, path)?;
+                    Ok(dataset_file(name, file, path))
+                }
+                _ => Err(Error::not_found(format!("no {name} in a dataset"))),
+            },
+            (Node::Object { .. }, Resolved::Pending { meta: Some(_) })
+                if matches!(name, "meta.json" | "data" | "tiles") =>
             {
-                self.child(
-                    &Node::PTiles {
-                        file: file.clone(),
-                        path: path.clone(),
-                    },
-                    name,
-                )
+                Ok(dataset_file(name, file, path))
             }
-            Node::Dataset { file, path } => {
-                let (file, path) = (file.clone(), path.clone());
-                match name {
-                    "meta.json" => Ok(Node::Meta { file, path }),
-                    "data" | "tiles" | "slice" => {
-                        let f = self.file(&file)?;
-                        self.supported_model(&f, &path)?;
-                        Ok(match name {
-                            "data" => Node::Data { file, path },
-                            "tiles" => Node::Tiles { file, path },
-                            _ => Node::Slices { file, path },
-                        })
-                    }
-                    _ => Err(Error::not_found(format!("no {name} in a dataset"))),
+            // A group, pending or committed: a pending child first (this or another
+            // daemon may have declared it), then the committed one.
+            (Node::Object { .. }, r) => {
+                let cpath = join(path, name);
+                if self.pending.node(file, &cpath).is_some() {
+                    return Ok((obj(cpath), None));
+                }
+                match r {
+                    Resolved::Group { file: Some(f) } => match f.listing(path)?.get(name) {
+                        Some(_) => Ok(obj(cpath)),
+                        None => Err(Error::not_found(format!(
+                            "no {cpath} in {}",
+                            file.display()
+                        ))),
+                    },
+                    _ => Err(Error::not_found(format!("no {name} in pending {path}"))),
                 }
             }
-            Node::Tiles { file, path } => {
-                let f = self.file(file)?;
-                let md = self.supported_model(&f, path)?;
-                let idx = parse_tile_name(name, &md.grid().grid())
+            (Node::Tiles { .. }, r) => {
+                let grid = match r {
+                    Resolved::Pending { meta: Some(pm) } => pm.grid().grid(),
+                    Resolved::Dataset { file: f } => self.supported_model(f, path)?.grid().grid(),
+                    _ => return Err(Error::not_found(format!("{path} is not a dataset"))),
+                };
+                let idx = parse_tile_name(name, &grid)
                     .ok_or_else(|| Error::not_found(format!("{path}: no tile {name:?}")))?;
                 Ok(Node::Tile {
                     file: file.clone(),
@@ -1216,19 +1131,8 @@ impl Fs {
                     idx,
                 })
             }
-            Node::PTiles { file, path } => {
-                let pm = self.pending_meta(file, path)?;
-                let idx = parse_tile_name(name, &pm.grid().grid())
-                    .ok_or_else(|| Error::not_found(format!("{path}: no tile {name:?}")))?;
-                Ok(Node::PTile {
-                    file: file.clone(),
-                    path: path.clone(),
-                    idx,
-                })
-            }
-            Node::Slices { file, path } => {
-                let f = self.file(file)?;
-                let md = self.supported_model(&f, path)?;
+            (Node::Slices { .. }, Resolved::Dataset { file: f }) => {
+                let md = self.supported_model(f, path)?;
                 if let Err(e) = parse_slice(name, &md.shape) {
                     tracing::info!(dataset = %path, slice = name, reason = %e, "slice name rejected");
                     return Err(e);
@@ -1239,18 +1143,22 @@ impl Fs {
                     sel: name.to_string(),
                 })
             }
-            _ => Err(Error::new(libc::ENOTDIR, "not a directory")),
-        }
+            _ => Err(Error::not_found(format!("{path} is not a dataset"))),
+        }?;
+        let same = !matches!(node, Node::Object { .. });
+        Ok((node, same.then_some(r)))
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
         let pnode = self.inodes.node(parent)?;
-        let node = self.child(&pnode, name)?;
+        let (node, resolved) = self.child_of(&pnode, name)?;
         // Attributes first: a node that fails them is not registered. The inode is bound
         // to the version they were read from.
-        let a = self.attr_of(0, &node)?;
-        let version = a.version.filter(|_| node.versioned());
-        let (ino, stale) = self.inodes.lookup(&node, version, parent, Some(&a));
+        let a = match resolved {
+            Some(r) => self.attr_in(0, &node, &r)?,
+            None => self.attr_of(0, &node)?,
+        };
+        let (ino, stale) = self.inodes.lookup(&node, a.version, parent, Some(&a));
         if let Some(st) = stale {
             // The kernel replaces the dentry being looked up itself (a new node id);
             // one it holds elsewhere (under an old parent inode) must be dropped.
@@ -1268,8 +1176,7 @@ impl Fs {
     /// Registers `node` (one kernel lookup) and returns its attributes.
     fn register(&self, node: &Node) -> Result<Attr> {
         let a = self.attr_of(0, node)?;
-        let version = a.version.filter(|_| node.versioned());
-        let (ino, stale) = self.inodes.lookup(node, version, 0, Some(&a));
+        let (ino, stale) = self.inodes.lookup(node, a.version, 0, Some(&a));
         if let Some(st) = stale {
             self.notify_stale(&st);
         }
@@ -1288,7 +1195,7 @@ impl Fs {
         let node = self.inodes.node(ino)?;
         let r = self.attr_of(ino, &node);
         // Only against another committed version: a node answered as the pending one
-        // that replaces it (see `attr_of_replaced`) keeps that answer, for writes.
+        // that replaces it keeps that answer, for writes.
         if let (Ok(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) = (&r, &node) {
             let current = match self.inodes.version(ino, &node) {
                 Ok(v) => v == a.version,
@@ -1306,39 +1213,35 @@ impl Fs {
     /// Every entry of directory `ino` (without `.` and `..`).
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
         let node = self.inodes.node(ino)?;
-        // The committed version entries of this directory show, for their inode numbers.
-        let current = node
-            .file_and_path()
-            .and_then(|(f, _)| self.file(f).ok())
-            .map(|f| f.ident);
+        if let Node::Slices { .. } = node {
+            return Ok(vec![]); // slices are named by the reader
+        }
+        let r = self.resolve(&node)?;
         let mut out = Vec::new();
-        let mut add = |n: Node, kind: Kind, name: String| {
-            let version = if n.versioned() { current } else { None };
+        // `version`: the committed version the entry shows, for its inode number.
+        let mut add = |n: Node, version: Option<Ident>, kind: Kind, name: String| {
             out.push(DirEntry {
                 ino: self.inodes.peek(&n, version),
                 kind,
                 name,
             })
         };
-        match &node {
-            Node::Dir(rel) => {
+        let root = |file: &PathBuf| Node::Object {
+            file: file.clone(),
+            path: "/".into(),
+        };
+        match (&node, &r) {
+            (Node::Dir(rel), _) => {
                 if rel.as_os_str().is_empty() {
-                    add(Node::Control, Kind::File, CONTROL_NAME.into());
+                    add(Node::Control, None, Kind::File, CONTROL_NAME.into());
                 }
                 let mut seen = std::collections::HashSet::new();
                 for (name, k) in self.ns.list_dir(rel)? {
                     let crel = rel.join(&name);
                     seen.insert(name.clone());
                     match k {
-                        EntryKind::Dir => add(Node::Dir(crel), Kind::Dir, name),
-                        EntryKind::H5File => add(
-                            Node::Group {
-                                file: crel,
-                                path: "/".into(),
-                            },
-                            Kind::Dir,
-                            name,
-                        ),
+                        EntryKind::Dir => add(Node::Dir(crel), None, Kind::Dir, name),
+                        EntryKind::H5File => add(root(&crel), None, Kind::Dir, name),
                     }
                 }
                 let stage = self.ns.abs(rel)?.join(crate::pending::STAGE_DIR);
@@ -1349,64 +1252,77 @@ impl Fs {
                         };
                         let crel = rel.join(&name);
                         if !seen.contains(&name) && self.pending.is_pending(&crel) {
-                            add(
-                                Node::Group {
-                                    file: crel,
-                                    path: "/".into(),
-                                },
-                                Kind::Dir,
-                                name,
-                            );
+                            add(root(&crel), None, Kind::Dir, name);
                         }
                     }
                 }
             }
-            Node::Group { file, path } | Node::PNode { file, path } => {
-                let mut seen = std::collections::HashSet::new();
+            (Node::Object { file, path }, Resolved::Dataset { file: f }) => {
+                let md = self.model(f, path)?;
+                let v = Some(f.ident);
+                add(
+                    dataset_file("meta.json", file, path),
+                    v,
+                    Kind::File,
+                    "meta.json".into(),
+                );
+                if md.supported() {
+                    add(
+                        dataset_file("data", file, path),
+                        v,
+                        Kind::File,
+                        "data".into(),
+                    );
+                    add(
+                        dataset_file("tiles", file, path),
+                        v,
+                        Kind::Dir,
+                        "tiles".into(),
+                    );
+                    add(
+                        dataset_file("slice", file, path),
+                        v,
+                        Kind::Dir,
+                        "slice".into(),
+                    );
+                }
+            }
+            (Node::Object { file, path }, Resolved::Pending { .. } | Resolved::Group { .. }) => {
                 if path == "/" {
                     add(
                         Node::Commit { file: file.clone() },
+                        None,
                         Kind::File,
                         ".commit".into(),
                     );
                     add(
                         Node::Status { file: file.clone() },
+                        None,
                         Kind::File,
                         ".status".into(),
                     );
                 }
-                if let Node::PNode { .. } = &node {
-                    if self.pending.node(file, path).and_then(|n| n.meta).is_some() {
-                        for (n, k, name) in [
-                            (
-                                Node::PMeta {
-                                    file: file.clone(),
-                                    path: path.clone(),
-                                },
-                                Kind::File,
-                                "meta.json",
-                            ),
-                            (
-                                Node::PData {
-                                    file: file.clone(),
-                                    path: path.clone(),
-                                },
-                                Kind::File,
-                                "data",
-                            ),
-                            (
-                                Node::PTiles {
-                                    file: file.clone(),
-                                    path: path.clone(),
-                                },
-                                Kind::Dir,
-                                "tiles",
-                            ),
-                        ] {
-                            add(n, k, name.into());
-                        }
-                    }
+                if let Resolved::Pending { meta: Some(_) } = r {
+                    add(
+                        dataset_file("meta.json", file, path),
+                        None,
+                        Kind::File,
+                        "meta.json".into(),
+                    );
+                    add(
+                        dataset_file("data", file, path),
+                        None,
+                        Kind::File,
+                        "data".into(),
+                    );
+                    add(
+                        dataset_file("tiles", file, path),
+                        None,
+                        Kind::Dir,
+                        "tiles".into(),
+                    );
                 }
+                let mut seen = std::collections::HashSet::new();
                 for n in self.pending.nodes(file)? {
                     let Some(rest) = n.path.strip_prefix(path.as_str()) else {
                         continue;
@@ -1419,103 +1335,44 @@ impl Fs {
                         continue;
                     }
                     seen.insert(rest.to_string());
-                    add(
-                        Node::PNode {
-                            file: file.clone(),
-                            path: n.path.clone(),
-                        },
-                        Kind::Dir,
-                        rest.to_string(),
-                    );
+                    let n = Node::Object {
+                        file: file.clone(),
+                        path: n.path.clone(),
+                    };
+                    add(n, None, Kind::Dir, rest.to_string());
                 }
-                if let Node::Group { .. } = &node {
-                    if let Ok(f) = self.file(file) {
-                        for (name, k) in &f.listing(path)?.children {
-                            if seen.contains(name) {
-                                continue;
-                            }
-                            let cpath = join(path, name);
-                            let n = match k {
-                                ChildKind::Group => Node::Group {
-                                    file: file.clone(),
-                                    path: cpath,
-                                },
-                                ChildKind::Dataset => Node::Dataset {
-                                    file: file.clone(),
-                                    path: cpath,
-                                },
-                            };
-                            add(n, Kind::Dir, name.clone());
+                if let Resolved::Group { file: Some(f) } = r {
+                    for (name, k) in &f.listing(path)?.children {
+                        if seen.contains(name) {
+                            continue;
                         }
-                    } else if !self.pending.is_pending(file) {
-                        return Err(Error::not_found(format!("{} is gone", file.display())));
+                        let n = Node::Object {
+                            file: file.clone(),
+                            path: join(path, name),
+                        };
+                        let v = (*k == ChildKind::Dataset).then_some(f.ident);
+                        add(n, v, Kind::Dir, name.clone());
                     }
                 }
             }
-            Node::Dataset { file, path } => {
-                let f = self.file(file)?;
-                let md = self.model(&f, path)?;
-                let (file, path) = (file.clone(), path.clone());
-                add(
-                    Node::Meta {
+            (Node::Tiles { file, path }, r) => {
+                let (grid, v) = match r {
+                    Resolved::Pending { meta: Some(pm) } => (pm.grid(), None),
+                    Resolved::Dataset { file: f } => {
+                        (self.supported_model(f, path)?.grid(), Some(f.ident))
+                    }
+                    _ => return Err(Error::not_found(format!("{path} is not a dataset"))),
+                };
+                for idx in grid.indices() {
+                    let name = tile_name(&idx);
+                    let n = Node::Tile {
                         file: file.clone(),
                         path: path.clone(),
-                    },
-                    Kind::File,
-                    "meta.json".into(),
-                );
-                if md.supported() {
-                    add(
-                        Node::Data {
-                            file: file.clone(),
-                            path: path.clone(),
-                        },
-                        Kind::File,
-                        "data".into(),
-                    );
-                    add(
-                        Node::Tiles {
-                            file: file.clone(),
-                            path: path.clone(),
-                        },
-                        Kind::Dir,
-                        "tiles".into(),
-                    );
-                    add(Node::Slices { file, path }, Kind::Dir, "slice".into());
+                        idx,
+                    };
+                    add(n, v, Kind::File, name);
                 }
             }
-            Node::Tiles { file, path } => {
-                let f = self.file(file)?;
-                let md = self.supported_model(&f, path)?;
-                for idx in md.grid().indices() {
-                    let name = tile_name(&idx);
-                    add(
-                        Node::Tile {
-                            file: file.clone(),
-                            path: path.clone(),
-                            idx,
-                        },
-                        Kind::File,
-                        name,
-                    );
-                }
-            }
-            Node::PTiles { file, path } => {
-                let pm = self.pending_meta(file, path)?;
-                for idx in pm.grid().indices() {
-                    let name = tile_name(&idx);
-                    add(
-                        Node::PTile {
-                            file: file.clone(),
-                            path: path.clone(),
-                            idx,
-                        },
-                        Kind::File,
-                        name,
-                    );
-                }
-            }
-            Node::Slices { .. } => {}
             _ => return Err(Error::new(libc::ENOTDIR, "not a directory")),
         }
         Ok(out)
@@ -1554,29 +1411,22 @@ impl Fs {
     /// Opens a file; returns the handle, whether the kernel may keep cached pages, and
     /// whether it must bypass the page cache (files whose bytes change under it).
     pub fn open(&self, ino: u64, write: bool, caller: &Caller) -> Result<(u64, bool, bool)> {
-        let mut node = self.inodes.node(ino)?;
+        let node = self.inodes.node(ino)?;
         if write && self.opts.read_only {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
         }
-        // A write through a committed tile's dentry that the kernel still caches after the
-        // dataset was removed and created again (see child()) goes to the pending tile.
-        if let (true, Node::Tile { file, path, idx }) = (write, &node) {
-            if let Ok(pm) = self.pending_meta(file, path) {
-                if pm.grid().tile_slab(idx).is_some() {
-                    node = Node::PTile {
-                        file: file.clone(),
-                        path: path.clone(),
-                        idx: idx.clone(),
-                    };
-                }
-            }
-        }
+        // Resolved now, not when the kernel looked the name up: a committed tile's dentry
+        // it still caches after the dataset was removed and declared again (possibly
+        // through another mount) opens the pending tile.
+        let r = self.resolve(&node)?;
+        let path = node.file_and_path().map(|(_, p)| p).unwrap_or("/");
+        let not_pending = || Error::not_found(format!("{path} is not a pending dataset"));
         // `served`: the committed version a data handle serves.
-        let (handle, served) = match &node {
-            Node::Control => (Handle::Control(Arc::new(self.control_json())), None),
-            Node::Status { file } => (Handle::Bytes(Arc::new(self.status_json(file))), None),
-            Node::Commit { file } => (Handle::Commit { file: file.clone() }, None),
-            Node::PMeta { file, path } if write => (
+        let (handle, served) = match (&node, r) {
+            (Node::Control, _) => (Handle::Control(Arc::new(self.control_json())), None),
+            (Node::Status { file }, _) => (Handle::Bytes(Arc::new(self.status_json(file))), None),
+            (Node::Commit { file }, _) => (Handle::Commit { file: file.clone() }, None),
+            (Node::Meta { file, path }, Resolved::Pending { .. }) if write => (
                 Handle::MetaWrite {
                     file: file.clone(),
                     path: path.clone(),
@@ -1585,48 +1435,45 @@ impl Fs {
                 },
                 None,
             ),
-            Node::PMeta { file, path } => {
-                let pm = self.pending_meta(file, path)?;
+            (Node::Meta { .. }, Resolved::Pending { meta }) => {
+                let pm = meta.ok_or_else(not_pending)?;
                 (Handle::Bytes(Arc::new(meta_bytes(&pm))), None)
             }
-            Node::PData { file, path } | Node::PTile { file, path, .. } => {
-                let pm = self.pending_meta(file, path)?;
-                let tile = match &node {
-                    Node::PTile { idx, .. } => Some(idx.clone()),
-                    _ => None,
+            (Node::Data { file, path }, Resolved::Pending { meta: Some(pm) }) => {
+                let (model, tiles) = self.pending_view(file, path, &pm, write)?;
+                let h = Handle::PendingIo {
+                    file: file.clone(),
+                    path: path.clone(),
+                    meta: pm,
+                    tile: None,
+                    model,
+                    tiles,
                 };
-                let (model, tiles) = match &tile {
-                    // A tile reads and writes its own source; no need to map them all.
-                    Some(idx) => {
-                        let t = self.pending.tile(file, path, &pm, idx, write)?;
-                        let one: Vec<(Vec<u64>, _)> = vec![(idx.clone(), t)];
-                        let mut sub = pm.clone();
-                        let slab = pm
-                            .grid()
-                            .tile_slab(idx)
-                            .ok_or_else(|| Error::not_found("no such tile"))?;
-                        sub.shape = slab.counts();
-                        sub.tile_shape = sub.shape.clone();
-                        let mut zero = one;
-                        zero[0].0 = vec![0; sub.shape.len()];
-                        (
-                            Arc::new(DatasetModel::pending(path, &sub, &zero)),
-                            Default::default(),
-                        )
-                    }
-                    None => self.pending_view(file, path, &pm, write)?,
+                (h, None)
+            }
+            // A tile reads and writes its own source; no need to map them all.
+            (Node::Tile { file, path, idx }, Resolved::Pending { meta: Some(pm) }) => {
+                let t = self.pending.tile(file, path, &pm, idx, write)?;
+                let mut sub = pm.clone();
+                let slab = pm
+                    .grid()
+                    .tile_slab(idx)
+                    .ok_or_else(|| Error::not_found("no such tile"))?;
+                sub.shape = slab.counts();
+                sub.tile_shape = sub.shape.clone();
+                let zero = vec![(vec![0; sub.shape.len()], t)];
+                let h = Handle::PendingIo {
+                    file: file.clone(),
+                    path: path.clone(),
+                    meta: pm,
+                    tile: Some(idx.clone()),
+                    model: Arc::new(DatasetModel::pending(path, &sub, &zero)),
+                    tiles: Default::default(),
                 };
-                (
-                    Handle::PendingIo {
-                        file: file.clone(),
-                        path: path.clone(),
-                        meta: Box::new(pm),
-                        tile,
-                        model,
-                        tiles,
-                    },
-                    None,
-                )
+                (h, None)
+            }
+            (Node::Data { .. } | Node::Tile { .. }, Resolved::Pending { .. }) => {
+                return Err(not_pending())
             }
             _ if write => {
                 return Err(Error::new(
@@ -1634,15 +1481,14 @@ impl Fs {
                     "committed data is read-only; write a new dataset and commit",
                 ))
             }
-            Node::Meta { file, path } => {
-                let f = self.file(file)?;
+            (Node::Meta { path, .. }, Resolved::Dataset { file: f }) => {
                 let md = self.model(&f, path)?;
                 (Handle::Bytes(md.meta_json()), None)
             }
-            Node::Data { file, path }
-            | Node::Tile { file, path, .. }
-            | Node::Slice { file, path, .. } => {
-                let f = self.file(file)?;
+            (
+                Node::Data { path, .. } | Node::Tile { path, .. } | Node::Slice { path, .. },
+                Resolved::Dataset { file: f },
+            ) => {
                 let md = self.supported_model(&f, path)?;
                 let sel = self.selection(&node, &md)?;
                 caller.may_read_sources(&md, &f.abs, &self.ns.root)?;
@@ -1655,6 +1501,9 @@ impl Fs {
                     },
                     Some(v),
                 )
+            }
+            (Node::Meta { .. } | Node::Slice { .. }, _) => {
+                return Err(Error::not_found(format!("{path} is not a dataset")))
             }
             _ => return Err(Error::new(libc::EISDIR, "is a directory")),
         };
@@ -1744,6 +1593,17 @@ impl Fs {
             Some(_) => Err(Error::new(libc::ENOTTY, "not a data file")),
             None => Err(Error::new(libc::EBADF, format!("unknown handle {fh}"))),
         }
+    }
+}
+
+/// The file `name` (`meta.json`, `data`, `tiles`, `slice`) of the dataset at `path`.
+fn dataset_file(name: &str, file: &Path, path: &str) -> Node {
+    let (file, path) = (file.to_path_buf(), path.to_string());
+    match name {
+        "meta.json" => Node::Meta { file, path },
+        "data" => Node::Data { file, path },
+        "tiles" => Node::Tiles { file, path },
+        _ => Node::Slices { file, path },
     }
 }
 

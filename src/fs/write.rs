@@ -1,7 +1,7 @@
 //! The write half of the filesystem core: creating pending files, nodes and datasets,
 //! tile and data writes, commit, and removal. Still fuser-free.
 
-use super::{Attr, Fs, Handle, Node};
+use super::{Attr, Fs, Handle, Node, Resolved};
 use crate::error::{Error, Result};
 use crate::h5file::join;
 use crate::namespace::EntryKind;
@@ -56,19 +56,9 @@ impl Fs {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::invalid(format!("bad name {name:?}")));
         }
-        let mut pnode = self.inodes.node(parent)?;
+        let pnode = self.inodes.node(parent)?;
         if self.child(&pnode, name).is_ok() {
             return Err(Error::new(libc::EEXIST, format!("{name} exists")));
-        }
-        // The kernel may still hold a committed node whose path was made again as a
-        // pending one (possibly through another mount): create below the pending one.
-        if let Node::Group { file, path } | Node::Dataset { file, path } = &pnode {
-            if path != "/" && self.pending.node(file, path).is_some() {
-                pnode = Node::PNode {
-                    file: file.clone(),
-                    path: path.clone(),
-                };
-            }
         }
         let node = match &pnode {
             Node::Dir(rel) => {
@@ -87,7 +77,7 @@ impl Fs {
                         &stage,
                         std::fs::Permissions::from_mode(mode & 0o7777),
                     );
-                    Node::Group {
+                    Node::Object {
                         file: crel,
                         path: "/".into(),
                     }
@@ -104,11 +94,17 @@ impl Fs {
                     Node::Dir(crel)
                 }
             }
-            Node::Group { file, path } | Node::PNode { file, path } => {
-                if let Node::PNode { .. } = &pnode {
-                    if self.pending.node(file, path).and_then(|n| n.meta).is_some() {
-                        return Err(Error::new(libc::ENOTDIR, format!("{path} is a dataset")));
+            Node::Object { file, path } => {
+                // A group, pending or committed, takes new nodes; so does a group the
+                // kernel still holds whose path is gone (`make_ancestors` makes it again).
+                match self.resolve(&pnode) {
+                    Ok(Resolved::Group { .. } | Resolved::Pending { meta: None }) => {}
+                    Ok(Resolved::Pending { meta: Some(_) }) => {
+                        return Err(Error::new(libc::ENOTDIR, format!("{path} is a dataset")))
                     }
+                    Err(e) if e.errno == libc::ENOENT && self.held_unbound(parent, &pnode) => {}
+                    Err(e) if e.errno != libc::ENOENT => return Err(e),
+                    _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
                 }
                 if name.starts_with('.') && path == "/" {
                     return Err(Error::new(
@@ -120,7 +116,7 @@ impl Fs {
                 self.make_ancestors(file, path)?;
                 self.pending.create_node(file, &cpath)?;
                 self.touch(file);
-                Node::PNode {
+                Node::Object {
                     file: file.clone(),
                     path: cpath,
                 }
@@ -167,8 +163,10 @@ impl Fs {
         self.writable()?;
         let pnode = self.inodes.node(parent)?;
         match (&pnode, name) {
-            (Node::PNode { file, path }, "meta.json") => {
-                let node = Node::PMeta {
+            (Node::Object { file, path }, "meta.json")
+                if matches!(self.resolve(&pnode), Ok(Resolved::Pending { .. })) =>
+            {
+                let node = Node::Meta {
                     file: file.clone(),
                     path: path.clone(),
                 };
@@ -319,14 +317,20 @@ impl Fs {
     /// 0 (as `cp` and `>` do) or to that size is accepted and changes nothing.
     pub fn setattr_size(&self, ino: u64, size: u64) -> Result<Attr> {
         let node = self.inodes.node(ino)?;
-        let a = self.attr_of(ino, &node)?;
-        match node {
-            Node::PTile { .. } | Node::PData { .. } if size == 0 || size == a.size => Ok(a),
-            Node::PTile { .. } | Node::PData { .. } => Err(Error::invalid(format!(
-                "tiles and data have a fixed size of {} bytes",
-                a.size
-            ))),
-            Node::PMeta { .. } | Node::Commit { .. } => Ok(a),
+        let r = self.resolve(&node)?;
+        let a = self.attr_in(ino, &node, &r)?;
+        match (&node, &r) {
+            (Node::Tile { .. } | Node::Data { .. }, Resolved::Pending { .. }) => {
+                if size == 0 || size == a.size {
+                    Ok(a)
+                } else {
+                    Err(Error::invalid(format!(
+                        "tiles and data have a fixed size of {} bytes",
+                        a.size
+                    )))
+                }
+            }
+            (Node::Meta { .. }, Resolved::Pending { .. }) | (Node::Commit { .. }, _) => Ok(a),
             _ if self.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
             _ => Err(Error::new(libc::EPERM, "committed data is read-only")),
         }
@@ -339,63 +343,27 @@ impl Fs {
         self.writable()?;
         let pnode = self.inodes.node(parent)?;
         let node = self.child(&pnode, name)?;
-        let r = self.rmdir_node(&node);
-        if r.is_ok() {
-            // The kernel now holds a dead inode for this name, views (`tiles/`, `slice/`)
-            // included: the next lookup must get a new one (see InodeTable::detach).
-            // The kernel's dentry may still name the node this path had before (a
-            // committed dataset now pending, or the reverse): detach those too.
-            let (f, p) = node
-                .file_and_path()
-                .map(|(f, p)| (f.to_path_buf(), p.to_string()))
-                .unzip();
-            let aliases = match (&node, f, p) {
-                (
-                    Node::Dataset { .. } | Node::Group { .. } | Node::PNode { .. },
-                    Some(file),
-                    Some(path),
-                ) => vec![
-                    Node::Dataset {
-                        file: file.clone(),
-                        path: path.clone(),
-                    },
-                    Node::Group {
-                        file: file.clone(),
-                        path: path.clone(),
-                    },
-                    Node::PNode { file, path },
-                ],
-                (Node::Tiles { .. } | Node::PTiles { .. }, Some(file), Some(path)) => vec![
-                    Node::Tiles {
-                        file: file.clone(),
-                        path: path.clone(),
-                    },
-                    Node::PTiles { file, path },
-                ],
-                _ => vec![node.clone()],
-            };
-            for n in &aliases {
-                self.inodes.detach(n);
-            }
-        }
-        r
-    }
-
-    fn rmdir_node(&self, node: &Node) -> Result<()> {
-        match node {
-            Node::PNode { file, path } => self.pending.remove_node(file, path),
-            Node::Tiles { .. } | Node::Slices { .. } | Node::PTiles { .. } => Ok(()),
-            Node::Group { file, path } if path == "/" => self.remove_file(file),
-            Node::Dataset { file, path } | Node::Group { file, path } => {
-                self.remove_object(file, path)
-            }
+        let r = match &node {
+            Node::Tiles { .. } | Node::Slices { .. } => Ok(()),
             Node::Dir(rel) => {
                 let abs = self.ns.abs(rel)?;
                 std::fs::remove_dir(&abs)
                     .map_err(|e| Error::from_io(format!("rmdir {}", abs.display()), e))
             }
+            Node::Object { file, path } if path == "/" => self.remove_file(file),
+            Node::Object { file, path } => match self.resolve(&node)? {
+                Resolved::Pending { .. } => self.pending.remove_node(file, path),
+                _ => self.remove_object(file, path),
+            },
             _ => Err(Error::new(libc::ENOTDIR, "not a directory")),
+        };
+        if r.is_ok() {
+            // The kernel now holds a dead inode for this name, views (`tiles/`, `slice/`)
+            // included: the next lookup must get a new one (see InodeTable::detach).
+            // One node per name, pending or committed: its dentry cannot name another.
+            self.inodes.detach(&node);
         }
+        r
     }
 
     /// unlink: files inside datasets (and `.commit`/`.status`) are views; unlinking them
@@ -408,9 +376,6 @@ impl Fs {
             | Node::Data { .. }
             | Node::Tile { .. }
             | Node::Slice { .. }
-            | Node::PMeta { .. }
-            | Node::PData { .. }
-            | Node::PTile { .. }
             | Node::Commit { .. }
             | Node::Status { .. } => Ok(()),
             _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
