@@ -59,7 +59,7 @@ const STALE_MKDIR_MAKES_FILE: bool = true;
 /// for writes to `data` or `meta.json`) where a fresh walk reaches the pending dataset
 /// (tile writes are redirected, `Fs::open`). True accepts any error through such a
 /// dentry; false holds it to a fresh walk's answer.
-const STALE_LEAF_OF_PENDING: bool = true;
+const STALE_LEAF_OF_PENDING: bool = false;
 
 // ---------------------------------------------------------------------------------
 // Dataset descriptions
@@ -2521,7 +2521,6 @@ fn bug_mkdir_below_a_stale_file_dentry_makes_the_file_again() {
 /// dentry are redirected for tiles only (`Node::Tile` -> `Node::PTile` in `Fs::open`);
 /// `data` and `meta.json` fail with EROFS. Minimal sequence found by `reference_model`.
 #[test]
-#[ignore = "known divergence: a stale committed data dentry of a dataset made pending again is ENOENT"]
 fn bug_stale_data_dentry_of_a_dataset_made_pending_again() {
     let ops = vec![
         Op::Replace {
