@@ -145,7 +145,6 @@ pub fn create_exclusive(path: &Path, data: &[u8]) -> Result<bool> {
 /// dropped (or the daemon dies: the kernel releases it).
 pub struct FileLock {
     f: std::fs::File,
-    path: std::path::PathBuf,
 }
 
 /// The version of a file that the last transition under its lock left, read by the
@@ -222,9 +221,6 @@ impl Stamp {
 /// file system's clock: seconds and nanoseconds, comparable with change times).
 pub type Previous = (Stamp, (i64, i64));
 
-/// Bytes of the hint at the start of a lock file (one aligned block, for O_DIRECT).
-const STAMP_LEN: usize = 4096;
-
 impl FileLock {
     fn open(path: &Path) -> Result<std::fs::File> {
         std::fs::OpenOptions::new()
@@ -236,42 +232,13 @@ impl FileLock {
             .map_err(io(format!("opening lock {}", path.display())))
     }
 
-    /// Opens the lock file for stamp I/O that bypasses this node's page cache
-    /// (O_DIRECT), or normally where the file system has no O_DIRECT.
-    fn open_direct(&self) -> Result<(std::fs::File, bool)> {
-        use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&self.path)
-        {
-            Ok(f) => Ok((f, true)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((
-                self.f
-                    .try_clone()
-                    .map_err(io(format!("opening lock {}", self.path.display())))?,
-                false,
-            )),
-            Err(e) => Err(Error::from_io(
-                format!("opening lock {}", self.path.display()),
-                e,
-            )),
-        }
-    }
-
     /// The transition number the lock file suggests: a hint only (a client may show
     /// stale content), so the journal is probed upward from it.
     fn hint(&self) -> u64 {
         use std::os::unix::fs::FileExt;
-        let Ok((f, _)) = self.open_direct() else {
-            return 0;
-        };
-        let Ok(mut buf) = AlignedBlock::new() else {
-            return 0;
-        };
-        let n = f.read_at(buf.as_mut(), 0).unwrap_or(0);
-        std::str::from_utf8(&buf.as_mut()[..n])
+        let mut buf = [0u8; 64];
+        let n = self.f.read_at(&mut buf, 0).unwrap_or(0);
+        std::str::from_utf8(&buf[..n])
             .ok()
             .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
             .unwrap_or(0)
@@ -331,13 +298,9 @@ impl FileLock {
             .map_err(io(format!("writing {}", p.display())))?;
         f.sync_all().map_err(io(format!("fsync {}", p.display())))?;
         // the hint: best effort (a stale or missing one only costs probes)
-        if let (Ok((f, _)), Ok(mut buf)) = (self.open_direct(), AlignedBlock::new()) {
-            let text = format!("h5tilefs-seq {k}\n");
-            let b = buf.as_mut();
-            b.fill(b' ');
-            b[..text.len()].copy_from_slice(text.as_bytes());
-            let _ = f.write_all_at(buf.as_mut(), 0);
-        }
+        let _ = self
+            .f
+            .write_all_at(format!("h5tilefs-seq {k:<20}\n").as_bytes(), 0);
         Ok(())
     }
 
@@ -358,10 +321,7 @@ impl FileLock {
     pub fn try_lock(path: &Path) -> Result<Option<FileLock>> {
         let f = Self::open(path)?;
         match Self::try_flock(&f) {
-            Ok(true) => Ok(Some(FileLock {
-                f,
-                path: path.to_path_buf(),
-            })),
+            Ok(true) => Ok(Some(FileLock { f })),
             Ok(false) => Ok(None),
             Err(e) => Err(Error::from_io(format!("flock {}", path.display()), e)),
         }
@@ -375,12 +335,7 @@ impl FileLock {
         let mut wait = Duration::from_millis(1);
         loop {
             match Self::try_flock(&f) {
-                Ok(true) => {
-                    return Ok(FileLock {
-                        f,
-                        path: path.to_path_buf(),
-                    })
-                }
+                Ok(true) => return Ok(FileLock { f }),
                 Ok(false) if t0.elapsed() < limit => {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_millis(50));
@@ -396,40 +351,6 @@ impl FileLock {
                 Err(e) => return Err(Error::from_io(format!("flock {}", path.display()), e)),
             }
         }
-    }
-}
-
-/// One 4 KiB block aligned for O_DIRECT.
-struct AlignedBlock {
-    p: *mut u8,
-}
-
-impl AlignedBlock {
-    fn layout() -> std::alloc::Layout {
-        // 4096 is a power of two and non-zero: the layout is valid.
-        std::alloc::Layout::from_size_align(STAMP_LEN, STAMP_LEN)
-            .unwrap_or(std::alloc::Layout::new::<u8>())
-    }
-
-    fn new() -> Result<AlignedBlock> {
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
-        if p.is_null() {
-            return Err(Error::new(libc::ENOMEM, "no memory for a lock stamp"));
-        }
-        Ok(AlignedBlock { p })
-    }
-
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `p` points to STAMP_LEN initialised bytes owned by self.
-        unsafe { std::slice::from_raw_parts_mut(self.p, STAMP_LEN) }
-    }
-}
-
-impl Drop for AlignedBlock {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.p, Self::layout()) }
     }
 }
 
