@@ -71,6 +71,23 @@ pub fn create_dir_all(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))
 }
 
+/// Runs `op` again (up to about 150 ms in all) while it fails with ENOENT: on GlusterFS a
+/// name another client just made can read as missing for a moment (seen as a tile
+/// write failing with ENOENT in about one round in fifty of two nodes writing one tile).
+pub fn retry_missing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut wait = Duration::from_millis(5);
+    for _ in 0..5 {
+        match op() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+            r => return r,
+        }
+    }
+    op()
+}
+
 /// fsyncs a directory, so that a rename or a new name in it survives a crash.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
     let f = std::fs::File::open(dir).map_err(io(format!("opening {}", dir.display())))?;

@@ -52,8 +52,11 @@ impl Call<'_> {
         self.fs
             .stats
             .record(self.op, self.start.elapsed(), false, 0);
-        // Misses and unknown ioctls are routine (shells probe names, tools probe ioctls).
-        if e.errno == libc::ENOENT || e.errno == libc::ENOTTY {
+        // Misses and unknown ioctls are routine (shells probe names, tools probe ioctls);
+        // a write that finds something missing is not.
+        let routine =
+            (e.errno == libc::ENOENT && !matches!(self.op, Op::Write)) || e.errno == libc::ENOTTY;
+        if routine {
             tracing::debug!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         } else {
             warn!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");

@@ -217,13 +217,20 @@ impl Pending {
 
     pub(super) fn gen(&self, file_rel: &Path, h5path: &str) -> Result<String> {
         let d = self.node_dir(file_rel, h5path)?;
-        std::fs::read_to_string(d.join("gen"))
-            .map(|s| s.trim().to_string())
-            .map_err(|_| {
-                PendingError::NotPending {
-                    dataset: h5path.to_string(),
-                }
-                .into()
-            })
+        let gen = d.join("gen");
+        // `gen` is published before meta.json: with meta.json there, `gen` is too, or
+        // just hidden for a moment
+        let read = || std::fs::read_to_string(&gen);
+        let r = if d.join("meta.json").exists() {
+            crate::durable::retry_missing(read)
+        } else {
+            read()
+        };
+        r.map(|s| s.trim().to_string()).map_err(|_| {
+            PendingError::NotPending {
+                dataset: h5path.to_string(),
+            }
+            .into()
+        })
     }
 }

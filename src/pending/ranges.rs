@@ -23,7 +23,7 @@ impl Pending {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 crate::durable::create_dir_all(&d)?;
-                open().map_err(io("opening range log"))?
+                crate::durable::retry_missing(open).map_err(io("opening range log"))?
             }
             Err(e) => return Err(Error::from_io("opening range log", e)),
         };

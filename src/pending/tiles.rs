@@ -117,11 +117,12 @@ pub(super) fn make_tile_file(tmp: &Path, t: &Template) -> Result<u64> {
 pub(super) fn read_head_direct(path: &Path, len: usize) -> Result<Option<Vec<u8>>> {
     use std::os::unix::fs::OpenOptionsExt;
     const ALIGN: usize = 4096;
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
+    let f = match crate::durable::retry_missing(|| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+    }) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
         Err(e) => return Err(Error::from_io(format!("opening {}", path.display()), e)),
@@ -321,11 +322,14 @@ impl Pending {
             Some(o) => o,
             None => published_offset(&path, &tpl)?,
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io(format!("opening {}", path.display())))?;
+        // published (by us or another node) just now: retry a name hidden for a moment
+        let file = crate::durable::retry_missing(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+        })
+        .map_err(io(format!("opening {}", path.display())))?;
         let t = Arc::new(TileTarget {
             file: Arc::new(BackingFile {
                 path: path.clone(),
