@@ -41,11 +41,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// The errno of a commit refused because tiles are missing or were deleted: ENODATA
-/// ("No data available"); the message and `.status` name the tiles.
-pub const INCOMPLETE: i32 = libc::ENODATA;
-const _: () = assert!(INCOMPLETE == libc::ENODATA);
-
 /// The lock file of a file's staging area: held by commit and by removals.
 pub const COMMIT_LOCK: &str = "commit.lock";
 
@@ -249,7 +244,7 @@ mod tests {
         p.create_file(file).unwrap();
         p.accept_meta(file, "/u", &meta()).unwrap();
         let e = p.commit(file).unwrap_err();
-        assert_eq!(e.errno, INCOMPLETE, "{e}");
+        assert_eq!(e.errno, libc::ENODATA, "{e}");
         assert!(
             e.message.contains("x.h5") && e.message.contains("/u"),
             "{e}"
