@@ -1596,6 +1596,13 @@ impl Fs {
             if matches!(*h, Handle::Control(_)) {
                 self.release_buffers(fh);
             }
+            // flush (close) appended the ranges already; this covers a handle whose
+            // flush failed (the periodic flush would retry too)
+            if let Handle::PendingIo { file, path, .. } = &*h {
+                if let Err(e) = self.pending.flush_ranges(file, path) {
+                    tracing::warn!(file = %file.display(), dataset = path, error = %e, "range log not appended at release");
+                }
+            }
         }
     }
 

@@ -287,9 +287,16 @@ impl Fs {
         }
     }
 
-    /// flush (close): a meta.json that never became valid JSON is an error now.
+    /// flush (close): a meta.json that never became valid JSON is an error now; a tile's
+    /// or `data`'s written ranges are appended to this daemon's range log before close
+    /// returns, so a commit through any daemon sees them (durability: docs/namespace.md).
     pub fn flush(&self, fh: u64) -> Result<()> {
         if let Ok(h) = self.handle(fh) {
+            if let Handle::PendingIo { file, path, .. } = &*h {
+                let (file, path) = (file.clone(), path.clone());
+                drop(h);
+                return self.pending.flush_ranges(&file, &path);
+            }
             if let Handle::MetaWrite {
                 file,
                 path,

@@ -101,6 +101,7 @@ impl Pending {
 
     fn remove_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
         let d = self.node_dir(file_rel, h5path)?;
+        self.logs.forget(&d);
         if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
             let src = self.sources_dir(file_rel, h5path, g.trim())?;
             // Close our open tile sources too, so that their space is freed now (the
@@ -221,10 +222,12 @@ impl Pending {
         // `gen` is published before meta.json: with meta.json there, `gen` is too, or
         // just hidden for a moment
         let read = || std::fs::read_to_string(&gen);
-        let r = if d.join("meta.json").exists() {
-            crate::durable::retry_missing(read)
-        } else {
-            read()
+        // read first (once per write): the stat of meta.json only when `gen` is missing
+        let r = match read() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && d.join("meta.json").exists() => {
+                crate::durable::retry_missing(read)
+            }
+            r => r,
         };
         r.map(|s| s.trim().to_string()).map_err(|_| {
             PendingError::NotPending {

@@ -1,61 +1,606 @@
+//! Written-range records: one append-only log per (daemon, dataset generation),
+//! `nodes/<enc>/ranges/log.<writer_id>`, instead of a file per tile and writer.
+//!
+//! A write records its range in memory (coalesced per tile); the batch is appended as
+//! one `write` when the tile's handle is closed (FUSE flush) or fsynced, when a batch
+//! grows past [`FLUSH_TILES`] tiles, and every [`FLUSH_INTERVAL`]. fsync adds an
+//! `fdatasync` of the log after the tile sources'. This daemon's own records, flushed
+//! or not, are read from memory; other daemons' logs are read from the backing
+//! directory, O(daemons) files per dataset.
+//!
+//! Record format (little-endian), see docs/architecture.md:
+//!
+//! ```text
+//! "H5RL" | payload_len u32 | payload | crc32(payload) u32
+//! payload = kind u8 | tile_len u16 | tile name | body
+//!   kind 1 (ranges):  n u32 | n x (start u64, end u64)   half-open byte ranges
+//!   kind 2 (source):  data offset u64 | file length u64   a tile source this daemon made
+//! ```
+//!
+//! A log is read up to its first short or damaged record: a crash mid-append tears
+//! only the last record, whose ranges were never acknowledged by a close or fsync. A
+//! failed append makes the daemon start a new log file (`log.<writer_id>.<k>`) that
+//! begins with everything it knows, so records after a tear are never lost.
+
 use super::*;
+use parking_lot::{Condvar, Mutex};
+use std::time::Duration;
+
+/// Name prefix of the per-daemon logs inside a node's `ranges/` directory.
+pub(super) const LOG_PREFIX: &str = "log.";
+const MAGIC: &[u8; 4] = b"H5RL";
+const KIND_RANGES: u8 = 1;
+const KIND_SOURCE: u8 = 2;
+/// Largest payload a reader accepts (a larger length is a damaged record).
+const MAX_PAYLOAD: usize = 1 << 20;
+/// Ranges per record: keeps a record of a finely fragmented tile under MAX_PAYLOAD.
+const RANGES_PER_RECORD: usize = 4096;
+/// Tiles with unflushed ranges that make a write flush the batch itself.
+pub(super) const FLUSH_TILES: usize = 4096;
+/// How often unflushed ranges of handles still open are appended in the background.
+pub(super) const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One record of a range log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Record {
+    /// Byte ranges `[start, end)` of a tile's data written by this daemon.
+    Ranges {
+        tile: String,
+        ranges: Vec<(u64, u64)>,
+    },
+    /// A tile source this daemon created: its data offset and file length.
+    Source { tile: String, offset: u64, len: u64 },
+}
+
+fn crc32(b: &[u8]) -> u32 {
+    let mut c = flate2::Crc::new();
+    c.update(b);
+    c.sum()
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+impl Record {
+    /// Appends the framed record (several for a tile with very many ranges) to `out`.
+    pub(super) fn encode(&self, out: &mut Vec<u8>) {
+        let (kind, tile) = match self {
+            Record::Ranges { tile, .. } => (KIND_RANGES, tile),
+            Record::Source { tile, .. } => (KIND_SOURCE, tile),
+        };
+        // tile names are "i.j.k": far below u16::MAX bytes
+        let name = &tile.as_bytes()[..tile.len().min(u16::MAX as usize)];
+        let mut frame = |body: &[u8]| {
+            let mut payload = Vec::with_capacity(3 + name.len() + body.len());
+            payload.push(kind);
+            payload.extend((name.len() as u16).to_le_bytes());
+            payload.extend(name);
+            payload.extend(body);
+            out.extend(MAGIC);
+            out.extend((payload.len() as u32).to_le_bytes());
+            out.extend(&payload);
+            out.extend(crc32(&payload).to_le_bytes());
+        };
+        match self {
+            Record::Ranges { ranges, .. } => {
+                for part in ranges.chunks(RANGES_PER_RECORD) {
+                    let mut body = Vec::with_capacity(4 + 16 * part.len());
+                    body.extend((part.len() as u32).to_le_bytes());
+                    for (a, b) in part {
+                        body.extend(a.to_le_bytes());
+                        body.extend(b.to_le_bytes());
+                    }
+                    frame(&body);
+                }
+            }
+            Record::Source { offset, len, .. } => {
+                let mut body = Vec::with_capacity(16);
+                body.extend(offset.to_le_bytes());
+                body.extend(len.to_le_bytes());
+                frame(&body);
+            }
+        }
+    }
+
+    fn decode_payload(p: &[u8]) -> Option<Record> {
+        let kind = *p.first()?;
+        let n = u16_at(p, 1)? as usize;
+        let tile = std::str::from_utf8(p.get(3..3 + n)?).ok()?.to_string();
+        let body = p.get(3 + n..)?;
+        match kind {
+            KIND_RANGES => {
+                let k = u32_at(body, 0)? as usize;
+                if body.len() != 4 + k.checked_mul(16)? {
+                    return None;
+                }
+                let ranges = (0..k)
+                    .map(|i| Some((u64_at(body, 4 + 16 * i)?, u64_at(body, 12 + 16 * i)?)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Record::Ranges { tile, ranges })
+            }
+            KIND_SOURCE if body.len() == 16 => Some(Record::Source {
+                tile,
+                offset: u64_at(body, 0)?,
+                len: u64_at(body, 8)?,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The records of a log up to its first short or damaged one, and the length of
+    /// that valid prefix.
+    pub(super) fn decode_all(bytes: &[u8]) -> (Vec<Record>, usize) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            let Some(rest) = bytes.get(at..) else { break };
+            if rest.len() < 8 || &rest[..4] != MAGIC {
+                break;
+            }
+            let Some(n) = u32_at(rest, 4).map(|n| n as usize) else {
+                break;
+            };
+            if n > MAX_PAYLOAD || rest.len() < 8 + n + 4 {
+                break;
+            }
+            let payload = &rest[8..8 + n];
+            if u32_at(rest, 8 + n) != Some(crc32(payload)) {
+                break;
+            }
+            let Some(r) = Record::decode_payload(payload) else {
+                break;
+            };
+            out.push(r);
+            at += 8 + n + 4;
+        }
+        (out, at)
+    }
+}
+
+/// What is known about a dataset's written tiles: ranges per tile and, for tile
+/// sources whose creator recorded them, `(data offset, file length)`.
+#[derive(Clone, Debug, Default)]
+pub struct Written {
+    pub ranges: HashMap<String, RangeSet>,
+    pub sources: HashMap<String, (u64, u64)>,
+}
+
+impl Written {
+    fn apply(&mut self, r: &Record) {
+        match r {
+            Record::Ranges { tile, ranges } => {
+                let e = self.ranges.entry(tile.clone()).or_default();
+                for (a, b) in ranges {
+                    e.insert(*a, *b);
+                }
+            }
+            Record::Source { tile, offset, len } => {
+                self.sources.insert(tile.clone(), (*offset, *len));
+            }
+        }
+    }
+
+    fn merge(&mut self, o: &Written) {
+        for (t, rs) in &o.ranges {
+            let e = self.ranges.entry(t.clone()).or_default();
+            for (a, b) in rs.ranges() {
+                e.insert(*a, *b);
+            }
+        }
+        for (t, s) in &o.sources {
+            self.sources.insert(t.clone(), *s);
+        }
+    }
+
+    /// Every record needed to rebuild this state.
+    fn records(&self) -> Vec<Record> {
+        let mut out: Vec<Record> = self
+            .sources
+            .iter()
+            .map(|(t, (o, l))| Record::Source {
+                tile: t.clone(),
+                offset: *o,
+                len: *l,
+            })
+            .collect();
+        out.extend(self.ranges.iter().map(|(t, rs)| Record::Ranges {
+            tile: t.clone(),
+            ranges: rs.ranges().to_vec(),
+        }));
+        out
+    }
+}
+
+/// This daemon's log of one dataset generation.
+pub(super) struct DatasetLog {
+    gen: String,
+    dir: PathBuf,
+    state: Mutex<LogState>,
+    flushed: Condvar,
+}
+
+#[derive(Default)]
+struct LogState {
+    /// The open log; None after a failed append (the next flush starts a new file).
+    file: Option<Arc<std::fs::File>>,
+    /// Everything this daemon recorded for the dataset, flushed or not.
+    mine: Written,
+    /// Recorded, not yet appended.
+    dirty: Written,
+    /// Records added / records appended (a flush waits for those added before it).
+    seq: u64,
+    flushed_seq: u64,
+    flushing: bool,
+    /// Log files started so far (suffix of the next one after a failed append).
+    files: u32,
+}
+
+impl DatasetLog {
+    fn log_name(&self, writer_id: &str, k: u32) -> PathBuf {
+        match k {
+            0 => self.dir.join(format!("{LOG_PREFIX}{writer_id}")),
+            k => self.dir.join(format!("{LOG_PREFIX}{writer_id}.{k}")),
+        }
+    }
+
+    fn record(&self, r: Record) -> usize {
+        let mut st = self.state.lock();
+        st.mine.apply(&r);
+        st.dirty.apply(&r);
+        st.seq += 1;
+        st.dirty.ranges.len() + st.dirty.sources.len()
+    }
+
+    /// Appends every record added before the call (one `write`; concurrent callers
+    /// share it: one appends while the others wait for it, no lock held over I/O).
+    fn flush(&self, writer_id: &str) -> Result<()> {
+        let mut st = self.state.lock();
+        let target = st.seq;
+        loop {
+            if st.flushed_seq >= target {
+                return Ok(());
+            }
+            if st.flushing {
+                self.flushed.wait(&mut st);
+                continue;
+            }
+            let upto = st.seq;
+            // After a failed append the new file starts with everything known.
+            let (batch, fresh) = match &st.file {
+                Some(_) => (std::mem::take(&mut st.dirty), None),
+                None => {
+                    st.dirty = Written::default();
+                    st.files += 1;
+                    (st.mine.clone(), Some(self.log_name(writer_id, st.files)))
+                }
+            };
+            let file = st.file.clone();
+            st.flushing = true;
+            let r = parking_lot::MutexGuard::unlocked(&mut st, || {
+                let file = match (file, &fresh) {
+                    (Some(f), _) => f,
+                    (None, Some(p)) => Arc::new(open_log(p)?),
+                    (None, None) => return Err(Error::io("range log without a file")),
+                };
+                let mut bytes = Vec::new();
+                for rec in batch.records() {
+                    rec.encode(&mut bytes);
+                }
+                (&*file).write_all(&bytes).map_err(io(format!(
+                    "appending to range log in {}",
+                    self.dir.display()
+                )))?;
+                Ok(file)
+            });
+            st.flushing = false;
+            self.flushed.notify_all();
+            match r {
+                Ok(f) => {
+                    st.file = Some(f);
+                    st.flushed_seq = upto;
+                }
+                Err(e) => {
+                    // The file may now end in a torn record: continue in a new one.
+                    st.file = None;
+                    st.dirty.merge(&batch);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Flushes, then makes the log durable.
+    fn sync(&self, writer_id: &str) -> Result<()> {
+        self.flush(writer_id)?;
+        let f = self.state.lock().file.clone();
+        if let Some(f) = f {
+            f.sync_data()
+                .map_err(io(format!("fsync of range log in {}", self.dir.display())))?;
+        }
+        Ok(())
+    }
+}
+
+fn open_log(p: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .map_err(io(format!("opening range log {}", p.display())))
+}
+
+/// This daemon's range logs, by node directory.
+#[derive(Default)]
+pub(super) struct RangeLogs {
+    logs: DashMap<PathBuf, Arc<DatasetLog>>,
+}
+
+impl RangeLogs {
+    /// Appends what every log holds unflushed (the periodic flush).
+    pub(super) fn flush_all(&self, writer_id: &str) {
+        let all: Vec<Arc<DatasetLog>> = self.logs.iter().map(|e| e.value().clone()).collect();
+        for l in all {
+            if let Err(e) = l.flush(writer_id) {
+                tracing::warn!(error = %e, "periodic flush of a range log failed; retried at close or fsync");
+            }
+        }
+    }
+
+    fn get(&self, node: &Path) -> Option<Arc<DatasetLog>> {
+        self.logs.get(node).map(|e| e.value().clone())
+    }
+
+    pub(super) fn forget(&self, node: &Path) {
+        let dropped = self.logs.remove(node);
+        drop(dropped);
+    }
+}
+
+/// Starts the thread that flushes `logs` every [`FLUSH_INTERVAL`]; it ends with them.
+pub(super) fn start_flusher(logs: &Arc<RangeLogs>, writer_id: String) {
+    let weak = Arc::downgrade(logs);
+    let r = std::thread::Builder::new()
+        .name("h5tilefs-ranges".into())
+        .spawn(move || loop {
+            std::thread::sleep(FLUSH_INTERVAL);
+            match weak.upgrade() {
+                Some(l) => l.flush_all(&writer_id),
+                None => return,
+            }
+        });
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "no periodic range-log flush: ranges are appended at close and fsync only");
+    }
+}
+
+/// Reads a file whole with O_DIRECT where the file system takes it: another node's log
+/// must come from the file system's servers, not from pages this node cached of it
+/// earlier (a distributed client keeps them across opens).
+fn read_fresh(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    const CHUNK: usize = 1 << 20;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return std::fs::read(path),
+        Err(e) => return Err(e),
+    };
+    let layout = std::alloc::Layout::from_size_align(CHUNK, ALIGN)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+    }
+    // SAFETY: `p` points to CHUNK initialised bytes owned here until the dealloc below.
+    let buf = unsafe { std::slice::from_raw_parts_mut(p, CHUNK) };
+    let mut out = Vec::new();
+    let r = loop {
+        match f.read_at(buf, out.len() as u64) {
+            Ok(0) => break Ok(()),
+            Ok(k) => {
+                out.extend_from_slice(&buf[..k]);
+                // a short read is the end of the file (later reads stay aligned)
+                if k < CHUNK {
+                    break Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    // SAFETY: allocated above with this layout, not used after.
+    unsafe { std::alloc::dealloc(p, layout) };
+    match r {
+        Ok(()) => Ok(out),
+        // O_DIRECT accepted at open, refused at read (some FUSE file systems)
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => std::fs::read(path),
+        Err(e) => Err(e),
+    }
+}
 
 impl Pending {
+    /// This daemon's log of a dataset generation, made (with its file, so the dataset
+    /// counts as written: see `FileState::Writing`) on first use.
+    fn dataset_log(&self, node: &Path, gen: &str) -> Result<Arc<DatasetLog>> {
+        if let Some(l) = self.logs.get(node).filter(|l| l.gen == gen) {
+            return Ok(l);
+        }
+        let dir = node.join("ranges");
+        let log = DatasetLog {
+            gen: gen.to_string(),
+            dir: dir.clone(),
+            state: Mutex::new(LogState::default()),
+            flushed: Condvar::new(),
+        };
+        let p = log.log_name(&self.writer_id, 0);
+        let f = match open_log(&p) {
+            Ok(f) => f,
+            Err(e) if e.errno == libc::ENOENT => {
+                crate::durable::create_dir_all(&dir)?;
+                crate::durable::retry_missing(|| {
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&p)
+                })
+                .map_err(io(format!("opening range log {}", p.display())))?
+            }
+            Err(e) => return Err(e),
+        };
+        log.state.lock().file = Some(Arc::new(f));
+        let log = Arc::new(log);
+        // Two threads may both get here: the first inserted wins (same file, O_APPEND).
+        let got = match self.logs.logs.entry(node.to_path_buf()) {
+            dashmap::Entry::Occupied(e) if e.get().gen == gen => e.get().clone(),
+            dashmap::Entry::Occupied(mut e) => {
+                e.insert(log.clone());
+                log
+            }
+            dashmap::Entry::Vacant(e) => {
+                e.insert(log.clone());
+                log
+            }
+        };
+        Ok(got)
+    }
+
+    /// Records a write of `[off, off + len)` of tile `idx` (in memory; see the module).
     pub(super) fn log_range(
         &self,
-        file_rel: &Path,
-        h5path: &str,
+        node: &Path,
+        gen: &str,
         idx: &[u64],
         off: u64,
         len: u64,
     ) -> Result<()> {
-        // Opened per write: tiles can number in the tens of thousands, more than the fds
-        // a daemon should hold; one open+append+close is small next to a tile write.
-        let d = self.node_dir(file_rel, h5path)?.join("ranges");
-        let p = d.join(format!("{}.{}", tile_name(idx), self.writer_id));
-        let open = || {
-            std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&p)
-        };
-        let mut f = match open() {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                crate::durable::create_dir_all(&d)?;
-                crate::durable::retry_missing(open).map_err(io("opening range log"))?
-            }
-            Err(e) => return Err(Error::from_io("opening range log", e)),
-        };
-        f.write_all(&RangeSet::log_record(off, len))
-            .map_err(io("appending range log"))
+        let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
+            what: format!("tile {} range at {off}", tile_name(idx)),
+        })?;
+        let log = self.dataset_log(node, gen)?;
+        let pending = log.record(Record::Ranges {
+            tile: tile_name(idx),
+            ranges: vec![(off, end)],
+        });
+        if pending >= FLUSH_TILES {
+            log.flush(&self.writer_id)?;
+        }
+        Ok(())
     }
 
-    /// Written ranges of every tile of a pending dataset (all writers).
-    pub fn written(&self, file_rel: &Path, h5path: &str) -> Result<HashMap<String, RangeSet>> {
-        let d = self.node_dir(file_rel, h5path)?.join("ranges");
-        let mut out: HashMap<String, RangeSet> = HashMap::new();
+    /// Records a tile source this daemon created (for the index commit writes).
+    pub(super) fn log_source(
+        &self,
+        node: &Path,
+        gen: &str,
+        tile: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let log = self.dataset_log(node, gen)?;
+        log.record(Record::Source {
+            tile: tile.to_string(),
+            offset,
+            len,
+        });
+        Ok(())
+    }
+
+    /// Appends this daemon's unflushed ranges of a dataset (close of a tile or `data`):
+    /// when it returns they are in the backing file system, where other daemons (and
+    /// this one restarted) read them. No fsync: see docs/namespace.md, "Durability".
+    pub fn flush_ranges(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        match self.logs.get(&self.node_dir(file_rel, h5path)?) {
+            Some(l) => l.flush(&self.writer_id),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends and fsyncs this daemon's ranges of a dataset (fsync of a tile or `data`).
+    pub(super) fn sync_ranges(&self, node: &Path) -> Result<()> {
+        match self.logs.get(node) {
+            Some(l) => l.sync(&self.writer_id),
+            None => Ok(()),
+        }
+    }
+
+    /// Everything recorded about a dataset's tiles by every daemon: this one's from
+    /// memory, the others' from their logs (one read per daemon), plus logs of the
+    /// older one-file-per-tile format.
+    pub(super) fn collect(&self, file_rel: &Path, h5path: &str) -> Result<Written> {
+        let node = self.node_dir(file_rel, h5path)?;
+        let d = node.join("ranges");
+        let mut out = Written::default();
+        let mine = self
+            .gen(file_rel, h5path)
+            .ok()
+            .and_then(|g| self.logs.get(&node).filter(|l| l.gen == g));
+        let own_prefix = format!("{LOG_PREFIX}{}", self.writer_id);
+        if let Some(l) = &mine {
+            out.merge(&l.state.lock().mine);
+        }
         let Ok(rd) = std::fs::read_dir(&d) else {
             return Ok(out);
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            // "<tile>.<host>.<pid>.<nanos>": the tile name is everything before the
-            // first component that is not a number.
+            if let Some(rest) = name.strip_prefix(&own_prefix) {
+                if mine.is_some() && (rest.is_empty() || rest.starts_with('.')) {
+                    continue;
+                }
+            }
+            let bytes = match read_fresh(&e.path()) {
+                Ok(b) => b,
+                // removed by a commit or removal under way: nothing to add
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => {
+                    return Err(Error::from_io(
+                        format!("reading range log {} of {h5path}", e.path().display()),
+                        err,
+                    ))
+                }
+            };
+            if name.starts_with(LOG_PREFIX) {
+                let (recs, valid) = Record::decode_all(&bytes);
+                if valid < bytes.len() {
+                    tracing::debug!(log = %e.path().display(), valid, len = bytes.len(),
+                        "range log ends in a torn record (a crash mid-append); ignored");
+                }
+                for r in &recs {
+                    out.apply(r);
+                }
+                continue;
+            }
+            // Older format "<tile>.<writer>": 16-byte (start, len) records.
             let tile: Vec<&str> = name
                 .split('.')
                 .take_while(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
                 .collect();
-            let Ok(bytes) = std::fs::read(e.path()) else {
-                continue;
-            };
             let rs = RangeSet::from_log(&bytes);
-            let entry = out.entry(tile.join(".")).or_default();
+            let entry = out.ranges.entry(tile.join(".")).or_default();
             for (a, b) in rs.ranges() {
                 entry.insert(*a, *b);
             }
         }
         Ok(out)
+    }
+
+    /// Written ranges of every tile of a pending dataset (all writers).
+    pub fn written(&self, file_rel: &Path, h5path: &str) -> Result<HashMap<String, RangeSet>> {
+        Ok(self.collect(file_rel, h5path)?.ranges)
     }
 
     /// Tiles (and byte ranges) not yet written, per pending dataset.
@@ -66,18 +611,198 @@ impl Pending {
         meta: &PendingMeta,
     ) -> Result<Vec<MissingTile>> {
         let written = self.written(file_rel, h5path)?;
-        let mut out = Vec::new();
-        for idx in meta.grid().indices() {
-            let name = tile_name(&idx);
-            let size = meta.tile_bytes(&idx).unwrap_or(0);
-            let miss = written
-                .get(&name)
-                .map(|r| r.missing(size))
-                .unwrap_or_else(|| if size > 0 { vec![(0, size)] } else { vec![] });
-            if !miss.is_empty() {
-                out.push((name, miss));
-            }
+        Ok(missing_of(&written, meta))
+    }
+}
+
+/// The tiles of `meta` that `written` does not cover, with their uncovered ranges.
+pub(super) fn missing_of(
+    written: &HashMap<String, RangeSet>,
+    meta: &PendingMeta,
+) -> Vec<MissingTile> {
+    let mut out = Vec::new();
+    for idx in meta.grid().indices() {
+        let name = tile_name(&idx);
+        let size = meta.tile_bytes(&idx).unwrap_or(0);
+        let miss = written
+            .get(&name)
+            .map(|r| r.missing(size))
+            .unwrap_or_else(|| if size > 0 { vec![(0, size)] } else { vec![] });
+        if !miss.is_empty() {
+            out.push((name, miss));
         }
-        Ok(out)
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(tile: &str, r: &[(u64, u64)]) -> Record {
+        Record::Ranges {
+            tile: tile.into(),
+            ranges: r.to_vec(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_is_ignored() {
+        let recs = vec![
+            ranges("0.1", &[(0, 10), (20, 30)]),
+            Record::Source {
+                tile: "0.1".into(),
+                offset: 4096,
+                len: 8192,
+            },
+            ranges("12.3.4", &[(5, 6)]),
+        ];
+        let mut bytes = Vec::new();
+        for r in &recs {
+            r.encode(&mut bytes);
+        }
+        let (got, valid) = Record::decode_all(&bytes);
+        assert_eq!(got, recs);
+        assert_eq!(valid, bytes.len());
+        // every cut inside the last record keeps exactly the first two
+        let mut two = Vec::new();
+        recs[0].encode(&mut two);
+        recs[1].encode(&mut two);
+        for cut in two.len()..bytes.len() {
+            let (got, valid) = Record::decode_all(&bytes[..cut]);
+            assert_eq!(got, recs[..2], "cut at {cut}");
+            assert_eq!(valid, two.len());
+        }
+        // a damaged byte in the last record's payload: its checksum fails
+        let mut bad = bytes.clone();
+        let at = bad.len() - 6;
+        bad[at] ^= 0x40;
+        assert_eq!(Record::decode_all(&bad).0, recs[..2]);
+        // garbage instead of a record ends the log there
+        let mut junk = two.clone();
+        junk.extend([0xffu8; 40]);
+        assert_eq!(Record::decode_all(&junk).0, recs[..2]);
+    }
+
+    #[test]
+    fn many_ranges_split_into_records() {
+        let r: Vec<(u64, u64)> = (0..10_000u64).map(|i| (3 * i, 3 * i + 1)).collect();
+        let mut bytes = Vec::new();
+        ranges("7", &r).encode(&mut bytes);
+        let (got, valid) = Record::decode_all(&bytes);
+        assert_eq!(valid, bytes.len());
+        assert_eq!(got.len(), 10_000usize.div_ceil(RANGES_PER_RECORD));
+        let mut w = Written::default();
+        for g in &got {
+            w.apply(g);
+        }
+        assert_eq!(w.ranges["7"].ranges(), &r[..]);
+    }
+
+    fn meta() -> PendingMeta {
+        PendingMeta::parse(br#"{"shape":[4,6],"dtype":"<u1","tile_shape":[2,3]}"#).unwrap()
+    }
+
+    /// Writes are coalesced per tile in memory; a close appends one record per tile
+    /// touched; the log holds what another daemon then reads.
+    #[test]
+    fn writes_coalesce_and_flush_once_per_tile() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("c.h5");
+        let a = Pending::new(dir.path());
+        a.create_file(file).unwrap();
+        let m = meta();
+        a.accept_meta(file, "/u", &m).unwrap();
+        for i in 0..6u64 {
+            a.write_tile(file, "/u", &m, &[0, 0], i, &[1]).unwrap();
+        }
+        a.write_tile(file, "/u", &m, &[1, 1], 0, &[1; 6]).unwrap();
+        // recorded in memory: this daemon sees them, the log is still empty
+        let node = a.node_dir(file, "/u").unwrap();
+        let log = node
+            .join("ranges")
+            .join(format!("{LOG_PREFIX}{}", a.writer_id));
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        assert!(a.written(file, "/u").unwrap()["0.0"].missing(6).is_empty());
+        a.flush_ranges(file, "/u").unwrap();
+        let (recs, _) = Record::decode_all(&std::fs::read(&log).unwrap());
+        let tiles: Vec<&Record> = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Ranges { .. }))
+            .collect();
+        assert_eq!(tiles.len(), 2, "{recs:?}");
+        assert!(recs.contains(&ranges("0.0", &[(0, 6)])), "{recs:?}");
+        // a second close with nothing new appends nothing
+        let len = std::fs::metadata(&log).unwrap().len();
+        a.flush_ranges(file, "/u").unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), len);
+        // another daemon reads them from the log
+        let b = Pending::new(dir.path());
+        let w = b.written(file, "/u").unwrap();
+        assert!(w["0.0"].missing(6).is_empty() && w["1.1"].missing(6).is_empty());
+        assert_eq!(b.missing(file, "/u", &m).unwrap().len(), 2);
+    }
+
+    /// Several daemons' logs (and the older per-tile format) add up; a torn tail of one
+    /// daemon's log loses only its last record.
+    #[test]
+    fn several_daemons_and_a_torn_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("s.h5");
+        let m = meta();
+        let ps: Vec<Pending> = (0..3).map(|_| Pending::new(dir.path())).collect();
+        ps[0].create_file(file).unwrap();
+        ps[0].accept_meta(file, "/u", &m).unwrap();
+        let grid = m.grid();
+        for (i, idx) in grid.indices().enumerate() {
+            let p = &ps[i % 3];
+            p.write_tile(file, "/u", &m, &idx, 0, &[1; 6]).unwrap();
+            p.flush_ranges(file, "/u").unwrap();
+        }
+        let reader = Pending::new(dir.path());
+        assert!(reader.missing(file, "/u", &m).unwrap().is_empty());
+        // tear the last record of daemon 2's log: its last tile is missing again
+        let node = ps[0].node_dir(file, "/u").unwrap();
+        let log = node
+            .join("ranges")
+            .join(format!("{LOG_PREFIX}{}", ps[2].writer_id));
+        let len = std::fs::metadata(&log).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+        f.set_len(len - 3).unwrap();
+        let miss = reader.missing(file, "/u", &m).unwrap();
+        assert_eq!(miss.len(), 1, "{miss:?}");
+        // an old-format log of that tile written by some other writer covers it again
+        let old = node.join("ranges").join(format!("{}.w-old-1", miss[0].0));
+        std::fs::write(&old, RangeSet::log_record(0, 6)).unwrap();
+        assert!(reader.missing(file, "/u", &m).unwrap().is_empty());
+        // and the commit (through daemon 1) takes all of them
+        ps[1].commit(file).unwrap();
+    }
+
+    /// A failed append continues in a new log file that holds everything.
+    #[test]
+    fn failed_append_starts_a_new_complete_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("f.h5");
+        let m = meta();
+        let a = Pending::new(dir.path());
+        a.create_file(file).unwrap();
+        a.accept_meta(file, "/u", &m).unwrap();
+        a.write_tile(file, "/u", &m, &[0, 0], 0, &[1; 6]).unwrap();
+        a.flush_ranges(file, "/u").unwrap();
+        a.write_tile(file, "/u", &m, &[0, 1], 0, &[1; 6]).unwrap();
+        // make the open log unwritable: a read-only descriptor in its place
+        let node = a.node_dir(file, "/u").unwrap();
+        let l = a.logs.get(&node).unwrap();
+        let first = l.log_name(&a.writer_id, 0);
+        l.state.lock().file = Some(Arc::new(std::fs::File::open(&first).unwrap()));
+        assert!(a.flush_ranges(file, "/u").is_err());
+        a.flush_ranges(file, "/u").unwrap();
+        let second = l.log_name(&a.writer_id, 1);
+        let (recs, _) = Record::decode_all(&std::fs::read(&second).unwrap());
+        assert!(recs.contains(&ranges("0.0", &[(0, 6)])), "{recs:?}");
+        assert!(recs.contains(&ranges("0.1", &[(0, 6)])), "{recs:?}");
+        let b = Pending::new(dir.path());
+        assert_eq!(b.missing(file, "/u", &m).unwrap().len(), 2);
     }
 }

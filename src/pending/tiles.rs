@@ -18,24 +18,24 @@ pub(super) const MAX_OPEN_TARGETS: usize = 1024;
 /// many writers do not interleave on disk (reads of one tile stay sequential) and a
 /// full backing file system fails the tile's first write with ENOSPC rather than a
 /// later one. File systems without `fallocate` keep the sparse file.
-pub(super) fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<()> {
+pub(super) fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<bool> {
     use std::os::fd::AsRawFd;
     let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
         return Err(Error::new(libc::EFBIG, "tile too large"));
     };
     if n == 0 {
-        return Ok(());
+        return Ok(false);
     }
     // SAFETY: the fd is owned by `f`, open for writing, and outlives the call.
     let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, off, n) };
     if r == 0 {
-        return Ok(());
+        return Ok(true);
     }
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
             tracing::debug!(error = %e, "fallocate not supported; tile source stays sparse");
-            Ok(())
+            Ok(false)
         }
         _ => Err(Error::from_io("reserving tile space", e)),
     }
@@ -97,19 +97,38 @@ pub(super) fn start_writeback(f: &std::fs::File, a: u64, b: u64, data_end: u64) 
 /// Largest header or trailer of a tile source kept as a template.
 pub(super) const MAX_HEAD: usize = 1 << 20;
 
-/// Writes a new, empty tile source at `tmp` from the shape's template; returns the
-/// data offset.
-pub(super) fn make_tile_file(tmp: &Path, t: &Template) -> Result<u64> {
-    let f = std::fs::File::create(tmp).map_err(io(format!("creating {}", tmp.display())))?;
-    reserve(&f, t.offset, t.nbytes)?;
+/// The data offset of a tile source made from template `t`.
+fn data_offset(t: &Template) -> u64 {
+    if t.nbytes == 0 {
+        0
+    } else {
+        t.offset
+    }
+}
+
+/// Writes the template's bytes around the data region of a tile source: `fallocate`,
+/// then one `pwrite` for the header (and one for a trailer), no HDF5 call. Idempotent:
+/// every daemon of this version writes the same bytes, so a daemon that finds a
+/// source another one is still making (or crashed while making) may write them too.
+pub(super) fn init_source(f: &std::fs::File, t: &Template) -> Result<()> {
+    let allocated = reserve(f, t.offset, t.nbytes)?;
     f.write_all_at(&t.head, 0)
-        .map_err(io("writing tile source"))?;
+        .map_err(io("writing tile source header"))?;
     if !t.tail.is_empty() {
         f.write_all_at(&t.tail, t.offset + t.nbytes)
-            .map_err(io("writing tile source"))?;
+            .map_err(io("writing tile source trailer"))?;
+    } else if !allocated && t.len > t.head.len() as u64 {
+        // sparse: nothing else gave the file its length
+        f.set_len(t.len).map_err(io("sizing tile source"))?;
     }
-    f.set_len(t.len).map_err(io("sizing tile source"))?;
-    Ok(if t.nbytes == 0 { 0 } else { t.offset })
+    Ok(())
+}
+
+/// Whether a header read from a tile source is ours, only partly there: every byte
+/// equal to the template's or still zero (made by a daemon of this version that has
+/// not written it yet, or crashed before it did).
+fn unfinished(head: &[u8], t: &Template) -> bool {
+    head.len() <= t.head.len() && head.iter().zip(&t.head).all(|(a, b)| a == b || *a == 0)
 }
 
 /// Reads `len` bytes at offset 0 of `path` with O_DIRECT, so that nothing of the file
@@ -166,21 +185,50 @@ pub(super) fn read_head_direct(path: &Path, len: usize) -> Result<Option<Vec<u8>
     }
 }
 
-/// The data offset of a tile source another writer (maybe on another node) published.
+/// The data offset of a tile source another writer (maybe on another node) made.
 /// Every daemon of this version makes the same header for a (dtype, shape): when the
-/// published header, read with O_DIRECT, equals ours, so does the offset. Reading it
-/// through HDF5 instead would put the file's first pages in this node's page cache
-/// before the other node writes them; a distributed file system's client keeps such
-/// pages across opens, and this node then read zeros where the other wrote data.
-pub(super) fn published_offset(path: &Path, t: &Template) -> Result<u64> {
-    if let Some(head) = read_head_direct(path, t.head.len())? {
-        if head == t.head {
-            return Ok(if t.nbytes == 0 { 0 } else { t.offset });
+/// header, read with O_DIRECT, equals ours, so does the offset. Reading it through
+/// HDF5 instead would put the file's first pages in this node's page cache before the
+/// other node writes them; a distributed file system's client keeps such pages across
+/// opens, and this node then read zeros where the other wrote data. A header still
+/// being written (sources are made in place with O_EXCL) is finished here when `repair`
+/// is set (same bytes as its maker's); a foreign one (another HDF5 version) is parsed.
+pub(super) fn adopted_offset(
+    f: &std::fs::File,
+    path: &Path,
+    t: &Template,
+    repair: bool,
+) -> Result<u64> {
+    let head = match read_head_direct(path, t.head.len())? {
+        Some(h) => h,
+        // no O_DIRECT here (a local file system: its page cache is coherent)
+        None => {
+            let mut h = vec![0u8; t.head.len()];
+            let mut got = 0;
+            while got < h.len() {
+                match f.read_at(&mut h[got..], got as u64) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Error::from_io(format!("reading {}", path.display()), e)),
+                }
+            }
+            h.truncate(got);
+            h
         }
+    };
+    if head == t.head {
+        return Ok(data_offset(t));
+    }
+    if unfinished(&head, t) {
+        if repair {
+            init_source(f, t)?;
+        }
+        return Ok(data_offset(t));
     }
     // Another header (another HDF5 version): parse it, then drop what that cached.
     let off = source_offset(path)?;
-    if let Ok(f) = std::fs::File::open(path) {
+    {
         use std::os::fd::AsRawFd;
         // SAFETY: advisory call on an fd owned by `f`.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -201,8 +249,9 @@ pub(super) fn source_offset(path: &Path) -> Result<u64> {
 
 impl Pending {
     /// Makes the written bytes of tiles `idxs` and this daemon's records of them
-    /// durable (fsync of a tile or of `data`): the tile sources, the range logs, and
-    /// the directories that name them.
+    /// durable (fsync of a tile or of `data`): the tile sources first, then the range
+    /// log (so a record never outlives the bytes it describes), then the directories
+    /// that name them.
     pub fn sync_tiles(
         &self,
         file_rel: &Path,
@@ -213,26 +262,25 @@ impl Pending {
         let gen = self.gen(file_rel, h5path)?;
         let dir = self.sources_dir(file_rel, h5path, &gen)?;
         let node = self.node_dir(file_rel, h5path)?;
-        let ranges = node.join("ranges");
-        let mut files = Vec::new();
         for idx in idxs {
             if meta.grid().tile_slab(idx).is_none() {
                 continue;
             }
-            let name = tile_name(idx);
-            files.push(dir.join(format!("{name}.h5")));
-            files.push(ranges.join(format!("{name}.{}", self.writer_id)));
+            let p = dir.join(format!("{}.h5", tile_name(idx)));
+            let open = self.targets.get(&p).map(|t| t.clone());
+            let r = match open {
+                Some(t) => t.file.file.sync_data(),
+                None => match std::fs::File::open(&p) {
+                    Ok(f) => f.sync_data(),
+                    // nothing written there yet
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e),
+                },
+            };
+            r.map_err(io(format!("fsync {}", p.display())))?;
         }
-        files.push(node.join(format!("offsets.{}", self.writer_id)));
-        for p in &files {
-            match std::fs::File::open(p) {
-                Ok(f) => f.sync_all().map_err(io(format!("fsync {}", p.display())))?,
-                // nothing written there by us yet
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::from_io(format!("opening {}", p.display()), e)),
-            }
-        }
-        for d in [&dir, &ranges, &node] {
+        self.sync_ranges(&node)?;
+        for d in [&dir, &node.join("ranges"), &node] {
             if d.is_dir() {
                 fsync_dir(d)?;
             }
@@ -250,7 +298,23 @@ impl Pending {
         create: bool,
     ) -> Result<Option<Arc<TileTarget>>> {
         let gen = self.gen(file_rel, h5path)?;
-        let dir = self.sources_dir(file_rel, h5path, &gen)?;
+        self.tile_in(file_rel, h5path, &gen, meta, idx, create)
+    }
+
+    /// [`Pending::tile`] in generation `gen`. A new source is made in place: one
+    /// `open(O_CREAT|O_EXCL)` (the directory made only when that fails with ENOENT),
+    /// then the template's bytes (`init_source`); the creator records its data offset
+    /// in its range log. The daemon that loses the O_EXCL race reads the header.
+    fn tile_in(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        gen: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        create: bool,
+    ) -> Result<Option<Arc<TileTarget>>> {
+        let dir = self.sources_dir(file_rel, h5path, gen)?;
         let name = tile_name(idx);
         let path = dir.join(format!("{name}.h5"));
         let cached = self.targets.get(&path).map(|t| t.clone());
@@ -278,58 +342,58 @@ impl Pending {
         let count = slab.counts();
         let size = slab.num_elements() * meta.itemsize;
         let tpl = self.template(&dir, &meta.dtype, &count, size)?;
-        let mut known = None;
-        if !path.exists() {
-            if !create {
-                return Ok(None);
-            }
-            crate::durable::create_dir_all(&dir)?;
-            let tmp = dir.join(format!(".{name}.{}.{}.tmp", self.writer_id, unique()));
-            let off = match make_tile_file(&tmp, &tpl) {
-                Ok(off) => off,
-                Err(e) => {
-                    // a half-made source (disk full) must not hold space
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(e);
-                }
-            };
-            match std::fs::hard_link(&tmp, &path) {
-                // Ours won: we know where its data starts; remember it for the index
-                // that commit leaves next to the sources.
-                Ok(()) => {
-                    known = Some(off);
-                    let log = self
-                        .node_dir(file_rel, h5path)?
-                        .join(format!("offsets.{}", self.writer_id));
-                    let mut f = std::fs::OpenOptions::new()
-                        .append(true)
-                        .create(true)
-                        .open(&log)
-                        .map_err(io("opening offsets log"))?;
-                    f.write_all(format!("{name}.h5 {off}\n").as_bytes())
-                        .map_err(io("appending offsets log"))?;
-                }
-                // Another writer (or daemon) published it first: learn its offset below.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(Error::from_io("publishing tile source", e));
-                }
-            }
-            let _ = std::fs::remove_file(&tmp);
-        }
-        let offset = match known {
-            Some(o) => o,
-            None => published_offset(&path, &tpl)?,
-        };
-        // published (by us or another node) just now: retry a name hidden for a moment
-        let file = crate::durable::retry_missing(|| {
+        let open_rw = || {
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(&path)
-        })
-        .map_err(io(format!("opening {}", path.display())))?;
+        };
+        let (file, offset) = if create {
+            let open_new = || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+            };
+            let made = match open_new() {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    crate::durable::create_dir_all(&dir)?;
+                    open_new()
+                }
+                r => r,
+            };
+            match made {
+                Ok(f) => {
+                    if let Err(e) = init_source(&f, &tpl) {
+                        // a half-made source (disk full) must not hold space
+                        let _ = std::fs::remove_file(&path);
+                        return Err(e);
+                    }
+                    let off = data_offset(&tpl);
+                    let node = self.node_dir(file_rel, h5path)?;
+                    self.log_source(&node, gen, &name, off, tpl.len)?;
+                    (f, off)
+                }
+                // Another writer (or daemon) made it first.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    // made by another client just now: retry a name hidden for a moment
+                    let f = crate::durable::retry_missing(open_rw)
+                        .map_err(io(format!("opening {}", path.display())))?;
+                    let off = adopted_offset(&f, &path, &tpl, true)?;
+                    (f, off)
+                }
+                Err(e) => return Err(Error::from_io(format!("creating {}", path.display()), e)),
+            }
+        } else {
+            let f = match open_rw() {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(Error::from_io(format!("opening {}", path.display()), e)),
+            };
+            let off = adopted_offset(&f, &path, &tpl, false)?;
+            (f, off)
+        };
         let t = Arc::new(TileTarget {
             file: Arc::new(BackingFile {
                 path: path.clone(),
@@ -401,8 +465,8 @@ impl Pending {
         Ok(t)
     }
 
-    /// Writes `data` at `off` of a tile and logs the range; the write is acknowledged
-    /// (and recoverable after a daemon crash) once this returns.
+    /// Writes `data` at `off` of a tile and records the range (in memory: appended to
+    /// this daemon's range log at close, fsync, or within the flush interval).
     pub fn write_tile(
         &self,
         file_rel: &Path,
@@ -412,8 +476,9 @@ impl Pending {
         off: u64,
         data: &[u8],
     ) -> Result<()> {
+        let gen = self.gen(file_rel, h5path)?;
         let t = self
-            .tile(file_rel, h5path, meta, idx, true)?
+            .tile_in(file_rel, h5path, &gen, meta, idx, true)?
             .ok_or_else(|| PendingError::Corrupt {
                 what: format!("{h5path} tile {}: source missing", tile_name(idx)),
             })?;
@@ -442,6 +507,7 @@ impl Pending {
             t.offset + end,
             t.offset + t.size,
         );
-        self.log_range(file_rel, h5path, idx, off, data.len() as u64)
+        let node = self.node_dir(file_rel, h5path)?;
+        self.log_range(&node, &gen, idx, off, data.len() as u64)
     }
 }
