@@ -293,6 +293,7 @@ impl Pending {
             let gen = self.gen(file_rel, &n.path).ok();
             let node = self.node_dir(file_rel, &n.path)?;
             self.logs.forget(&node);
+            self.gens.remove(&node.join("gen"));
             to_trash(&node);
             if let Some(gen) = gen {
                 let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));

@@ -75,6 +75,8 @@ pub struct Pending {
     templates: DashMap<(String, Vec<u64>), Arc<Template>>,
     /// This daemon's written-range logs, flushed at close, fsync and periodically.
     logs: Arc<ranges::RangeLogs>,
+    /// Generation per `gen` file, with the identity of the file it was read from.
+    gens: DashMap<PathBuf, (nodes::FileIdent, String)>,
     /// Last status that could not be saved to `status.json` (backing file system full or
     /// read-only); shown by `.status` until a later one is saved.
     unsaved_status: DashMap<PathBuf, Value>,
@@ -97,6 +99,7 @@ impl Pending {
             targets: DashMap::new(),
             templates: DashMap::new(),
             logs,
+            gens: DashMap::new(),
             unsaved_status: DashMap::new(),
         }
     }

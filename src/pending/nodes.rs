@@ -102,6 +102,7 @@ impl Pending {
     fn remove_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
         let d = self.node_dir(file_rel, h5path)?;
         self.logs.forget(&d);
+        self.gens.remove(&d.join("gen"));
         if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
             let src = self.sources_dir(file_rel, h5path, g.trim())?;
             // Close our open tile sources too, so that their space is freed now (the
@@ -216,24 +217,68 @@ impl Pending {
         self.gen(file_rel, h5path).ok()
     }
 
+    /// The generation of a pending dataset. Asked on every tile write: answered from
+    /// memory when a `stat` of `gen` shows the file it was read from (dev, ino, size,
+    /// mtime, ctime; a new generation is a new file, renamed or linked into place), so a
+    /// write costs one `stat` here, not an open, read and close.
     pub(super) fn gen(&self, file_rel: &Path, h5path: &str) -> Result<String> {
         let d = self.node_dir(file_rel, h5path)?;
         let gen = d.join("gen");
+        if let Ok(m) = std::fs::metadata(&gen) {
+            let id = file_ident(&m);
+            let hit = self
+                .gens
+                .get(&gen)
+                .filter(|e| e.0 == id)
+                .map(|e| e.1.clone());
+            if let Some(g) = hit {
+                return Ok(g);
+            }
+        }
         // `gen` is published before meta.json: with meta.json there, `gen` is too, or
         // just hidden for a moment
-        let read = || std::fs::read_to_string(&gen);
-        // read first (once per write): the stat of meta.json only when `gen` is missing
+        let read = || -> std::io::Result<(FileIdent, String)> {
+            use std::io::Read;
+            let mut f = std::fs::File::open(&gen)?;
+            let id = file_ident(&f.metadata()?);
+            let mut s = String::new();
+            f.read_to_string(&mut s)?;
+            Ok((id, s.trim().to_string()))
+        };
         let r = match read() {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && d.join("meta.json").exists() => {
                 crate::durable::retry_missing(read)
             }
             r => r,
         };
-        r.map(|s| s.trim().to_string()).map_err(|_| {
-            PendingError::NotPending {
-                dataset: h5path.to_string(),
+        match r {
+            Ok((id, g)) => {
+                self.gens.insert(gen, (id, g.clone()));
+                Ok(g)
             }
-            .into()
-        })
+            Err(_) => {
+                self.gens.remove(&gen);
+                Err(PendingError::NotPending {
+                    dataset: h5path.to_string(),
+                }
+                .into())
+            }
+        }
     }
+}
+
+/// What identifies one version of a small state file: (dev, ino, size, mtime, ctime).
+pub(super) type FileIdent = (u64, u64, u64, i64, i64, i64, i64);
+
+pub(super) fn file_ident(m: &std::fs::Metadata) -> FileIdent {
+    use std::os::unix::fs::MetadataExt;
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
 }
