@@ -148,6 +148,7 @@ impl Pending {
         let mut groups = Vec::new();
         let mut problems = Vec::new();
         let mut sources = Vec::new();
+        let mut to_sync = Vec::new();
         // per dataset: its sources dir and what the range logs say of its sources
         let mut recorded = Vec::new();
         let mut t_ranges = std::time::Duration::ZERO;
@@ -196,8 +197,12 @@ impl Pending {
                 {
                     lost.push(tname.clone());
                 }
-                let open = self.targets.get(&src).map(|t| t.clone());
-                sources.push((src, open));
+                // durable already when every daemon that wrote it synced it since
+                if written.unsynced.contains(&tname) {
+                    let open = self.targets.get(&src).map(|t| t.clone());
+                    to_sync.push((src.clone(), open));
+                }
+                sources.push(src);
                 tiles.push(VdsTile {
                     start: slab.dims.iter().map(|d| d.start).collect(),
                     count: slab.counts(),
@@ -256,7 +261,7 @@ impl Pending {
         }
         let t_index = t0.elapsed();
         // Tile bytes must be durable before the file that points at them appears.
-        fsync_all(&sources)?;
+        fsync_all(&to_sync)?;
         let t_fsync = t0.elapsed();
         let tmp = stage.join(format!("commit.{}.{}.tmp.h5", self.writer_id, unique()));
         let base = (target.is_file()).then_some(target.as_path());
@@ -310,14 +315,15 @@ impl Pending {
         std::thread::spawn(move || {
             let _ = std::fs::remove_dir_all(trash);
         });
-        let committed: std::collections::HashSet<PathBuf> =
-            sources.into_iter().map(|(p, _)| p).collect();
+        let synced_before = sources.len() - to_sync.len();
+        let committed: std::collections::HashSet<PathBuf> = sources.into_iter().collect();
         self.targets.retain(|p, _| !committed.contains(p));
         let phases = json!({
             "ranges_s": t_ranges.as_secs_f64(),
             "check_s": t_check.as_secs_f64(),
             "index_s": (t_index - t_check).as_secs_f64(),
             "fsync_s": (t_fsync - t_index).as_secs_f64(),
+            "synced_before": synced_before,
             "vds_s": (t_vds - t_fsync).as_secs_f64(),
             "total_s": t0.elapsed().as_secs_f64(),
         });

@@ -75,6 +75,8 @@ pub struct Pending {
     templates: DashMap<(String, Vec<u64>), Arc<Template>>,
     /// This daemon's written-range logs, flushed at close, fsync and periodically.
     logs: Arc<ranges::RangeLogs>,
+    /// Background fdatasync of closed tiles.
+    syncer: ranges::Syncer,
     /// Generation per `gen` file, with the identity of the file it was read from.
     gens: DashMap<PathBuf, (nodes::FileIdent, String)>,
     /// Last status that could not be saved to `status.json` (backing file system full or
@@ -100,6 +102,7 @@ impl Pending {
             templates: DashMap::new(),
             logs,
             gens: DashMap::new(),
+            syncer: ranges::Syncer::start(),
             unsaved_status: DashMap::new(),
         }
     }

@@ -15,7 +15,13 @@
 //! payload = kind u8 | tile_len u16 | tile name | body
 //!   kind 1 (ranges):  n u32 | n x (start u64, end u64)   half-open byte ranges
 //!   kind 2 (source):  data offset u64 | file length u64   a tile source this daemon made
+//!   kind 3 (synced):  (empty)   every byte this daemon wrote to the tile before this
+//!                     record is on stable storage (a later ranges record undoes it)
 //! ```
+//!
+//! Closed tiles are `fdatasync`ed in the background ([`SYNC_THREADS`] threads) and
+//! recorded as synced, so a commit, through any daemon, fsyncs only the tiles no
+//! daemon has recorded as synced since its last write to them.
 //!
 //! A log is read up to its first short or damaged record: a crash mid-append tears
 //! only the last record, whose ranges were never acknowledged by a close or fsync. A
@@ -31,6 +37,12 @@ pub(super) const LOG_PREFIX: &str = "log.";
 const MAGIC: &[u8; 4] = b"H5RL";
 const KIND_RANGES: u8 = 1;
 const KIND_SOURCE: u8 = 2;
+const KIND_SYNCED: u8 = 3;
+/// Threads that fdatasync closed tiles in the background.
+pub(super) const SYNC_THREADS: usize = 4;
+/// Closed tiles waiting for a background fdatasync beyond which more are left to the
+/// commit.
+const MAX_SYNC_QUEUE: usize = 1 << 16;
 /// Largest payload a reader accepts (a larger length is a damaged record).
 const MAX_PAYLOAD: usize = 1 << 20;
 /// Ranges per record: keeps a record of a finely fragmented tile under MAX_PAYLOAD.
@@ -50,6 +62,8 @@ pub(super) enum Record {
     },
     /// A tile source this daemon created: its data offset and file length.
     Source { tile: String, offset: u64, len: u64 },
+    /// Every byte this daemon wrote to the tile before this record is durable.
+    Synced { tile: String },
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -76,6 +90,7 @@ impl Record {
         let (kind, tile) = match self {
             Record::Ranges { tile, .. } => (KIND_RANGES, tile),
             Record::Source { tile, .. } => (KIND_SOURCE, tile),
+            Record::Synced { tile } => (KIND_SYNCED, tile),
         };
         // tile names are "i.j.k": far below u16::MAX bytes
         let name = &tile.as_bytes()[..tile.len().min(u16::MAX as usize)];
@@ -108,6 +123,7 @@ impl Record {
                 body.extend(len.to_le_bytes());
                 frame(&body);
             }
+            Record::Synced { .. } => frame(&[]),
         }
     }
 
@@ -132,6 +148,7 @@ impl Record {
                 offset: u64_at(body, 0)?,
                 len: u64_at(body, 8)?,
             }),
+            KIND_SYNCED if body.is_empty() => Some(Record::Synced { tile }),
             _ => None,
         }
     }
@@ -141,8 +158,7 @@ impl Record {
     pub(super) fn decode_all(bytes: &[u8]) -> (Vec<Record>, usize) {
         let mut out = Vec::new();
         let mut at = 0;
-        loop {
-            let Some(rest) = bytes.get(at..) else { break };
+        while let Some(rest) = bytes.get(at..) {
             if rest.len() < 8 || &rest[..4] != MAGIC {
                 break;
             }
@@ -166,12 +182,17 @@ impl Record {
     }
 }
 
-/// What is known about a dataset's written tiles: ranges per tile and, for tile
-/// sources whose creator recorded them, `(data offset, file length)`.
+/// What is known about a dataset's written tiles: ranges per tile, for tile sources
+/// whose creator recorded them `(data offset, file length)`, and which tiles have bytes
+/// not recorded as durable.
 #[derive(Clone, Debug, Default)]
 pub struct Written {
     pub ranges: HashMap<String, RangeSet>,
     pub sources: HashMap<String, (u64, u64)>,
+    /// Of one log: tiles whose last record is `Synced`.
+    synced: std::collections::HashSet<String>,
+    /// Merged over logs: tiles some daemon wrote after (or without) syncing them.
+    pub unsynced: std::collections::HashSet<String>,
 }
 
 impl Written {
@@ -182,22 +203,48 @@ impl Written {
                 for (a, b) in ranges {
                     e.insert(*a, *b);
                 }
+                self.synced.remove(tile);
             }
             Record::Source { tile, offset, len } => {
                 self.sources.insert(tile.clone(), (*offset, *len));
             }
+            Record::Synced { tile } => {
+                self.synced.insert(tile.clone());
+            }
         }
     }
 
+    /// Adds one daemon's state `o` to a merged one.
     fn merge(&mut self, o: &Written) {
         for (t, rs) in &o.ranges {
             let e = self.ranges.entry(t.clone()).or_default();
             for (a, b) in rs.ranges() {
                 e.insert(*a, *b);
             }
+            if !o.synced.contains(t) {
+                self.unsynced.insert(t.clone());
+            }
         }
         for (t, s) in &o.sources {
             self.sources.insert(t.clone(), *s);
+        }
+    }
+
+    /// Adds a later batch `o` of this daemon's records to an earlier one.
+    fn extend(&mut self, o: &Written) {
+        for (t, rs) in &o.ranges {
+            let e = self.ranges.entry(t.clone()).or_default();
+            for (a, b) in rs.ranges() {
+                e.insert(*a, *b);
+            }
+            self.synced.remove(t);
+        }
+        for (t, s) in &o.sources {
+            self.sources.insert(t.clone(), *s);
+        }
+        // in `o`, a tile both written and synced was synced after that write
+        for t in &o.synced {
+            self.synced.insert(t.clone());
         }
     }
 
@@ -216,6 +263,12 @@ impl Written {
             tile: t.clone(),
             ranges: rs.ranges().to_vec(),
         }));
+        // after the ranges: in one batch, `synced` means synced after its last write
+        out.extend(
+            self.synced
+                .iter()
+                .map(|t| Record::Synced { tile: t.clone() }),
+        );
         out
     }
 }
@@ -242,6 +295,11 @@ struct LogState {
     flushing: bool,
     /// Log files started so far (suffix of the next one after a failed append).
     files: u32,
+    /// Writes recorded per tile (a background sync marks a tile synced only when no
+    /// write was recorded since it started).
+    epochs: HashMap<String, u64>,
+    /// Tiles written since they were last handed to the background sync.
+    to_sync: std::collections::HashSet<String>,
 }
 
 impl DatasetLog {
@@ -254,10 +312,33 @@ impl DatasetLog {
 
     fn record(&self, r: Record) -> usize {
         let mut st = self.state.lock();
+        if let Record::Ranges { tile, .. } = &r {
+            *st.epochs.entry(tile.clone()).or_default() += 1;
+            st.to_sync.insert(tile.clone());
+        }
         st.mine.apply(&r);
         st.dirty.apply(&r);
         st.seq += 1;
-        st.dirty.ranges.len() + st.dirty.sources.len()
+        st.dirty.ranges.len() + st.dirty.sources.len() + st.dirty.synced.len()
+    }
+
+    fn epoch(&self, tile: &str) -> u64 {
+        self.state.lock().epochs.get(tile).copied().unwrap_or(0)
+    }
+
+    /// Records `tile` as synced if nothing was written to it since `epoch` (appended
+    /// with the next flush).
+    fn mark_synced(&self, tile: &str, epoch: u64) {
+        let mut st = self.state.lock();
+        if st.epochs.get(tile).copied().unwrap_or(0) != epoch {
+            return;
+        }
+        let r = Record::Synced {
+            tile: tile.to_string(),
+        };
+        st.mine.apply(&r);
+        st.dirty.apply(&r);
+        st.seq += 1;
     }
 
     /// Appends every record added before the call (one `write`; concurrent callers
@@ -311,7 +392,8 @@ impl DatasetLog {
                 Err(e) => {
                     // The file may now end in a torn record: continue in a new one.
                     st.file = None;
-                    st.dirty.merge(&batch);
+                    let newer = std::mem::replace(&mut st.dirty, batch);
+                    st.dirty.extend(&newer);
                     return Err(e);
                 }
             }
@@ -362,6 +444,69 @@ impl RangeLogs {
     pub(super) fn forget(&self, node: &Path) {
         let dropped = self.logs.remove(node);
         drop(dropped);
+    }
+}
+
+/// A closed tile for the background sync.
+pub(super) struct SyncJob {
+    log: Arc<DatasetLog>,
+    tile: String,
+    file: Arc<BackingFile>,
+}
+
+/// The background sync of closed tiles: [`SYNC_THREADS`] threads that `fdatasync` each
+/// tile handed to them and record it as synced (see the module).
+pub(super) struct Syncer {
+    tx: Mutex<Option<std::sync::mpsc::Sender<SyncJob>>>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Syncer {
+    pub(super) fn start() -> Syncer {
+        let (tx, rx) = std::sync::mpsc::channel::<SyncJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut started = 0;
+        for i in 0..SYNC_THREADS {
+            let (rx, queued) = (rx.clone(), queued.clone());
+            let r = std::thread::Builder::new()
+                .name(format!("h5tilefs-sync{i}"))
+                .spawn(move || loop {
+                    // the lock only hands out jobs; ends when the sender is gone
+                    let Ok(job) = rx.lock().recv() else { return };
+                    let epoch = job.log.epoch(&job.tile);
+                    match job.file.file.sync_data() {
+                        Ok(()) => job.log.mark_synced(&job.tile, epoch),
+                        // the commit fsyncs it (and reports what fails)
+                        Err(e) => {
+                            tracing::debug!(tile = job.tile, error = %e, "background fdatasync")
+                        }
+                    }
+                    queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                });
+            started += r.is_ok() as usize;
+        }
+        if started == 0 {
+            tracing::warn!("no background sync threads: commits fsync every tile");
+        }
+        Syncer {
+            tx: Mutex::new((started > 0).then_some(tx)),
+            queued,
+        }
+    }
+
+    fn submit(&self, job: SyncJob) {
+        use std::sync::atomic::Ordering;
+        if self.queued.load(Ordering::Relaxed) >= MAX_SYNC_QUEUE {
+            return; // left to the commit
+        }
+        let tx = self.tx.lock().clone();
+        if let Some(tx) = tx {
+            self.queued.fetch_add(1, Ordering::Relaxed);
+            if tx.send(job).is_err() {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -522,11 +667,43 @@ impl Pending {
     /// Appends this daemon's unflushed ranges of a dataset (close of a tile or `data`):
     /// when it returns they are in the backing file system, where other daemons (and
     /// this one restarted) read them. No fsync: see docs/namespace.md, "Durability".
+    /// The tiles written since are then handed to the background sync.
     pub fn flush_ranges(&self, file_rel: &Path, h5path: &str) -> Result<()> {
-        match self.logs.get(&self.node_dir(file_rel, h5path)?) {
-            Some(l) => l.flush(&self.writer_id),
-            None => Ok(()),
+        let Some(l) = self.logs.get(&self.node_dir(file_rel, h5path)?) else {
+            return Ok(());
+        };
+        l.flush(&self.writer_id)?;
+        let tiles: Vec<String> = l.state.lock().to_sync.drain().collect();
+        if tiles.is_empty() {
+            return Ok(());
         }
+        let dir = self.sources_dir(file_rel, h5path, &l.gen)?;
+        for tile in tiles {
+            let open = self
+                .targets
+                .get(&dir.join(format!("{tile}.h5")))
+                .map(|t| t.file.clone());
+            // not held open: left to the commit
+            if let Some(file) = open {
+                self.syncer.submit(SyncJob {
+                    log: l.clone(),
+                    tile,
+                    file,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The current write epoch of a tile in this daemon's log (see `mark_synced`).
+    pub(super) fn tile_epoch(&self, node: &Path, tile: &str) -> Option<(Arc<DatasetLog>, u64)> {
+        let l = self.logs.get(node)?;
+        let e = l.epoch(tile);
+        Some((l, e))
+    }
+
+    pub(super) fn mark_synced(log: &DatasetLog, tile: &str, epoch: u64) {
+        log.mark_synced(tile, epoch);
     }
 
     /// Appends and fsyncs this daemon's ranges of a dataset (fsync of a tile or `data`).
@@ -579,9 +756,11 @@ impl Pending {
                     tracing::debug!(log = %e.path().display(), valid, len = bytes.len(),
                         "range log ends in a torn record (a crash mid-append); ignored");
                 }
+                let mut w = Written::default();
                 for r in &recs {
-                    out.apply(r);
+                    w.apply(r);
                 }
+                out.merge(&w);
                 continue;
             }
             // Older format "<tile>.<writer>": 16-byte (start, len) records.
@@ -589,11 +768,9 @@ impl Pending {
                 .split('.')
                 .take_while(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
                 .collect();
-            let rs = RangeSet::from_log(&bytes);
-            let entry = out.ranges.entry(tile.join(".")).or_default();
-            for (a, b) in rs.ranges() {
-                entry.insert(*a, *b);
-            }
+            let mut w = Written::default();
+            w.ranges.insert(tile.join("."), RangeSet::from_log(&bytes));
+            out.merge(&w);
         }
         Ok(out)
     }
@@ -777,6 +954,47 @@ mod tests {
         assert!(reader.missing(file, "/u", &m).unwrap().is_empty());
         // and the commit (through daemon 1) takes all of them
         ps[1].commit(file).unwrap();
+    }
+
+    /// A closed tile is fdatasynced in the background and recorded as synced; a later
+    /// write to it makes it unsynced again; a commit fsyncs only the unsynced ones.
+    #[test]
+    fn closed_tiles_are_synced_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("y.h5");
+        let m = meta();
+        let a = Pending::new(dir.path());
+        a.create_file(file).unwrap();
+        a.accept_meta(file, "/u", &m).unwrap();
+        for idx in m.grid().indices() {
+            a.write_tile(file, "/u", &m, &idx, 0, &[1; 6]).unwrap();
+        }
+        a.flush_ranges(file, "/u").unwrap();
+        let b = Pending::new(dir.path());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            a.logs.flush_all(&a.writer_id);
+            let w = b.collect(file, "/u").unwrap();
+            if w.unsynced.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never synced: {:?}",
+                w.unsynced
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // written again, not yet synced: unsynced for the other daemon once appended
+        a.write_tile(file, "/u", &m, &[1, 1], 0, &[2; 3]).unwrap();
+        a.logs.flush_all(&a.writer_id);
+        let w = b.collect(file, "/u").unwrap();
+        assert!(w.unsynced.contains("1.1"), "{:?}", w.unsynced);
+        assert_eq!(w.unsynced.len(), 1, "{:?}", w.unsynced);
+        a.flush_ranges(file, "/u").unwrap();
+        let v = b.commit(file).unwrap();
+        let synced = v["result"]["phases"]["synced_before"].as_u64().unwrap();
+        assert!(synced >= 3, "{v}");
     }
 
     /// A failed append continues in a new log file that holds everything.

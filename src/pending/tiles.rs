@@ -266,10 +266,18 @@ impl Pending {
             if meta.grid().tile_slab(idx).is_none() {
                 continue;
             }
-            let p = dir.join(format!("{}.h5", tile_name(idx)));
+            let name = tile_name(idx);
+            let p = dir.join(format!("{name}.h5"));
             let open = self.targets.get(&p).map(|t| t.clone());
             let r = match open {
-                Some(t) => t.file.file.sync_data(),
+                Some(t) => {
+                    let before = self.tile_epoch(&node, &name);
+                    let r = t.file.file.sync_data();
+                    if let (Ok(()), Some((log, e))) = (&r, before) {
+                        Self::mark_synced(&log, &name, e);
+                    }
+                    r
+                }
                 None => match std::fs::File::open(&p) {
                     Ok(f) => f.sync_data(),
                     // nothing written there yet
