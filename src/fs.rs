@@ -249,6 +249,26 @@ struct PendingView {
     /// Tiles whose every byte was written: within a generation the written ranges only
     /// grow, so their range logs need not be read again.
     complete: std::collections::HashSet<Vec<u64>>,
+    /// The tile grid (`targets` holds `data`'s tiles in its C order).
+    grid: Vec<u64>,
+}
+
+impl PendingView {
+    /// The position of tile `idx` in `targets`.
+    fn slot(&self, idx: &[u64]) -> Option<usize> {
+        let k = if self.targets.len() == 1 {
+            0
+        } else {
+            if idx.len() != self.grid.len() || idx.iter().zip(&self.grid).any(|(i, g)| i >= g) {
+                return None;
+            }
+            usize::try_from(crate::geometry::ravel(idx, &self.grid)).ok()?
+        };
+        self.targets
+            .get(k)
+            .filter(|(i, _)| i.as_slice() == idx)
+            .map(|_| k)
+    }
 }
 
 /// One registered node: its inode, the kernel's lookup count, the backing version it
@@ -1490,6 +1510,7 @@ impl Fs {
             model,
             tiles,
             complete: Default::default(),
+            grid: meta.grid().grid(),
         })
     }
 
@@ -1508,12 +1529,16 @@ impl Fs {
         // Cloned out: no lock held across the lookups.
         let (gen, model, absent) = {
             let v = view.lock();
-            let absent: Vec<(usize, Vec<u64>)> = v
-                .targets
-                .iter()
-                .enumerate()
-                .filter(|(_, (idx, t))| t.is_none() && tiles.is_none_or(|w| w.contains(idx)))
-                .map(|(k, (idx, _))| (k, idx.clone()))
+            let slots: Vec<usize> = match tiles {
+                Some(w) => w.iter().filter_map(|idx| v.slot(idx)).collect(),
+                None => (0..v.targets.len()).collect(),
+            };
+            let absent: Vec<(usize, Vec<u64>)> = slots
+                .into_iter()
+                .filter_map(|k| {
+                    let (idx, t) = &v.targets[k];
+                    t.is_none().then(|| (k, idx.clone()))
+                })
                 .collect();
             (v.gen.clone(), v.model.clone(), absent)
         };
@@ -1610,11 +1635,10 @@ impl Fs {
         if fill.iter().any(|&b| b != 0) {
             let (gen, unknown) = {
                 let v = view.lock();
-                let unknown: Vec<(Vec<u64>, Vec<u64>)> = v
-                    .targets
+                let unknown: Vec<(Vec<u64>, Vec<u64>)> = named
                     .iter()
-                    .filter(|(idx, t)| t.is_some() && named.contains(idx))
-                    .filter(|(idx, _)| !v.complete.contains(idx))
+                    .filter_map(|idx| v.slot(idx).map(|k| &v.targets[k]))
+                    .filter(|(idx, t)| t.is_some() && !v.complete.contains(idx))
                     .map(|(idx, _)| {
                         let own = if tile.is_some() {
                             vec![0; shape.len()]

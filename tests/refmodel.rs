@@ -25,21 +25,6 @@ const FLAT: u8 = 3;
 const MAX_HANDLES: usize = 4;
 /// Each core keeps the dentries a kernel would (see [`Core`]); `Op::Expire` drops them.
 const DENTRIES: bool = true;
-/// Known regression (see `bug_commit_after_the_file_was_replaced_outside`): since
-/// c5e4ae1 every transition of a file (commit, removal, new node) first waits for the
-/// file to show the version stamped in its lock file by the last transition; a file
-/// replaced outside h5tilefs never does, so each transition waits 10 s and fails with
-/// EAGAIN, for good. True leaves files that h5tilefs has stamped unreplaced, so the
-/// sequences stay fast; false replaces them too.
-const REPLACE_SKIPS_STAMPED: bool = false;
-/// Known divergence (see `bug_stale_data_dentry_of_a_dataset_made_pending_again`): the
-/// kernel still holds a committed dataset's `data`, `tiles/I.J` or `meta.json` dentry
-/// while the dataset was removed (and perhaps declared again, pending) through another
-/// core or by replacing the file: `open` of that inode fails (ENOENT for reads, EROFS
-/// for writes to `data` or `meta.json`) where a fresh walk reaches the pending dataset
-/// (tile writes are redirected, `Fs::open`). True accepts any error through such a
-/// dentry; false holds it to a fresh walk's answer.
-const STALE_LEAF_OF_PENDING: bool = false;
 
 // ---------------------------------------------------------------------------------
 // Dataset descriptions
@@ -601,10 +586,6 @@ struct Sut {
     log: Vec<String>,
     /// Whether the last step's operation succeeded (for the coverage counts).
     last_ok: bool,
-    /// See [`STALE_LEAF_OF_PENDING`].
-    stale_leaf_of_pending: bool,
-    /// See [`REPLACE_SKIPS_STAMPED`].
-    replace_skips_stamped: bool,
 }
 
 fn opts() -> FsOptions {
@@ -737,16 +718,6 @@ fn ename(e: i32) -> String {
     std::io::Error::from_raw_os_error(e).to_string()
 }
 
-/// Through a stale dentry (see [`STALE_LEAF_OF_PENDING`]) an error, any errno, stands
-/// for the model's answer: the kernel may fail a name it still holds for the entry TTL,
-/// but must never show wrong bytes or let a wrong write through.
-fn or_stale<T, U>(stale: bool, got: &Result<T, i32>, want: Result<U, i32>) -> Result<U, i32> {
-    match (stale, got) {
-        (true, Err(e)) => Err(*e),
-        _ => want,
-    }
-}
-
 /// Compares an outcome with the model's; `Err` is a divergence.
 fn same<T: PartialEq + std::fmt::Debug>(
     what: &str,
@@ -827,8 +798,6 @@ impl Sut {
             model: Model::default(),
             log: Vec::new(),
             last_ok: false,
-            stale_leaf_of_pending: STALE_LEAF_OF_PENDING,
-            replace_skips_stamped: REPLACE_SKIPS_STAMPED,
         }
     }
 
@@ -867,42 +836,6 @@ impl Sut {
             }
         }
         std::fs::rename(&tmp, dst).expect("rename over");
-    }
-
-    /// See [`STALE_LEAF_OF_PENDING`]: whether `path` (a file of dataset `f/d`) is a
-    /// committed node's dentry that `core`'s kernel still holds, while `f/d` is no longer
-    /// committed (pending, or gone).
-    fn stale_leaf<S: AsRef<str>>(&self, core: u8, f: &str, d: &str, path: &[S]) -> bool {
-        let path: Vec<&str> = path.iter().map(|p| p.as_ref()).collect();
-        self.stale_leaf_of_pending
-            && self.cores[core as usize].cached(&path)
-            && !matches!(self.model.ds(f, d), Ok(Ds::Committed(_)))
-    }
-
-    /// Whether `got`, read through a stale dentry at `path`, is what the committed
-    /// dataset `f/d` shows that a pending one of the same name hides (a file replaced
-    /// behind a pending dataset): the cached committed node still reaches it.
-    fn shadowed_matches(&self, f: &str, d: &str, path: &[String], got: &[u8]) -> bool {
-        let Some(fm) = self.model.files.get(f) else {
-            return false;
-        };
-        let Some(c) = fm.committed.as_ref().and_then(|c| c.get(d)) else {
-            return false;
-        };
-        if !fm.nodes.contains_key(d) {
-            return false;
-        }
-        let base = dp(f, d, &[]).len();
-        match path.get(base).map(String::as_str) {
-            Some("data") => got == c.bytes.as_slice(),
-            Some("meta.json") => check_meta("", got, &Ds::Committed(c)).is_ok(),
-            Some("tiles") => path.get(base + 1).is_some_and(|name| {
-                (0..c.spec.ntiles())
-                    .find(|t| c.spec.tile_name(*t) == *name)
-                    .is_some_and(|t| c.spec.tile_bytes(&c.bytes, t) == got)
-            }),
-            _ => false,
-        }
     }
 
     fn pick(&self, at: Pick) -> (&'static str, &'static str) {
@@ -1033,7 +966,6 @@ impl Sut {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["meta.json"]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1050,7 +982,6 @@ impl Sut {
                     Ok(Ds::Pending(p)) if p.any_write => Err(libc::EBUSY),
                     Ok(Ds::Pending(_)) => Ok(true),
                 };
-                let want = or_stale(stale, &got, want);
                 same(
                     &format!("meta.json of {f}/{d} again"),
                     &got,
@@ -1100,7 +1031,6 @@ impl Sut {
                 let data = bytes(seed, t, len);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["tiles", &name]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1114,7 +1044,6 @@ impl Sut {
                     Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
-                let want = or_stale(stale, &got, want);
                 same(
                     &format!("write {f}/{d}/tiles/{name} [{off}+{len}]"),
                     &got,
@@ -1167,7 +1096,6 @@ impl Sut {
                 let data = bytes(seed, 1000, len);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["data"]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1181,7 +1109,6 @@ impl Sut {
                     Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
-                let want = or_stale(stale, &got, want);
                 same(&format!("write {f}/{d}/data [{off}+{len}]"), &got, &want)?;
                 self.last_ok = got.is_ok();
                 if want.is_ok() {
@@ -1288,15 +1215,6 @@ impl Sut {
             }
             Op::Replace { file, dsets } => {
                 let f = FILES[file as usize];
-                let stamped = self
-                    .root
-                    .join(h5tilefs::pending::STAGE_DIR)
-                    .join(f)
-                    .join(h5tilefs::pending::COMMIT_LOCK)
-                    .exists();
-                if self.replace_skips_stamped && stamped {
-                    return Ok(());
-                }
                 let mut content: BTreeMap<String, (Spec, bool, Vec<u8>)> = BTreeMap::new();
                 for (ds, mut spec, chunked, seed) in dsets {
                     spec.fill = 0;
@@ -1347,7 +1265,6 @@ impl Sut {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
                 let (path, want) = self.expected(f, d, target);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let what = format!("read {}", path.join("/"));
                 let got = (|| {
                     let refs: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -1362,12 +1279,9 @@ impl Sut {
                     fs.release(fh);
                     Ok((all?, off, win?))
                 })();
-                let want = or_stale(stale, &got, want);
                 match (&got, &want) {
                     (Ok((all, off, win)), Ok(_)) => {
-                        if !(stale && self.shadowed_matches(f, d, &path, all)) {
-                            self.compare(&what, f, d, target, all)?;
-                        }
+                        self.compare(&what, f, d, target, all)?;
                         self.last_ok = true;
                         let end = (off + win.len()).min(all.len());
                         if win.as_slice() != &all[*off..end] {
@@ -1441,7 +1355,6 @@ impl Sut {
                     1 => len,
                     _ => len + 1 + size as usize,
                 };
-                let stale = self.stale_leaf(core, f, d, &path);
                 let refs: Vec<&str> = path.iter().map(String::as_str).collect();
                 let got = resolve(fs, &refs)
                     .and_then(|ino| errno(fs.setattr_size(ino, to as u64)))
@@ -1452,7 +1365,6 @@ impl Sut {
                     Ok(Ds::Pending(_)) if to == 0 || to == len => Ok(len),
                     Ok(Ds::Pending(_)) => Err(libc::EINVAL),
                 };
-                let want = or_stale(stale, &got, want);
                 same(&format!("truncate {} to {to}", path.join("/")), &got, &want)?;
                 self.last_ok = got.is_ok();
             }
@@ -1516,17 +1428,10 @@ impl Sut {
                             .map(str::to_string)
                             .collect();
                         want.retain(|n| !n.contains('/'));
-                        // A cached dentry of the committed group, gone from the file since
-                        // (now a pending group): the readdir may fail, as for a stale
-                        // leaf (see STALE_LEAF_OF_PENDING).
-                        let stale = self.stale_leaf_of_pending
-                            && fs.cached(&[f, "g"])
-                            && !fm.committed_groups.contains("g");
                         let got = resolve(fs, &[f, "g"])
                             .and_then(|ino| errno(fs.readdir(ino)))
                             .map(|v| v.into_iter().map(|e| e.name).collect::<BTreeSet<String>>());
-                        let want = or_stale(stale, &got, Ok(want));
-                        same(&format!("readdir {f}/g"), &got, &want)?;
+                        same(&format!("readdir {f}/g"), &got, &Ok(want))?;
                     }
                 }
             }
@@ -1541,12 +1446,10 @@ impl Sut {
                 };
                 let fs = &self.cores[core as usize];
                 let (path, want) = self.expected(f, d, target);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let what = format!("open {}", path.join("/"));
                 let refs: Vec<&str> = path.iter().map(String::as_str).collect();
                 let got = resolve(fs, &refs)
                     .and_then(|ino| errno(fs.open(ino, false, &Caller::DAEMON)).map(|h| h.0));
-                let want = or_stale(stale, &got, want);
                 same(
                     &what,
                     &got.map(|_| ()),
@@ -1555,10 +1458,7 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if let (Ok(fh), Ok(expect)) = (got, want) {
                     let now = read_all(fs, fh).map_err(|e| format!("{what}: read {}", ename(e)))?;
-                    let shadowed = stale && self.shadowed_matches(f, d, &path, &now);
-                    let live = if shadowed { None } else { live };
-                    if shadowed {
-                    } else if let Target::Meta = target {
+                    if let Target::Meta = target {
                         let dsm = self.model.ds(f, d).map_err(|_| "gone".to_string())?;
                         check_meta(&what, &now, &dsm)?;
                     } else if now != expect {
@@ -1783,20 +1683,14 @@ fn op_kind(op: &Op) -> &'static str {
     }
 }
 
-/// What the model assumes where the core is known to diverge, and how the harness runs.
+/// How the harness runs.
 #[derive(Clone, Copy)]
 struct Flags {
     /// Keep kernel-like dentry caches per core (see [`Core`]).
     dentries: bool,
-    stale_leaf_of_pending: bool,
-    replace_skips_stamped: bool,
 }
 
-const FLAGS: Flags = Flags {
-    dentries: DENTRIES,
-    stale_leaf_of_pending: STALE_LEAF_OF_PENDING,
-    replace_skips_stamped: REPLACE_SKIPS_STAMPED,
-};
+const FLAGS: Flags = Flags { dentries: DENTRIES };
 
 /// Runs `ops` on a fresh backing directory; `Err` names the divergence.
 fn run(ops: &[Op]) -> Result<(), String> {
@@ -1805,8 +1699,6 @@ fn run(ops: &[Op]) -> Result<(), String> {
 
 fn run_flags(ops: &[Op], flags: Flags) -> Result<(), String> {
     let mut s = Sut::new(flags.dentries);
-    s.stale_leaf_of_pending = flags.stale_leaf_of_pending;
-    s.replace_skips_stamped = flags.replace_skips_stamped;
     for (i, op) in ops.iter().enumerate() {
         s.step(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
         if s.last_ok {
@@ -2091,11 +1983,13 @@ fn pending_dataset_over_a_replaced_file() {
 }
 
 /// docs/namespace.md: "Pending tiles read back what was written (the fill value
-/// elsewhere)". A tile with a source file (any write to it, or any open of `data` for
-/// writing, makes every tile's source) reads 0 where nothing was written: the source is
-/// preallocated with zeros and `DatasetModel::pending` maps the whole tile to it.
-/// Minimal sequence found by `reference_model`: `[3]` of `|u1`, tile `[2]`, fill 1; write
-/// one byte at offset 1 of `data`; `data` reads `[0, x, 0]`, not `[1, x, 1]`.
+/// elsewhere)". Before: a tile with a source file (any write to it, or any open of `data`
+/// for writing, makes every tile's source) read 0 where nothing was written: the source
+/// is preallocated with zeros and `DatasetModel::pending` mapped the whole tile to it.
+/// Now reads take the unwritten bytes' fill value from the range logs
+/// (`Fs::pending_read`). Minimal sequence found by `reference_model`: `[3]` of `|u1`,
+/// tile `[2]`, fill 1; write one byte at offset 1 of `data`; `data` read `[0, x, 0]`,
+/// not `[1, x, 1]`.
 #[test]
 fn bug_pending_unwritten_bytes_read_as_fill() {
     let ops = vec![
@@ -2325,14 +2219,13 @@ fn fi_of(fs: &Core, file: &str) -> u64 {
     resolve(fs, &[file]).expect("file lookup")
 }
 
-/// docs/namespace.md: "Pending tiles read back what was written". A read handle on a
-/// pending `data` (or tile) opened before a tile's first write keeps reading the fill
+/// docs/namespace.md: "Pending tiles read back what was written". Before: a read handle
+/// on a pending `data` (or tile) opened before a tile's first write kept reading the fill
 /// value for that tile, even after the write went through the same core: the handle's
-/// model (`Fs::pending_view` with `create = false`) maps only the tile sources that
-/// existed at open. `cat`, `dd` and Python readers that keep `data` open see stale fill.
-/// Minimal sequence found by `reference_model`: declare `[1]` of `|u1` (fill 1), open
-/// `data` for reading, write tile 0, read through the open handle: 1, not the byte
-/// written.
+/// model mapped only the tile sources that existed at open. Now each read looks up the
+/// sources its window lacks again (`Fs::refresh_pending`). Minimal sequence found by
+/// `reference_model`: declare `[1]` of `|u1` (fill 1), open `data` for reading, write
+/// tile 0, read through the open handle: 1, not the byte written.
 #[test]
 fn bug_open_pending_handle_misses_tiles_written_later() {
     let ops = vec![
@@ -2366,11 +2259,11 @@ fn bug_open_pending_handle_misses_tiles_written_later() {
 }
 
 /// A file removed through core 0 while core 1's kernel still holds its directory's
-/// dentry (the 1 s entry TTL of a committed file): `mkdir f0.h5/d0` through core 1
-/// succeeds and makes f0.h5 again as a pending file, shown on every mount
-/// (`Fs::make_ancestors` makes missing groups below a stale parent; the file itself
-/// comes back through `Pending::create_node`). A directory removed on a POSIX file
-/// system fails the mkdir with ENOENT. Minimal sequence found by `reference_model`.
+/// dentry (the 1 s entry TTL of a committed file): `mkdir f0.h5/d0` through core 1 must
+/// fail with ENOENT, as below a removed directory on a POSIX file system. Before: it
+/// succeeded and made f0.h5 again as a pending file, shown on every mount; now
+/// `Pending::create_node` refuses a file the state machine finds absent. Minimal
+/// sequence found by `reference_model`.
 #[test]
 fn bug_mkdir_below_a_stale_file_dentry_makes_the_file_again() {
     let ops = vec![
@@ -2434,14 +2327,7 @@ fn bug_stale_data_dentry_of_a_dataset_made_pending_again() {
             window: (0, 0),
         },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            stale_leaf_of_pending: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 /// Every rank declares the dataset (the `to_file` pattern: each writes the same
@@ -2776,11 +2662,10 @@ fn bug_rmdir_of_a_committed_group_with_a_pending_dataset_inside() {
 }
 
 /// A pending dataset declared in a committed group (so no pending node stands for the
-/// group), then the file replaced by one without that group: the pending dataset is
-/// still there (`.status` lists it, the next commit makes it and its group again), but
-/// `g` is neither listed nor found, so it cannot be read, written or removed until
-/// then. Minimal sequence written from the case `reference_model` models with
-/// `ORPHANS_HIDDEN`.
+/// group), then the file replaced by one without that group. Before: the pending dataset
+/// was still there (`.status` listed it, the next commit made it and its group again),
+/// but `g` was neither listed nor found, so it could not be read, written or removed
+/// until then. Now `g` is shown while pending nodes below it need it (`Fs::resolve`).
 #[test]
 fn bug_pending_dataset_of_a_vanished_group_is_hidden() {
     let spec = Spec {
@@ -2855,12 +2740,5 @@ fn bug_commit_after_the_file_was_replaced_outside() {
         },
         Op::Commit { core: 2, file: 0 },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            replace_skips_stamped: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
