@@ -1652,13 +1652,21 @@ impl Fs {
             };
             if !unknown.is_empty() && gen.is_some() && self.pending.generation(file, path) == gen {
                 let written = self.pending.written(file, path)?;
-                let mut done = Vec::new();
+                // Every tile these logs show complete, not only the window's: a
+                // sequential read of a finished dataset reads the logs once.
+                let grid = meta.grid().grid();
+                let done: std::collections::HashSet<Vec<u64>> = written
+                    .iter()
+                    .filter_map(|(name, rs)| {
+                        let idx = parse_tile_name(name, &grid)?;
+                        let size = meta.tile_bytes(&idx)?;
+                        rs.missing(size).is_empty().then_some(idx)
+                    })
+                    .filter(|idx| tile.is_none_or(|t| t == idx.as_slice()))
+                    .collect();
                 for (idx, own) in unknown {
-                    let tsize = meta.tile_bytes(&idx).unwrap_or(0);
-                    let rs = written.get(&tile_name(&idx)).cloned().unwrap_or_default();
-                    if rs.missing(tsize).is_empty() {
-                        done.push(idx);
-                    } else {
+                    if !done.contains(&idx) {
+                        let rs = written.get(&tile_name(&idx)).cloned().unwrap_or_default();
                         partial.push((own, rs));
                     }
                 }
