@@ -219,19 +219,56 @@ enum Handle {
         buf: parking_lot::Mutex<Vec<u8>>,
         accepted: std::sync::atomic::AtomicBool,
     },
-    /// A pending tile, or the pending `data` (then `tiles` maps source files to tiles).
+    /// A pending tile, or the pending `data`.
     PendingIo {
         file: PathBuf,
         path: String,
         meta: Box<PendingMeta>,
         /// Some(idx) for a tile file; None for `data`.
         tile: Option<Vec<u64>>,
-        model: Arc<DatasetModel>,
-        tiles: TileMap,
+        /// What it reads through: revalidated at each read (see `Fs::pending_read`).
+        view: parking_lot::Mutex<PendingView>,
     },
     Commit {
         file: PathBuf,
     },
+}
+
+/// The tile sources a pending handle maps, and what it learnt of them. Built at open;
+/// a read adds the sources of tiles first written since, and the tiles found complete,
+/// as long as the dataset keeps the generation the view was built from (one removed and
+/// declared again, or given another meta, has another: the view then stays as it was).
+struct PendingView {
+    gen: Option<String>,
+    /// Every tile the handle shows (all of `data`'s, or its one tile) and its source, once
+    /// one exists.
+    targets: Vec<(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)>,
+    model: Arc<DatasetModel>,
+    /// Source file -> tile, for writes through `data`.
+    tiles: Arc<TileMap>,
+    /// Tiles whose every byte was written: within a generation the written ranges only
+    /// grow, so their range logs need not be read again.
+    complete: std::collections::HashSet<Vec<u64>>,
+    /// The tile grid (`targets` holds `data`'s tiles in its C order).
+    grid: Vec<u64>,
+}
+
+impl PendingView {
+    /// The position of tile `idx` in `targets`.
+    fn slot(&self, idx: &[u64]) -> Option<usize> {
+        let k = if self.targets.len() == 1 {
+            0
+        } else {
+            if idx.len() != self.grid.len() || idx.iter().zip(&self.grid).any(|(i, g)| i >= g) {
+                return None;
+            }
+            usize::try_from(crate::geometry::ravel(idx, &self.grid)).ok()?
+        };
+        self.targets
+            .get(k)
+            .filter(|(i, _)| i.as_slice() == idx)
+            .map(|_| k)
+    }
 }
 
 /// One registered node: its inode, the kernel's lookup count, the backing version it
@@ -723,6 +760,8 @@ impl Fs {
     /// Flushes everything written to the backing file system (tile bytes, range logs):
     /// what SIGTERM does before unmounting, so a node going down next loses nothing.
     pub fn sync_backing(&self) -> Result<()> {
+        // written ranges still in memory (handles not closed yet) first
+        self.pending.flush_all_ranges()?;
         let f = std::fs::File::open(&self.ns.root)
             .map_err(|e| Error::from_io(format!("opening {}", self.ns.root.display()), e))?;
         use std::os::fd::AsRawFd;
@@ -895,11 +934,33 @@ impl Fs {
                 meta: n.meta.map(Box::new),
             });
         }
-        let f = self.file(file)?;
-        Ok(match f.kind_of(path)? {
-            ChildKind::Group => Resolved::Group { file: Some(f) },
-            ChildKind::Dataset => Resolved::Dataset { file: f },
+        // A group that pending nodes below it need, gone from the committed file (it was
+        // replaced or rewritten without it): shown as a group, as a pending one would be,
+        // so they stay reachable; the next commit makes it again.
+        let implied = |e: Error| {
+            if e.errno == libc::ENOENT && self.pending_below(file, path) {
+                Ok(Resolved::Group { file: None })
+            } else {
+                Err(e)
+            }
+        };
+        let f = match self.file(file) {
+            Ok(f) => f,
+            Err(e) => return implied(e),
+        };
+        Ok(match f.kind_of(path) {
+            Ok(ChildKind::Group) => Resolved::Group { file: Some(f) },
+            Ok(ChildKind::Dataset) => Resolved::Dataset { file: f },
+            Err(e) => return implied(e),
         })
+    }
+
+    /// Whether pending nodes of `file` lie below `path` (a group of theirs).
+    fn pending_below(&self, file: &Path, path: &str) -> bool {
+        let prefix = format!("{}/", path.trim_end_matches('/'));
+        self.pending
+            .nodes(file)
+            .is_ok_and(|v| v.iter().any(|n| n.path.starts_with(&prefix)))
     }
 
     fn attr_of(&self, ino: u64, node: &Node) -> Result<Attr> {
@@ -1026,6 +1087,8 @@ impl Fs {
         a.volatile |= match (node, r) {
             (Node::Commit { .. } | Node::Status { .. } | Node::Control, _) => true,
             (_, Resolved::Pending { .. }) => true,
+            // a group only pending nodes below it hold up (see `resolve`)
+            (Node::Object { .. }, Resolved::Group { file: None }) => true,
             (Node::Object { file, path }, Resolved::Group { .. }) => {
                 path == "/" && self.pending.is_pending(file)
             }
@@ -1106,15 +1169,17 @@ impl Fs {
                 if self.pending.node(file, &cpath).is_some() {
                     return Ok((obj(cpath), None));
                 }
-                match r {
-                    Resolved::Group { file: Some(f) } => match f.listing(path)?.get(name) {
-                        Some(_) => Ok(obj(cpath)),
-                        None => Err(Error::not_found(format!(
-                            "no {cpath} in {}",
-                            file.display()
-                        ))),
-                    },
-                    _ => Err(Error::not_found(format!("no {name} in pending {path}"))),
+                let committed = match r {
+                    Resolved::Group { file: Some(f) } => f.listing(path)?.get(name).is_some(),
+                    _ => false,
+                };
+                if committed || self.pending_below(file, &cpath) {
+                    Ok(obj(cpath))
+                } else {
+                    Err(Error::not_found(format!(
+                        "no {cpath} in {}",
+                        file.display()
+                    )))
                 }
             }
             (Node::Tiles { .. }, r) => {
@@ -1339,15 +1404,22 @@ impl Fs {
                     );
                 }
                 let mut seen = std::collections::HashSet::new();
+                // Groups of deeper pending nodes, shown when neither pending nor
+                // committed (see `resolve`).
+                let mut implied = std::collections::BTreeSet::new();
                 for n in self.pending.nodes(file)? {
                     let Some(rest) = n.path.strip_prefix(path.as_str()) else {
                         continue;
                     };
+                    if path != "/" && !rest.starts_with('/') {
+                        continue;
+                    }
                     let rest = rest.trim_start_matches('/');
-                    if rest.is_empty()
-                        || rest.contains('/')
-                        || (path != "/" && !n.path[path.len()..].starts_with('/'))
-                    {
+                    if rest.is_empty() {
+                        continue;
+                    }
+                    if let Some((group, _)) = rest.split_once('/') {
+                        implied.insert(group.to_string());
                         continue;
                     }
                     seen.insert(rest.to_string());
@@ -1359,7 +1431,7 @@ impl Fs {
                 }
                 if let Resolved::Group { file: Some(f) } = r {
                     for (name, k) in &f.listing(path)?.children {
-                        if seen.contains(name) {
+                        if !seen.insert(name.clone()) {
                             continue;
                         }
                         let n = Node::Object {
@@ -1369,6 +1441,16 @@ impl Fs {
                         let v = (*k == ChildKind::Dataset).then_some(f.ident);
                         add(n, v, Kind::Dir, name.clone());
                     }
+                }
+                for name in implied {
+                    if seen.contains(&name) {
+                        continue;
+                    }
+                    let n = Node::Object {
+                        file: file.clone(),
+                        path: join(path, &name),
+                    };
+                    add(n, None, Kind::Dir, name);
                 }
             }
             (Node::Tiles { file, path }, r) => {
@@ -1403,25 +1485,212 @@ impl Fs {
         Ok(())
     }
 
-    /// The view (model, source-file → tile map) of a pending dataset; with `create`,
-    /// every tile's source file is made first (needed before writing `data`).
+    /// The view of a pending dataset (`tile`: None) or of one of its tiles; with
+    /// `create`, the sources are made first (needed before writing).
     fn pending_view(
         &self,
         file: &Path,
         path: &str,
         meta: &PendingMeta,
+        tile: Option<&[u64]>,
         create: bool,
-    ) -> Result<(Arc<DatasetModel>, TileMap)> {
-        let mut tiles = Vec::new();
-        let mut map = std::collections::HashMap::new();
-        for idx in meta.grid().indices() {
+    ) -> Result<PendingView> {
+        let gen = self.pending.generation(file, path);
+        let idxs: Vec<Vec<u64>> = match tile {
+            Some(idx) => vec![idx.to_vec()],
+            None => meta.grid().indices().collect(),
+        };
+        let mut targets = Vec::with_capacity(idxs.len());
+        for idx in idxs {
             let t = self.pending.tile(file, path, meta, &idx, create)?;
-            if let Some(t) = &t {
-                map.insert(t.file.path.clone(), (idx.clone(), t.offset));
-            }
-            tiles.push((idx, t));
+            targets.push((idx, t));
         }
-        Ok((Arc::new(DatasetModel::pending(path, meta, &tiles)), map))
+        let (model, tiles) = pending_model(path, meta, tile, &targets)?;
+        Ok(PendingView {
+            gen,
+            targets,
+            model,
+            tiles,
+            complete: Default::default(),
+            grid: meta.grid().grid(),
+        })
+    }
+
+    /// The model of a pending handle, with the sources of `tiles` (every tile without
+    /// one when None) looked up again: a tile first written after the open (through any
+    /// mount) has a source now. Only while the dataset keeps the view's generation.
+    fn refresh_pending(
+        &self,
+        file: &Path,
+        path: &str,
+        meta: &PendingMeta,
+        tile: Option<&[u64]>,
+        view: &parking_lot::Mutex<PendingView>,
+        tiles: Option<&[Vec<u64>]>,
+    ) -> Result<Arc<DatasetModel>> {
+        // Cloned out: no lock held across the lookups.
+        let (gen, model, absent) = {
+            let v = view.lock();
+            let slots: Vec<usize> = match tiles {
+                Some(w) => w.iter().filter_map(|idx| v.slot(idx)).collect(),
+                None => (0..v.targets.len()).collect(),
+            };
+            let absent: Vec<(usize, Vec<u64>)> = slots
+                .into_iter()
+                .filter_map(|k| {
+                    let (idx, t) = &v.targets[k];
+                    t.is_none().then(|| (k, idx.clone()))
+                })
+                .collect();
+            (v.gen.clone(), v.model.clone(), absent)
+        };
+        if absent.is_empty() || gen.is_none() || self.pending.generation(file, path) != gen {
+            return Ok(model);
+        }
+        let mut found = Vec::new();
+        for (k, idx) in absent {
+            // A dataset removed meanwhile: keep the view as it was.
+            if let Ok(Some(t)) = self.pending.tile(file, path, meta, &idx, false) {
+                found.push((k, t));
+            }
+        }
+        if found.is_empty() || self.pending.generation(file, path) != gen {
+            return Ok(model);
+        }
+        let mut v = view.lock();
+        for (k, t) in found {
+            if let Some(slot) = v.targets.get_mut(k) {
+                slot.1.get_or_insert(t);
+            }
+        }
+        let (model, tiles) = pending_model(path, meta, tile, &v.targets)?;
+        v.model = model.clone();
+        v.tiles = tiles;
+        Ok(model)
+    }
+
+    /// Reads bytes `[off, off + size)` of a pending `data` or tile. The view is
+    /// revalidated first (`refresh_pending`, for the tiles the window touches); then, when
+    /// the fill value is not all zero bytes, the bytes never written (by the range
+    /// logs, read before the bytes so a logged write is always seen) read as the fill
+    /// value: a tile source is preallocated with zeros. A fill of zeros, or tiles
+    /// known complete, need no range log at all.
+    #[allow(clippy::too_many_arguments)]
+    fn pending_read(
+        &self,
+        file: &Path,
+        path: &str,
+        meta: &PendingMeta,
+        tile: Option<&[u64]>,
+        view: &parking_lot::Mutex<PendingView>,
+        off: u64,
+        size: u32,
+    ) -> Result<Vec<u8>> {
+        let es = meta.itemsize;
+        // The handle's array: the dataset, or its tile.
+        let (shape, tile_shape) = match tile {
+            None => (meta.shape.clone(), meta.tile_shape.clone()),
+            Some(idx) => {
+                let c = meta
+                    .grid()
+                    .tile_slab(idx)
+                    .ok_or_else(|| Error::not_found("no such tile"))?
+                    .counts();
+                (c.clone(), c)
+            }
+        };
+        let total = crate::geometry::checked_bytes(&shape, es)
+            .ok_or_else(|| Error::new(libc::EFBIG, format!("{path}: too large")))?;
+        let end = off.saturating_add(size as u64).min(total);
+        if off >= end || es == 0 {
+            return Ok(vec![]);
+        }
+        // The tiles the window touches, in the handle's own tile coordinates.
+        let boxes = crate::extent::linear_boxes(&shape, off / es, end.div_ceil(es));
+        let mut touched: Vec<Vec<u64>> = Vec::new();
+        {
+            let mut seen = std::collections::HashSet::new();
+            for (bs, bc) in &boxes {
+                let lo: Vec<u64> = bs.iter().zip(&tile_shape).map(|(s, t)| s / t).collect();
+                let hi: Vec<u64> = bs
+                    .iter()
+                    .zip(bc)
+                    .zip(&tile_shape)
+                    .map(|((s, c), t)| (s + c - 1) / t)
+                    .collect();
+                for_each_index(&lo, &hi, |i| {
+                    if seen.insert(i.to_vec()) {
+                        touched.push(i.to_vec());
+                    }
+                });
+            }
+        }
+        // As the view names them (a tile handle's one tile keeps its dataset index).
+        let named: Vec<Vec<u64>> = match tile {
+            Some(idx) => vec![idx.to_vec()],
+            None => touched.clone(),
+        };
+        let model = self.refresh_pending(file, path, meta, tile, view, Some(&named))?;
+        let fill = crate::writer::fill_bytes(&meta.dtype, &meta.fill_value)
+            .unwrap_or_else(|| vec![0; es as usize]);
+        let mut partial = Vec::new();
+        if fill.iter().any(|&b| b != 0) {
+            let (gen, unknown) = {
+                let v = view.lock();
+                let unknown: Vec<(Vec<u64>, Vec<u64>)> = named
+                    .iter()
+                    .filter_map(|idx| v.slot(idx).map(|k| &v.targets[k]))
+                    .filter(|(idx, t)| t.is_some() && !v.complete.contains(idx))
+                    .map(|(idx, _)| {
+                        let own = if tile.is_some() {
+                            vec![0; shape.len()]
+                        } else {
+                            idx.clone()
+                        };
+                        (idx.clone(), own)
+                    })
+                    .collect();
+                (v.gen.clone(), unknown)
+            };
+            if !unknown.is_empty() && gen.is_some() && self.pending.generation(file, path) == gen {
+                let written = self.pending.written(file, path)?;
+                // Every tile these logs show complete, not only the window's: a
+                // sequential read of a finished dataset reads the logs once.
+                let grid = meta.grid().grid();
+                let done: std::collections::HashSet<Vec<u64>> = written
+                    .iter()
+                    .filter_map(|(name, rs)| {
+                        let idx = parse_tile_name(name, &grid)?;
+                        let size = meta.tile_bytes(&idx)?;
+                        rs.missing(size).is_empty().then_some(idx)
+                    })
+                    .filter(|idx| tile.is_none_or(|t| t == idx.as_slice()))
+                    .collect();
+                for (idx, own) in unknown {
+                    if !done.contains(&idx) {
+                        let rs = written.get(&tile_name(&idx)).cloned().unwrap_or_default();
+                        partial.push((own, rs));
+                    }
+                }
+                view.lock().complete.extend(done);
+            }
+        }
+        let sel = Hyperslab::full(&model.shape);
+        let mut out = read_selection(&model, &sel, off, end - off, &self.cache)?;
+        for (own, rs) in &partial {
+            fill_unwritten(
+                &mut out,
+                off,
+                &shape,
+                &tile_shape,
+                es,
+                &fill,
+                own,
+                rs,
+                &boxes,
+            );
+        }
+        Ok(out)
     }
 
     /// Opens a file; returns the handle, whether the kernel may keep cached pages, and
@@ -1456,35 +1725,25 @@ impl Fs {
                 (Handle::Bytes(Arc::new(meta_bytes(&pm))), None)
             }
             (Node::Data { file, path }, Resolved::Pending { meta: Some(pm) }) => {
-                let (model, tiles) = self.pending_view(file, path, &pm, write)?;
+                let view = self.pending_view(file, path, &pm, None, write)?;
                 let h = Handle::PendingIo {
                     file: file.clone(),
                     path: path.clone(),
                     meta: pm,
                     tile: None,
-                    model,
-                    tiles,
+                    view: parking_lot::Mutex::new(view),
                 };
                 (h, None)
             }
             // A tile reads and writes its own source; no need to map them all.
             (Node::Tile { file, path, idx }, Resolved::Pending { meta: Some(pm) }) => {
-                let t = self.pending.tile(file, path, &pm, idx, write)?;
-                let mut sub = pm.clone();
-                let slab = pm
-                    .grid()
-                    .tile_slab(idx)
-                    .ok_or_else(|| Error::not_found("no such tile"))?;
-                sub.shape = slab.counts();
-                sub.tile_shape = sub.shape.clone();
-                let zero = vec![(vec![0; sub.shape.len()], t)];
+                let view = self.pending_view(file, path, &pm, Some(idx), write)?;
                 let h = Handle::PendingIo {
                     file: file.clone(),
                     path: path.clone(),
                     meta: pm,
                     tile: Some(idx.clone()),
-                    model: Arc::new(DatasetModel::pending(path, &sub, &zero)),
-                    tiles: Default::default(),
+                    view: parking_lot::Mutex::new(view),
                 };
                 (h, None)
             }
@@ -1577,12 +1836,13 @@ impl Fs {
                 drop(h);
                 read_selection(&model, &sel, off, size as u64, &self.cache)?
             }
-            Handle::PendingIo { model, .. } => {
-                let model = model.clone();
-                drop(h);
-                let sel = Hyperslab::full(&model.shape);
-                read_selection(&model, &sel, off, size as u64, &self.cache)?
-            }
+            Handle::PendingIo {
+                file,
+                path,
+                meta,
+                tile,
+                view,
+            } => self.pending_read(file, path, meta, tile.as_deref(), view, off, size)?,
             Handle::MetaWrite { .. } | Handle::Commit { .. } => vec![],
         };
         self.bytes_served
@@ -1610,12 +1870,131 @@ impl Fs {
     pub fn handle_view(&self, fh: u64) -> Result<(Arc<DatasetModel>, Hyperslab)> {
         match self.handles.get(&fh).map(|h| h.clone()).as_deref() {
             Some(Handle::View { model, sel, .. }) => Ok((model.clone(), sel.clone())),
-            Some(Handle::PendingIo { model, .. }) => {
-                Ok((model.clone(), Hyperslab::full(&model.shape)))
+            Some(Handle::PendingIo {
+                file,
+                path,
+                meta,
+                tile,
+                view,
+            }) => {
+                let model = self.refresh_pending(file, path, meta, tile.as_deref(), view, None)?;
+                let sel = Hyperslab::full(&model.shape);
+                Ok((model, sel))
             }
             Some(_) => Err(Error::new(libc::ENOTTY, "not a data file")),
             None => Err(Error::new(libc::EBADF, format!("unknown handle {fh}"))),
         }
+    }
+}
+
+/// The model of a pending handle's view (`tile`: one tile of the dataset, as its own
+/// array) and the source-file -> tile map that `data` writes use.
+fn pending_model(
+    path: &str,
+    meta: &PendingMeta,
+    tile: Option<&[u64]>,
+    targets: &[(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)],
+) -> Result<(Arc<DatasetModel>, Arc<TileMap>)> {
+    let mut map = TileMap::new();
+    for (idx, t) in targets {
+        if let Some(t) = t {
+            map.insert(t.file.path.clone(), (idx.clone(), t.offset));
+        }
+    }
+    let model = match tile {
+        None => DatasetModel::pending(path, meta, targets),
+        Some(idx) => {
+            let mut sub = meta.clone();
+            sub.shape = meta
+                .grid()
+                .tile_slab(idx)
+                .ok_or_else(|| Error::not_found("no such tile"))?
+                .counts();
+            sub.tile_shape = sub.shape.clone();
+            let t = targets.first().and_then(|(_, t)| t.clone());
+            DatasetModel::pending(path, &sub, &[(vec![0; sub.shape.len()], t)])
+        }
+    };
+    Ok((Arc::new(model), Arc::new(map)))
+}
+
+/// Calls `f` with every index of the box `lo..=hi` (per dimension), in C order; once
+/// with `[]` for rank 0.
+fn for_each_index(lo: &[u64], hi: &[u64], mut f: impl FnMut(&[u64])) {
+    if lo.iter().zip(hi).any(|(l, h)| l > h) {
+        return;
+    }
+    let mut i = lo.to_vec();
+    loop {
+        f(&i);
+        let mut d = i.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            if i[d] < hi[d] {
+                i[d] += 1;
+                break;
+            }
+            i[d] = lo[d];
+        }
+    }
+}
+
+/// Writes the fill value over the bytes of `out` (bytes `[off, off + out.len())` of the
+/// C-order array `shape`) that lie in tile `own` (of `tile_shape`) and outside its
+/// written ranges `rs` (tile-local bytes). `boxes`: the window's elements as boxes
+/// (`linear_boxes`), so the work is bounded by the window, not the tile.
+#[allow(clippy::too_many_arguments)]
+fn fill_unwritten(
+    out: &mut [u8],
+    off: u64,
+    shape: &[u64],
+    tile_shape: &[u64],
+    es: u64,
+    fill: &[u8],
+    own: &[u64],
+    rs: &crate::staging::RangeSet,
+    boxes: &[(Vec<u64>, Vec<u64>)],
+) {
+    let end = off + out.len() as u64;
+    let ranges = rs.ranges();
+    let written = |b: u64| {
+        let k = ranges.partition_point(|(a, _)| *a <= b);
+        k > 0 && ranges[k - 1].1 > b
+    };
+    let ts: Vec<u64> = own.iter().zip(tile_shape).map(|(i, t)| i * t).collect();
+    let tc: Vec<u64> = ts
+        .iter()
+        .zip(tile_shape)
+        .zip(shape)
+        .map(|((s, t), n)| (*t).min(n - s))
+        .collect();
+    for (bs, bc) in boxes {
+        let lo: Vec<u64> = bs.iter().zip(&ts).map(|(b, s)| (*b).max(*s)).collect();
+        let hi: Vec<u64> = (0..bs.len())
+            .map(|d| (bs[d] + bc[d]).min(ts[d] + tc[d]))
+            .collect();
+        if lo.iter().zip(&hi).any(|(l, h)| l >= h) {
+            continue;
+        }
+        let last: Vec<u64> = hi.iter().map(|h| h - 1).collect();
+        for_each_index(&lo, &last, |i| {
+            let ge = crate::geometry::ravel(i, shape);
+            let local: Vec<u64> = i.iter().zip(&ts).map(|(a, s)| a - s).collect();
+            let le = crate::geometry::ravel(&local, &tc);
+            for k in 0..es {
+                let gb = ge * es + k;
+                if gb < off || gb >= end || written(le * es + k) {
+                    continue;
+                }
+                if let (Some(o), Some(f)) = (out.get_mut((gb - off) as usize), fill.get(k as usize))
+                {
+                    *o = *f;
+                }
+            }
+        });
     }
 }
 

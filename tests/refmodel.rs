@@ -23,43 +23,8 @@ const DSETS: [&str; 5] = ["d0", "d1", "d2", "g/d0", "g/d1"];
 const FLAT: u8 = 3;
 /// Old handles kept open at once by a sequence.
 const MAX_HANDLES: usize = 4;
-/// Known divergence (see `bug_pending_unwritten_bytes_read_as_fill`): a pending tile whose
-/// source file exists reads 0, not the fill value, where nothing was written (the source
-/// is preallocated with zeros). True models that behaviour so the sequences can go on
-/// finding other divergences; set it to false once the core is fixed.
-const UNWRITTEN_READS_ZERO: bool = true;
-/// Known divergence (see `bug_open_pending_handle_misses_tiles_written_later`): a
-/// read handle on a pending `data` or tile keeps the tile sources that existed when it
-/// was opened; a tile first written after the open reads as the fill value through it.
-/// True models that behaviour; set it to false once the core is fixed.
-const OPEN_HANDLES_MISS_NEW_TILES: bool = true;
 /// Each core keeps the dentries a kernel would (see [`Core`]); `Op::Expire` drops them.
 const DENTRIES: bool = true;
-/// Known divergence (see `bug_pending_dataset_of_a_vanished_group_is_hidden`): a pending
-/// dataset `g/d` whose group `g` is neither pending nor committed any more (the file was
-/// replaced without `g`) cannot be reached or listed, yet the next commit makes it (and
-/// `g`). True models that behaviour.
-const ORPHANS_HIDDEN: bool = true;
-/// Known regression (see `bug_commit_after_the_file_was_replaced_outside`): since
-/// c5e4ae1 every transition of a file (commit, removal, new node) first waits for the
-/// file to show the version stamped in its lock file by the last transition; a file
-/// replaced outside h5tilefs never does, so each transition waits 10 s and fails with
-/// EAGAIN, for good. True leaves files that h5tilefs has stamped unreplaced, so the
-/// sequences stay fast; false replaces them too.
-const REPLACE_SKIPS_STAMPED: bool = false;
-/// Known divergence (see `bug_mkdir_below_a_stale_file_dentry_makes_the_file_again`):
-/// a dataset `mkdir` through a core whose kernel still caches the directory of a file
-/// removed through another core succeeds and makes the file again, as a pending file,
-/// on every mount; a fresh walk says ENOENT. True models that behaviour.
-const STALE_MKDIR_MAKES_FILE: bool = true;
-/// Known divergence (see `bug_stale_data_dentry_of_a_dataset_made_pending_again`): the
-/// kernel still holds a committed dataset's `data`, `tiles/I.J` or `meta.json` dentry
-/// while the dataset was removed (and perhaps declared again, pending) through another
-/// core or by replacing the file: `open` of that inode fails (ENOENT for reads, EROFS
-/// for writes to `data` or `meta.json`) where a fresh walk reaches the pending dataset
-/// (tile writes are redirected, `Fs::open`). True accepts any error through such a
-/// dentry; false holds it to a fresh walk's answer.
-const STALE_LEAF_OF_PENDING: bool = false;
 
 // ---------------------------------------------------------------------------------
 // Dataset descriptions
@@ -200,8 +165,6 @@ struct PendingDs {
     spec: Spec,
     bytes: Vec<u8>,
     written: Vec<bool>,
-    /// Tiles that have a source file (made by the first open for writing).
-    sourced: Vec<bool>,
     any_write: bool,
     /// Distinguishes declarations (a dataset removed and declared again is another).
     epoch: u64,
@@ -212,34 +175,23 @@ static EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0
 impl PendingDs {
     fn new(spec: Spec) -> Self {
         let n = spec.nbytes();
-        let t = spec.ntiles();
         PendingDs {
             spec,
             bytes: vec![0; n],
             written: vec![false; n],
-            sourced: vec![false; t],
             any_write: false,
             epoch: EPOCH.fetch_add(1, Ordering::Relaxed),
         }
     }
     /// What `data` reads: written bytes, the fill value elsewhere (docs/namespace.md,
-    /// "Pending tiles read back what was written (the fill value elsewhere)"), except
-    /// where [`UNWRITTEN_READS_ZERO`] models the current behaviour.
-    fn view(&self, unwritten_zero: bool) -> Vec<u8> {
+    /// "Pending tiles read back what was written (the fill value elsewhere)").
+    fn view(&self) -> Vec<u8> {
         let is = self.spec.dt.size();
         let fill = self.spec.dt.elem(self.spec.fill);
-        let mut tile_of = vec![0usize; self.spec.nelem()];
-        for t in 0..self.spec.ntiles() {
-            for e in self.spec.tile_elems(t) {
-                tile_of[e] = t;
-            }
-        }
         (0..self.bytes.len())
             .map(|i| {
                 if self.written[i] {
                     self.bytes[i]
-                } else if unwritten_zero && self.sourced[tile_of[i / is]] {
-                    0
                 } else {
                     fill[i % is]
                 }
@@ -264,8 +216,12 @@ struct FileM {
 }
 
 impl FileM {
+    /// A group is shown while it is pending, committed, or holds pending datasets (a
+    /// committed group gone from a replaced file stays for them; docs/namespace.md).
     fn group_exists(&self, g: &str) -> bool {
-        self.pending_groups.contains(g) || self.committed_groups.contains(g)
+        self.pending_groups.contains(g)
+            || self.committed_groups.contains(g)
+            || self.nodes.keys().any(|n| group_of(n) == Some(g))
     }
 }
 
@@ -283,8 +239,6 @@ enum Ds<'a> {
 #[derive(Default, Debug)]
 struct Model {
     files: BTreeMap<String, FileM>,
-    /// See [`ORPHANS_HIDDEN`].
-    orphans_hidden: bool,
     /// `file/group` paths the current operation's core walks through a cached dentry
     /// (a group gone from the file stays reachable that way for the entry TTL).
     reach: BTreeSet<String>,
@@ -299,15 +253,6 @@ impl Model {
     }
     fn ds(&self, f: &str, d: &str) -> Result<Ds<'_>, i32> {
         let fm = self.file(f)?;
-        // A dataset is reached through its group (see ORPHANS_HIDDEN).
-        if let Some(g) = group_of(d) {
-            if self.orphans_hidden
-                && !fm.group_exists(g)
-                && !self.reach.contains(&format!("{f}/{g}"))
-            {
-                return Err(libc::ENOENT);
-            }
-        }
         if let Some(p) = fm.nodes.get(d) {
             return Ok(Ds::Pending(p));
         }
@@ -629,9 +574,6 @@ struct OldHandle {
     /// A handle on a pending dataset: it shows the dataset's current bytes for as long
     /// as that declaration (file, name, epoch) stays pending; unchecked afterwards.
     live: Option<(&'static str, &'static str, u64, Target)>,
-    /// Tiles that had a source file when the handle was opened (see
-    /// [`OPEN_HANDLES_MISS_NEW_TILES`]).
-    sourced_at_open: Vec<bool>,
 }
 
 struct Sut {
@@ -644,16 +586,6 @@ struct Sut {
     log: Vec<String>,
     /// Whether the last step's operation succeeded (for the coverage counts).
     last_ok: bool,
-    /// See [`UNWRITTEN_READS_ZERO`].
-    unwritten_zero: bool,
-    /// See [`OPEN_HANDLES_MISS_NEW_TILES`].
-    open_misses_new_tiles: bool,
-    /// See [`STALE_MKDIR_MAKES_FILE`].
-    stale_mkdir_makes_file: bool,
-    /// See [`STALE_LEAF_OF_PENDING`].
-    stale_leaf_of_pending: bool,
-    /// See [`REPLACE_SKIPS_STAMPED`].
-    replace_skips_stamped: bool,
 }
 
 fn opts() -> FsOptions {
@@ -786,16 +718,6 @@ fn ename(e: i32) -> String {
     std::io::Error::from_raw_os_error(e).to_string()
 }
 
-/// Through a stale dentry (see [`STALE_LEAF_OF_PENDING`]) an error, any errno, stands
-/// for the model's answer: the kernel may fail a name it still holds for the entry TTL,
-/// but must never show wrong bytes or let a wrong write through.
-fn or_stale<T, U>(stale: bool, got: &Result<T, i32>, want: Result<U, i32>) -> Result<U, i32> {
-    match (stale, got) {
-        (true, Err(e)) => Err(*e),
-        _ => want,
-    }
-}
-
 /// Compares an outcome with the model's; `Err` is a divergence.
 fn same<T: PartialEq + std::fmt::Debug>(
     what: &str,
@@ -873,17 +795,9 @@ impl Sut {
             scratch,
             cores,
             handles: Vec::new(),
-            model: Model {
-                orphans_hidden: ORPHANS_HIDDEN,
-                ..Model::default()
-            },
+            model: Model::default(),
             log: Vec::new(),
             last_ok: false,
-            unwritten_zero: UNWRITTEN_READS_ZERO,
-            open_misses_new_tiles: OPEN_HANDLES_MISS_NEW_TILES,
-            stale_mkdir_makes_file: STALE_MKDIR_MAKES_FILE,
-            stale_leaf_of_pending: STALE_LEAF_OF_PENDING,
-            replace_skips_stamped: REPLACE_SKIPS_STAMPED,
         }
     }
 
@@ -922,42 +836,6 @@ impl Sut {
             }
         }
         std::fs::rename(&tmp, dst).expect("rename over");
-    }
-
-    /// See [`STALE_LEAF_OF_PENDING`]: whether `path` (a file of dataset `f/d`) is a
-    /// committed node's dentry that `core`'s kernel still holds, while `f/d` is no longer
-    /// committed (pending, or gone).
-    fn stale_leaf<S: AsRef<str>>(&self, core: u8, f: &str, d: &str, path: &[S]) -> bool {
-        let path: Vec<&str> = path.iter().map(|p| p.as_ref()).collect();
-        self.stale_leaf_of_pending
-            && self.cores[core as usize].cached(&path)
-            && !matches!(self.model.ds(f, d), Ok(Ds::Committed(_)))
-    }
-
-    /// Whether `got`, read through a stale dentry at `path`, is what the committed
-    /// dataset `f/d` shows that a pending one of the same name hides (a file replaced
-    /// behind a pending dataset): the cached committed node still reaches it.
-    fn shadowed_matches(&self, f: &str, d: &str, path: &[String], got: &[u8]) -> bool {
-        let Some(fm) = self.model.files.get(f) else {
-            return false;
-        };
-        let Some(c) = fm.committed.as_ref().and_then(|c| c.get(d)) else {
-            return false;
-        };
-        if !fm.nodes.contains_key(d) {
-            return false;
-        }
-        let base = dp(f, d, &[]).len();
-        match path.get(base).map(String::as_str) {
-            Some("data") => got == c.bytes.as_slice(),
-            Some("meta.json") => check_meta("", got, &Ds::Committed(c)).is_ok(),
-            Some("tiles") => path.get(base + 1).is_some_and(|name| {
-                (0..c.spec.ntiles())
-                    .find(|t| c.spec.tile_name(*t) == *name)
-                    .is_some_and(|t| c.spec.tile_bytes(&c.bytes, t) == got)
-            }),
-            _ => false,
-        }
     }
 
     fn pick(&self, at: Pick) -> (&'static str, &'static str) {
@@ -1027,7 +905,6 @@ impl Sut {
                 // mkdir looks its name up afresh (LOOKUP_EXCL makes the kernel revalidate
                 // it): a dentry cached for the name goes.
                 fs.drop_below(&dp(f, d, &[]));
-                let stale_parent = self.stale_mkdir_makes_file && fs.cached(&[f]);
                 let leaf = d.rsplit('/').next().unwrap_or(d);
                 let mut made_group = false;
                 let got = (|| {
@@ -1059,7 +936,6 @@ impl Sut {
                     fm.pending_groups.insert(g.to_string());
                 }
                 let want = match self.model.file(f) {
-                    Err(_) if stale_parent => Ok(()),
                     Err(e) => Err(e),
                     Ok(fm)
                         if group_of(d).is_some_and(|g| {
@@ -1076,8 +952,9 @@ impl Sut {
                 if want.is_ok() {
                     let fm = self.model.files.entry(f.into()).or_default();
                     if let Some(g) = group_of(d) {
-                        if !fm.group_exists(g) {
-                            // made below a stale dentry of the group (`make_ancestors`)
+                        if !fm.pending_groups.contains(g) && !fm.committed_groups.contains(g) {
+                            // made below a stale dentry of the group, or one that only
+                            // pending datasets hold up (`make_ancestors`)
                             fm.pending_groups.insert(g.to_string());
                         }
                     }
@@ -1089,7 +966,6 @@ impl Sut {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["meta.json"]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1106,7 +982,6 @@ impl Sut {
                     Ok(Ds::Pending(p)) if p.any_write => Err(libc::EBUSY),
                     Ok(Ds::Pending(_)) => Ok(true),
                 };
-                let want = or_stale(stale, &got, want);
                 same(
                     &format!("meta.json of {f}/{d} again"),
                     &got,
@@ -1156,7 +1031,6 @@ impl Sut {
                 let data = bytes(seed, t, len);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["tiles", &name]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1170,24 +1044,12 @@ impl Sut {
                     Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
-                let want = or_stale(stale, &got, want);
                 same(
                     &format!("write {f}/{d}/tiles/{name} [{off}+{len}]"),
                     &got,
                     &want,
                 )?;
                 self.last_ok = got.is_ok();
-                if want == Err(libc::EFBIG) {
-                    // the open for writing made the tile's source all the same
-                    if let Some(p) = self
-                        .model
-                        .files
-                        .get_mut(f)
-                        .and_then(|fm| fm.nodes.get_mut(d))
-                    {
-                        p.sourced[t] = true;
-                    }
-                }
                 if want.is_ok() {
                     let p = self
                         .model
@@ -1197,7 +1059,6 @@ impl Sut {
                         .expect("pending");
                     let is = p.spec.dt.size();
                     let elems = p.spec.tile_elems(t);
-                    p.sourced[t] = true;
                     p.any_write = true;
                     for (k, b) in data.iter().enumerate() {
                         let tb = off + k;
@@ -1235,7 +1096,6 @@ impl Sut {
                 let data = bytes(seed, 1000, len);
                 let fs = &self.cores[core as usize];
                 let path = dp(f, d, &["data"]);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let got = (|| {
                     let ino = resolve(fs, &path)?;
                     let (fh, _, _) = errno(fs.open(ino, true, &Caller::DAEMON))?;
@@ -1249,20 +1109,8 @@ impl Sut {
                     Ok(Ds::Pending(_)) if past_end => Err(libc::EFBIG),
                     Ok(Ds::Pending(_)) => Ok(len),
                 };
-                let want = or_stale(stale, &got, want);
                 same(&format!("write {f}/{d}/data [{off}+{len}]"), &got, &want)?;
                 self.last_ok = got.is_ok();
-                if want == Err(libc::EFBIG) {
-                    // the open for writing made every tile's source all the same
-                    if let Some(p) = self
-                        .model
-                        .files
-                        .get_mut(f)
-                        .and_then(|fm| fm.nodes.get_mut(d))
-                    {
-                        p.sourced.iter_mut().for_each(|s| *s = true);
-                    }
-                }
                 if want.is_ok() {
                     let p = self
                         .model
@@ -1270,7 +1118,6 @@ impl Sut {
                         .get_mut(f)
                         .and_then(|fm| fm.nodes.get_mut(d))
                         .expect("pending");
-                    p.sourced.iter_mut().for_each(|s| *s = true);
                     p.any_write = true;
                     p.bytes[off..off + len].copy_from_slice(&data);
                     p.written[off..off + len].iter_mut().for_each(|w| *w = true);
@@ -1368,15 +1215,6 @@ impl Sut {
             }
             Op::Replace { file, dsets } => {
                 let f = FILES[file as usize];
-                let stamped = self
-                    .root
-                    .join(h5tilefs::pending::STAGE_DIR)
-                    .join(f)
-                    .join(h5tilefs::pending::COMMIT_LOCK)
-                    .exists();
-                if self.replace_skips_stamped && stamped {
-                    return Ok(());
-                }
                 let mut content: BTreeMap<String, (Spec, bool, Vec<u8>)> = BTreeMap::new();
                 for (ds, mut spec, chunked, seed) in dsets {
                     spec.fill = 0;
@@ -1427,7 +1265,6 @@ impl Sut {
                 let (f, d) = self.pick(at);
                 let fs = &self.cores[core as usize];
                 let (path, want) = self.expected(f, d, target);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let what = format!("read {}", path.join("/"));
                 let got = (|| {
                     let refs: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -1442,12 +1279,9 @@ impl Sut {
                     fs.release(fh);
                     Ok((all?, off, win?))
                 })();
-                let want = or_stale(stale, &got, want);
                 match (&got, &want) {
                     (Ok((all, off, win)), Ok(_)) => {
-                        if !(stale && self.shadowed_matches(f, d, &path, all)) {
-                            self.compare(&what, f, d, target, all)?;
-                        }
+                        self.compare(&what, f, d, target, all)?;
                         self.last_ok = true;
                         let end = (off + win.len()).min(all.len());
                         if win.as_slice() != &all[*off..end] {
@@ -1521,7 +1355,6 @@ impl Sut {
                     1 => len,
                     _ => len + 1 + size as usize,
                 };
-                let stale = self.stale_leaf(core, f, d, &path);
                 let refs: Vec<&str> = path.iter().map(String::as_str).collect();
                 let got = resolve(fs, &refs)
                     .and_then(|ino| errno(fs.setattr_size(ino, to as u64)))
@@ -1532,7 +1365,6 @@ impl Sut {
                     Ok(Ds::Pending(_)) if to == 0 || to == len => Ok(len),
                     Ok(Ds::Pending(_)) => Err(libc::EINVAL),
                 };
-                let want = or_stale(stale, &got, want);
                 same(&format!("truncate {} to {to}", path.join("/")), &got, &want)?;
                 self.last_ok = got.is_ok();
             }
@@ -1572,6 +1404,13 @@ impl Sut {
                     }
                     s.extend(fm.pending_groups.iter().cloned());
                     s.extend(fm.committed_groups.iter().cloned());
+                    // and the groups that pending datasets hold up
+                    s.extend(
+                        fm.nodes
+                            .keys()
+                            .filter_map(|n| group_of(n))
+                            .map(str::to_string),
+                    );
                     // the root lists names without '/'; datasets in groups are below
                     s.retain(|n| !n.contains('/'));
                     s
@@ -1589,17 +1428,10 @@ impl Sut {
                             .map(str::to_string)
                             .collect();
                         want.retain(|n| !n.contains('/'));
-                        // A cached dentry of the committed group, gone from the file since
-                        // (now a pending group): the readdir may fail, as for a stale
-                        // leaf (see STALE_LEAF_OF_PENDING).
-                        let stale = self.stale_leaf_of_pending
-                            && fs.cached(&[f, "g"])
-                            && !fm.committed_groups.contains("g");
                         let got = resolve(fs, &[f, "g"])
                             .and_then(|ino| errno(fs.readdir(ino)))
                             .map(|v| v.into_iter().map(|e| e.name).collect::<BTreeSet<String>>());
-                        let want = or_stale(stale, &got, Ok(want));
-                        same(&format!("readdir {f}/g"), &got, &want)?;
+                        same(&format!("readdir {f}/g"), &got, &Ok(want))?;
                     }
                 }
             }
@@ -1608,18 +1440,16 @@ impl Sut {
                 if self.handles.len() >= MAX_HANDLES {
                     return Ok(());
                 }
-                let (live, sourced_at_open) = match self.model.ds(f, d) {
-                    Ok(Ds::Pending(p)) => (Some((f, d, p.epoch, target)), p.sourced.clone()),
-                    _ => (None, Vec::new()),
+                let live = match self.model.ds(f, d) {
+                    Ok(Ds::Pending(p)) => Some((f, d, p.epoch, target)),
+                    _ => None,
                 };
                 let fs = &self.cores[core as usize];
                 let (path, want) = self.expected(f, d, target);
-                let stale = self.stale_leaf(core, f, d, &path);
                 let what = format!("open {}", path.join("/"));
                 let refs: Vec<&str> = path.iter().map(String::as_str).collect();
                 let got = resolve(fs, &refs)
                     .and_then(|ino| errno(fs.open(ino, false, &Caller::DAEMON)).map(|h| h.0));
-                let want = or_stale(stale, &got, want);
                 same(
                     &what,
                     &got.map(|_| ()),
@@ -1628,10 +1458,7 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if let (Ok(fh), Ok(expect)) = (got, want) {
                     let now = read_all(fs, fh).map_err(|e| format!("{what}: read {}", ename(e)))?;
-                    let shadowed = stale && self.shadowed_matches(f, d, &path, &now);
-                    let live = if shadowed { None } else { live };
-                    if shadowed {
-                    } else if let Target::Meta = target {
+                    if let Target::Meta = target {
                         let dsm = self.model.ds(f, d).map_err(|_| "gone".to_string())?;
                         check_meta(&what, &now, &dsm)?;
                     } else if now != expect {
@@ -1644,7 +1471,6 @@ impl Sut {
                         expect: now,
                         what,
                         live,
-                        sourced_at_open,
                     });
                 }
             }
@@ -1661,32 +1487,7 @@ impl Sut {
                     }
                     let what = format!("{} (still open)", h.what);
                     let got = got.map_err(|e| format!("{what}: {}", ename(e)))?;
-                    if self.open_misses_new_tiles {
-                        let mut m = Model {
-                            orphans_hidden: self.model.orphans_hidden,
-                            ..Model::default()
-                        };
-                        let mut fm = self.model.files.get(f).cloned().unwrap_or_default();
-                        if let Some(p) = fm.nodes.get_mut(d) {
-                            // Tiles made after the open read as the fill value.
-                            for (t, was) in h.sourced_at_open.iter().enumerate() {
-                                if !was {
-                                    for e in p.spec.tile_elems(t) {
-                                        let is = p.spec.dt.size();
-                                        p.written[e * is..(e + 1) * is].fill(false);
-                                    }
-                                    p.sourced[t] = false;
-                                }
-                            }
-                        }
-                        m.files.insert(f.to_string(), fm);
-                        let frozen = std::mem::replace(&mut self.model, m);
-                        let r = self.compare(&what, f, d, target, &got);
-                        self.model = frozen;
-                        r?;
-                    } else {
-                        self.compare(&what, f, d, target, &got)?;
-                    }
+                    self.compare(&what, f, d, target, &got)?;
                     self.last_ok = true;
                     return Ok(());
                 }
@@ -1742,7 +1543,7 @@ impl Sut {
             }
         }
         let full = match &ds {
-            Ok(Ds::Pending(p)) => Ok(p.view(self.unwritten_zero)),
+            Ok(Ds::Pending(p)) => Ok(p.view()),
             Ok(Ds::Committed(c)) => Ok(c.bytes.clone()),
             Err(e) => Err(*e),
         };
@@ -1882,28 +1683,14 @@ fn op_kind(op: &Op) -> &'static str {
     }
 }
 
-/// What the model assumes where the core is known to diverge, and how the harness runs.
+/// How the harness runs.
 #[derive(Clone, Copy)]
 struct Flags {
-    unwritten_zero: bool,
-    open_misses_new_tiles: bool,
     /// Keep kernel-like dentry caches per core (see [`Core`]).
     dentries: bool,
-    stale_mkdir_makes_file: bool,
-    stale_leaf_of_pending: bool,
-    orphans_hidden: bool,
-    replace_skips_stamped: bool,
 }
 
-const FLAGS: Flags = Flags {
-    unwritten_zero: UNWRITTEN_READS_ZERO,
-    open_misses_new_tiles: OPEN_HANDLES_MISS_NEW_TILES,
-    dentries: DENTRIES,
-    stale_mkdir_makes_file: STALE_MKDIR_MAKES_FILE,
-    stale_leaf_of_pending: STALE_LEAF_OF_PENDING,
-    orphans_hidden: ORPHANS_HIDDEN,
-    replace_skips_stamped: REPLACE_SKIPS_STAMPED,
-};
+const FLAGS: Flags = Flags { dentries: DENTRIES };
 
 /// Runs `ops` on a fresh backing directory; `Err` names the divergence.
 fn run(ops: &[Op]) -> Result<(), String> {
@@ -1912,12 +1699,6 @@ fn run(ops: &[Op]) -> Result<(), String> {
 
 fn run_flags(ops: &[Op], flags: Flags) -> Result<(), String> {
     let mut s = Sut::new(flags.dentries);
-    s.unwritten_zero = flags.unwritten_zero;
-    s.open_misses_new_tiles = flags.open_misses_new_tiles;
-    s.stale_mkdir_makes_file = flags.stale_mkdir_makes_file;
-    s.stale_leaf_of_pending = flags.stale_leaf_of_pending;
-    s.model.orphans_hidden = flags.orphans_hidden;
-    s.replace_skips_stamped = flags.replace_skips_stamped;
     for (i, op) in ops.iter().enumerate() {
         s.step(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
         if s.last_ok {
@@ -2202,13 +1983,14 @@ fn pending_dataset_over_a_replaced_file() {
 }
 
 /// docs/namespace.md: "Pending tiles read back what was written (the fill value
-/// elsewhere)". A tile with a source file (any write to it, or any open of `data` for
-/// writing, makes every tile's source) reads 0 where nothing was written: the source is
-/// preallocated with zeros and `DatasetModel::pending` maps the whole tile to it.
-/// Minimal sequence found by `reference_model`: `[3]` of `|u1`, tile `[2]`, fill 1; write
-/// one byte at offset 1 of `data`; `data` reads `[0, x, 0]`, not `[1, x, 1]`.
+/// elsewhere)". Before: a tile with a source file (any write to it, or any open of `data`
+/// for writing, makes every tile's source) read 0 where nothing was written: the source
+/// is preallocated with zeros and `DatasetModel::pending` mapped the whole tile to it.
+/// Now reads take the unwritten bytes' fill value from the range logs
+/// (`Fs::pending_read`). Minimal sequence found by `reference_model`: `[3]` of `|u1`,
+/// tile `[2]`, fill 1; write one byte at offset 1 of `data`; `data` read `[0, x, 0]`,
+/// not `[1, x, 1]`.
 #[test]
-#[ignore = "known divergence: unwritten bytes of a pending tile read 0, not the fill value"]
 fn bug_pending_unwritten_bytes_read_as_fill() {
     let ops = vec![
         Op::CreateFile { core: 0, file: 0 },
@@ -2236,14 +2018,7 @@ fn bug_pending_unwritten_bytes_read_as_fill() {
             window: (0, 3),
         },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            unwritten_zero: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 // ---------------------------------------------------------------------------------
@@ -2444,16 +2219,14 @@ fn fi_of(fs: &Core, file: &str) -> u64 {
     resolve(fs, &[file]).expect("file lookup")
 }
 
-/// docs/namespace.md: "Pending tiles read back what was written". A read handle on a
-/// pending `data` (or tile) opened before a tile's first write keeps reading the fill
+/// docs/namespace.md: "Pending tiles read back what was written". Before: a read handle
+/// on a pending `data` (or tile) opened before a tile's first write kept reading the fill
 /// value for that tile, even after the write went through the same core: the handle's
-/// model (`Fs::pending_view` with `create = false`) maps only the tile sources that
-/// existed at open. `cat`, `dd` and Python readers that keep `data` open see stale fill.
-/// Minimal sequence found by `reference_model`: declare `[1]` of `|u1` (fill 1), open
-/// `data` for reading, write tile 0, read through the open handle: 1, not the byte
-/// written.
+/// model mapped only the tile sources that existed at open. Now each read looks up the
+/// sources its window lacks again (`Fs::refresh_pending`). Minimal sequence found by
+/// `reference_model`: declare `[1]` of `|u1` (fill 1), open `data` for reading, write
+/// tile 0, read through the open handle: 1, not the byte written.
 #[test]
-#[ignore = "known divergence: a pending data handle does not see tiles first written after its open"]
 fn bug_open_pending_handle_misses_tiles_written_later() {
     let ops = vec![
         Op::CreateFile { core: 0, file: 0 },
@@ -2482,24 +2255,16 @@ fn bug_open_pending_handle_misses_tiles_written_later() {
         },
         Op::ReadOld { k: 0 },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            open_misses_new_tiles: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 /// A file removed through core 0 while core 1's kernel still holds its directory's
-/// dentry (the 1 s entry TTL of a committed file): `mkdir f0.h5/d0` through core 1
-/// succeeds and makes f0.h5 again as a pending file, shown on every mount
-/// (`Fs::make_ancestors` makes missing groups below a stale parent; the file itself
-/// comes back through `Pending::create_node`). A directory removed on a POSIX file
-/// system fails the mkdir with ENOENT. Minimal sequence found by `reference_model`.
+/// dentry (the 1 s entry TTL of a committed file): `mkdir f0.h5/d0` through core 1 must
+/// fail with ENOENT, as below a removed directory on a POSIX file system. Before: it
+/// succeeded and made f0.h5 again as a pending file, shown on every mount; now
+/// `Pending::create_node` refuses a file the state machine finds absent. Minimal
+/// sequence found by `reference_model`.
 #[test]
-#[ignore = "known divergence: mkdir below a stale dentry of a removed file makes the file again"]
 fn bug_mkdir_below_a_stale_file_dentry_makes_the_file_again() {
     let ops = vec![
         Op::Replace {
@@ -2516,14 +2281,7 @@ fn bug_mkdir_below_a_stale_file_dentry_makes_the_file_again() {
             spec: spec56(),
         },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            stale_mkdir_makes_file: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 /// Core 1 reads committed `f0.h5/d1/data` (its kernel keeps the dentry 1 s); the file is
@@ -2569,14 +2327,7 @@ fn bug_stale_data_dentry_of_a_dataset_made_pending_again() {
             window: (0, 0),
         },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            stale_leaf_of_pending: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 /// Every rank declares the dataset (the `to_file` pattern: each writes the same
@@ -2911,13 +2662,11 @@ fn bug_rmdir_of_a_committed_group_with_a_pending_dataset_inside() {
 }
 
 /// A pending dataset declared in a committed group (so no pending node stands for the
-/// group), then the file replaced by one without that group: the pending dataset is
-/// still there (`.status` lists it, the next commit makes it and its group again), but
-/// `g` is neither listed nor found, so it cannot be read, written or removed until
-/// then. Minimal sequence written from the case `reference_model` models with
-/// `ORPHANS_HIDDEN`.
+/// group), then the file replaced by one without that group. Before: the pending dataset
+/// was still there (`.status` listed it, the next commit made it and its group again),
+/// but `g` was neither listed nor found, so it could not be read, written or removed
+/// until then. Now `g` is shown while pending nodes below it need it (`Fs::resolve`).
 #[test]
-#[ignore = "known divergence: a pending dataset whose committed group vanished is hidden until the commit makes it"]
 fn bug_pending_dataset_of_a_vanished_group_is_hidden() {
     let spec = Spec {
         dt: Dt::U8,
@@ -2957,14 +2706,7 @@ fn bug_pending_dataset_of_a_vanished_group_is_hidden() {
             window: (0, 0),
         },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            orphans_hidden: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }
 
 /// docs/namespace.md: a backing file replaced outside h5tilefs (rename over it) is
@@ -2998,12 +2740,5 @@ fn bug_commit_after_the_file_was_replaced_outside() {
         },
         Op::Commit { core: 2, file: 0 },
     ];
-    run_flags(
-        &ops,
-        Flags {
-            replace_skips_stamped: false,
-            ..FLAGS
-        },
-    )
-    .unwrap();
+    run(&ops).unwrap();
 }

@@ -184,7 +184,8 @@ impl Fs {
                     ));
                 }
                 Handle::View { model, sel, .. } => (model.clone(), sel.clone()),
-                Handle::PendingIo { model, .. } => (model.clone(), Hyperslab::full(&model.shape)),
+                // revalidated as `read` does (tiles first written since the open)
+                Handle::PendingIo { .. } => self.handle_view(fh)?,
                 _ => return Err(Error::new(libc::ENOTTY, "not a data file")),
             }
         };

@@ -37,13 +37,15 @@ impl Fs {
             path,
             meta,
             tile,
-            tiles,
-            ..
+            view,
         } = &*h
         {
             let idxs: Vec<Vec<u64>> = match tile {
                 Some(idx) => vec![idx.clone()],
-                None => tiles.values().map(|(idx, _)| idx.clone()).collect(),
+                None => {
+                    let tiles = view.lock().tiles.clone();
+                    tiles.values().map(|(idx, _)| idx.clone()).collect()
+                }
             };
             self.pending.sync_tiles(file, path, meta, &idxs)?;
         }
@@ -236,9 +238,13 @@ impl Fs {
                 path,
                 meta,
                 tile: None,
-                model,
-                tiles,
+                view,
             } => {
+                // Opened for writing: every tile has its source (see `open`).
+                let (model, tiles) = {
+                    let v = view.lock();
+                    (v.model.clone(), v.tiles.clone())
+                };
                 let end = off + data.len() as u64;
                 if end > meta.nbytes() {
                     return Err(Error::new(
@@ -360,6 +366,12 @@ impl Fs {
             Node::Object { file, path } if path == "/" => self.remove_file(file),
             Node::Object { file, path } => match self.resolve(&node)? {
                 Resolved::Pending { .. } => self.pending.remove_node(file, path),
+                // a group that only the pending nodes below it hold up
+                Resolved::Group { file: None } => Err(crate::error::PendingError::NotEmpty {
+                    group: format!("{}:{path}", file.display()),
+                    inside: "pending datasets".into(),
+                }
+                .into()),
                 _ => self.remove_object(file, path),
             },
             _ => Err(Error::new(libc::ENOTDIR, "not a directory")),

@@ -53,9 +53,19 @@ impl Pending {
         crate::durable::create_dir_all(&d)
     }
 
-    /// Adds a pending node (a directory made inside a file).
+    /// Adds a pending node (a directory made inside a file). The file must exist,
+    /// pending or committed, when the transition runs: a `mkdir` through a directory of
+    /// the file that the kernel still caches after the file was removed (through any
+    /// mount) fails with ENOENT, as below a removed directory, instead of making the
+    /// file again. A new file starts with `create_file` (mkdir of its directory).
     pub fn create_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
-        self.transition(file_rel, Transition::DeclareNode, |_| {
+        self.transition(file_rel, Transition::DeclareNode, |before| {
+            if before == FileState::Absent {
+                return Err(PendingError::Gone {
+                    what: format!("mkdir {h5path} in {}", file_rel.display()),
+                }
+                .into());
+            }
             self.create_node_locked(file_rel, h5path)
         })
     }

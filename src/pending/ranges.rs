@@ -700,6 +700,15 @@ impl Pending {
         Ok(())
     }
 
+    /// Appends every dataset's unflushed ranges (the drain at SIGTERM, before syncfs).
+    pub fn flush_all_ranges(&self) -> Result<()> {
+        let all: Vec<Arc<DatasetLog>> = self.logs.logs.iter().map(|e| e.value().clone()).collect();
+        for l in all {
+            l.flush(&self.writer_id)?;
+        }
+        Ok(())
+    }
+
     /// The current write epoch of a tile in this daemon's log (see `mark_synced`).
     pub(super) fn tile_epoch(&self, node: &Path, tile: &str) -> Option<(Arc<DatasetLog>, u64)> {
         let l = self.logs.get(node)?;

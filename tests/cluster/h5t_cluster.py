@@ -31,6 +31,7 @@ Facts this harness depends on (measured with Debian bookworm's GlusterFS 10.3):
 import atexit
 import ctypes
 import errno
+import fcntl
 import multiprocessing as mp
 import os
 import shutil
@@ -144,6 +145,10 @@ def _worker_main(pid, conn):
                 conn.send(("err", e, tb))
             except Exception:  # unpicklable exception
                 conn.send(("err", RuntimeError(f"{type(e).__name__}: {e}"), tb))
+
+
+#: Held (flock) from setup to the end of close: one cluster per machine.
+CLUSTER_LOCK = "/run/lock/h5tilefs-cluster.lock"
 
 
 class Future:
@@ -305,6 +310,7 @@ class Cluster:
         self.closed = False
         self.log_lines = {}
         self.lags = {}  # node name: seconds until a committed dataset read right there
+        self.lock_fd = None
         atexit.register(self.close)
 
     def log(self, name):
@@ -317,6 +323,16 @@ class Cluster:
         t0 = time.monotonic()
         ensure_gluster()
         self.timings["install check"] = time.monotonic() - t0
+        # One cluster per machine (glusterd's port 24007, /etc/hosts): a second run (a
+        # benchmark, another checkout's tests) waits here for the first to tear down.
+        t = time.monotonic()
+        self.lock_fd = os.open(CLUSTER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"cluster: waiting for another cluster run to finish ({CLUSTER_LOCK})", flush=True)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.timings["waiting for the machine's cluster lock"] = time.monotonic() - t
         t = time.monotonic()
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", 24007)) == 0:
@@ -424,6 +440,9 @@ class Cluster:
         self.timings["teardown: rm"] = time.monotonic() - t
         for e in errs:
             print(f"cluster teardown: {e}")
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # releases the flock
+            self.lock_fd = None
         return errs
 
     def _log_warnings(self, last=20):

@@ -177,3 +177,26 @@ def test_tile_write_in_dataset_replaced_through_other_mount(two_mounts):
     commit(a_m, "f.h5")
     with h5py.File(os.path.join(backing, "f.h5"), "r") as f:
         assert np.array_equal(f["d0"][()], x + 5)
+
+
+def test_mkdir_below_a_file_removed_through_other_mount(two_mounts):
+    """Mount b still holds the directory of a file that a removed (1 s entry TTL):
+    `mkdir` of a dataset in it fails with ENOENT, as below any removed directory.
+    Before: it succeeded and made the file again, as a pending file, on every mount."""
+    backing, a_m, b_m = two_mounts
+    x = np.arange(8, dtype="<f4")
+    write_dataset(a_m, "f.h5", "d0", x)
+    commit(a_m, "f.h5")
+    f_b = os.path.join(b_m, "f.h5")
+    assert "d0" in os.listdir(f_b)  # b now holds f.h5
+    shutil.rmtree(os.path.join(a_m, "f.h5"))
+    with pytest.raises(FileNotFoundError):
+        os.mkdir(os.path.join(f_b, "d1"))
+    assert "f.h5" not in os.listdir(a_m)
+    assert not os.path.exists(os.path.join(backing, "f.h5"))
+    # making the file again still works, through either mount
+    os.mkdir(f_b)
+    write_dataset(b_m, "f.h5", "d1", x)
+    commit(a_m, "f.h5")
+    with h5py.File(os.path.join(backing, "f.h5"), "r") as f:
+        assert list(f) == ["d1"]

@@ -417,3 +417,91 @@ def test_read_only_mount_refuses_writes(env):
     # still readable, same bytes as h5py
     with h5py.File(os.path.join(env.backing, "ro.h5")) as f:
         assert open(os.path.join(ro, "ro.h5", "x", "data"), "rb").read() == f["x"][()].tobytes()
+
+
+def test_pending_reads_show_the_fill_value_where_nothing_was_written(env):
+    """docs/namespace.md: pending tiles read back what was written, the fill value
+    elsewhere; through the writing mount and another one. Before: a tile with a source
+    file (any write to it, or any open of `data` for writing) read 0 where nothing was
+    written (sources are preallocated with zeros)."""
+    a_m, b_m = env.mount("a"), env.mount("b")
+    d = create(a_m, "fill.h5", "/x", (6,), "<i4", (4,), fill_value=7)
+    fd = os.open(os.path.join(d, "data"), os.O_WRONLY)
+    try:
+        os.pwrite(fd, np.array([5], "<i4").tobytes(), 4)  # element 1 only
+    finally:
+        os.close(fd)
+    want = np.array([7, 5, 7, 7, 7, 7], "<i4")
+    for m in (a_m, b_m):
+        x = os.path.join(m, "fill.h5", "x")
+        assert np.array_equal(np.fromfile(os.path.join(x, "data"), "<i4"), want), m
+        assert np.array_equal(np.fromfile(os.path.join(x, "tiles", "0"), "<i4"), want[:4]), m
+        assert np.array_equal(np.fromfile(os.path.join(x, "tiles", "1"), "<i4"), want[4:]), m
+    # one byte of element 2 through b: the other three bytes keep the fill value's
+    tile = os.path.join(b_m, "fill.h5", "x", "tiles", "0")
+    fd = os.open(tile, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\x01", 8)
+    finally:
+        os.close(fd)
+    got = open(os.path.join(a_m, "fill.h5", "x", "data"), "rb").read()
+    assert got[8:12] == b"\x01\x00\x00\x00"
+    assert got[:8] == want[:2].tobytes() and got[12:] == want[3:].tobytes()
+    assert status(a_m, "fill.h5")["datasets"]["/x"]["missing"] == 2
+
+
+def test_open_pending_handle_sees_tiles_written_later(env):
+    """A reader that keeps a pending `data` or tile open sees tiles first written after
+    its open, through its own mount or another. Before: the handle kept the tile sources
+    that existed at open and read the fill value for the others."""
+    a_m, b_m = env.mount("a"), env.mount("b")
+    d = create(a_m, "late.h5", "/x", (8,), "<f8", (4,), fill_value=1.5)
+    data = os.open(os.path.join(d, "data"), os.O_RDONLY)
+    tile1 = os.open(os.path.join(b_m, "late.h5", "x", "tiles", "1"), os.O_RDONLY)
+    try:
+        assert np.array_equal(np.frombuffer(os.pread(data, 64, 0), "<f8"), np.full(8, 1.5))
+        a = np.arange(8, dtype="<f8")
+        write_tile(d, (0,), a[:4])  # through a, the reader's mount
+        write_tile(os.path.join(b_m, "late.h5", "x"), (1,), a[4:])  # through b
+        assert np.array_equal(np.frombuffer(os.pread(data, 64, 0), "<f8"), a)
+        assert np.array_equal(np.frombuffer(os.pread(tile1, 32, 0), "<f8"), a[4:])
+    finally:
+        os.close(data)
+        os.close(tile1)
+
+
+def test_pending_dataset_of_a_group_gone_from_a_replaced_file(env):
+    """A pending dataset declared in a committed group stays reachable after the file is
+    replaced by one without that group: the group is shown for it (as a pending group
+    would be), and the commit makes it again. Before: `g` was neither listed nor found
+    until the commit, so the dataset could not be read, written or removed."""
+    m = env.mount()
+    a = np.arange(4, dtype="<u1")
+    d0 = create(m, "v.h5", "/g/d0", a.shape, a.dtype, (4,))
+    write_tile(d0, (0,), a)
+    commit(m, "v.h5")
+    d1 = create(m, "v.h5", "/g/d1", a.shape, a.dtype, (4,))
+    tmp = os.path.join(env.backing, "v.tmp")
+    with h5py.File(tmp, "w") as f:
+        f["other"] = np.zeros(3, "<i4")
+    os.rename(tmp, os.path.join(env.backing, "v.h5"))
+    assert wait_for_listing(os.path.join(m, "v.h5"), {"g", "other"})
+    assert os.listdir(os.path.join(m, "v.h5", "g")) == ["d1"]
+    write_tile(d1, (0,), a + 1)
+    assert open(os.path.join(d1, "data"), "rb").read() == (a + 1).tobytes()
+    assert _oserr(lambda: os.rmdir(os.path.join(m, "v.h5", "g"))) == errno.ENOTEMPTY
+    commit(m, "v.h5")
+    with h5py.File(os.path.join(env.backing, "v.h5")) as f:
+        assert sorted(f) == ["g", "other"] and list(f["g"]) == ["d1"]
+        assert np.array_equal(f["g/d1"][()], a + 1)
+
+
+def wait_for_listing(d, want, timeout=3.0):
+    """The mount's listing of `d` once it is `want` (the kernel may cache the old one
+    for the 1 s attribute TTL), or False."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if set(os.listdir(d)) - {".commit", ".status"} == want:
+            return True
+        time.sleep(0.1)
+    return False
