@@ -299,6 +299,7 @@ impl Pending {
             let node = self.node_dir(file_rel, &n.path)?;
             self.logs.forget(&node);
             self.gens.remove(&node.join("gen"));
+            self.node_cache.remove(&node);
             to_trash(&node);
             if let Some(gen) = gen {
                 let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));

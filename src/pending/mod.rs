@@ -77,6 +77,9 @@ pub struct Pending {
     logs: Arc<ranges::RangeLogs>,
     /// Background fdatasync of closed tiles.
     syncer: ranges::Syncer,
+    /// Pending datasets by node directory, with the identities of `path` and
+    /// `meta.json` they were read from (see `Pending::node`).
+    node_cache: DashMap<PathBuf, ((nodes::FileIdent, nodes::FileIdent), PendingNode)>,
     /// Generation per `gen` file, with the identity of the file it was read from.
     gens: DashMap<PathBuf, (nodes::FileIdent, String)>,
     /// Last status that could not be saved to `status.json` (backing file system full or
@@ -102,6 +105,7 @@ impl Pending {
             templates: DashMap::new(),
             logs,
             gens: DashMap::new(),
+            node_cache: DashMap::new(),
             syncer: ranges::Syncer::start(),
             unsaved_status: DashMap::new(),
         }

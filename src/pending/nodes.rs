@@ -113,6 +113,7 @@ impl Pending {
         let d = self.node_dir(file_rel, h5path)?;
         self.logs.forget(&d);
         self.gens.remove(&d.join("gen"));
+        self.node_cache.remove(&d);
         if let Ok(g) = std::fs::read_to_string(d.join("gen")) {
             let src = self.sources_dir(file_rel, h5path, g.trim())?;
             // Close our open tile sources too, so that their space is freed now (the
@@ -167,8 +168,36 @@ impl Pending {
         Ok(out)
     }
 
+    /// The pending node at `h5path`. Asked several times per tile operation (lookup,
+    /// getattr, open, write): a dataset's node is answered from memory while a `stat` of
+    /// its `path` and `meta.json` shows the files it was read from (both are replaced by
+    /// rename, never rewritten in place), instead of opening and reading both each time.
     pub fn node(&self, file_rel: &Path, h5path: &str) -> Option<PendingNode> {
-        read_node(&self.node_dir(file_rel, h5path).ok()?)
+        let d = self.node_dir(file_rel, h5path).ok()?;
+        let ids = || {
+            let p = std::fs::metadata(d.join("path")).ok()?;
+            let m = std::fs::metadata(d.join("meta.json")).ok()?;
+            Some((file_ident(&p), file_ident(&m)))
+        };
+        let before = ids();
+        if let Some(id) = before {
+            let hit = self
+                .node_cache
+                .get(&d)
+                .filter(|e| e.0 == id)
+                .map(|e| e.1.clone());
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        let n = read_node(&d)?;
+        // cached only when both files are the ones stat'ed before and after the reads
+        if let Some(id) = before.filter(|_| n.meta.is_some()) {
+            if ids() == Some(id) {
+                self.node_cache.insert(d, (id, n.clone()));
+            }
+        }
+        Some(n)
     }
 
     /// Accepts a dataset description. Writing the same meta again is a no-op (every rank
