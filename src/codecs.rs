@@ -70,12 +70,11 @@ pub fn registered_name(id: i32) -> Option<&'static str> {
         BITSHUFFLE => "bitshuffle",
         ZSTD => "zstd",
         32013 => "zfp",
-        32017 => "sz3",
-        32016 => "sz",
-        32026 => "blosc2",
+        32017 => "sz",
         32018 => "fcidecomp",
-        32024 => "sperr",
-        32029 => "htj2k",
+        32024 => "sz3",
+        32026 => "blosc2",
+        32028 => "sperr",
         _ => return None,
     })
 }

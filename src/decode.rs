@@ -444,7 +444,10 @@ impl ChunkStore {
             expect,
         ) {
             Ok(out) => Ok(Some(out)),
-            Err(Failure::Refused(why)) => Err(refuse(format!("{why}; the chunk is not served"))),
+            Err(Failure::Refused(why)) => Err(refuse(format!(
+                "filters [{}]: {why}; the chunk is not served",
+                self.pipeline()
+            ))),
             Err(Failure::Corrupt(why)) if self.filters.iter().all(|f| f.hdf5) => {
                 tracing::debug!(
                     file = %self.file.path.display(),
