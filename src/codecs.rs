@@ -341,8 +341,27 @@ fn zstd_block(
     }
 }
 
-fn zstd_ctx() -> Result<zstd::bulk::Decompressor<'static>, Failure> {
-    zstd::bulk::Decompressor::new().map_err(|e| Failure::Corrupt(format!("Zstandard context: {e}")))
+thread_local! {
+    /// One Zstandard decompression context per reader thread: making one costs about
+    /// as much as decoding a small chunk.
+    static ZSTD_CTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A Zstandard frame into `dst` with this thread's context.
+fn zstd_into(src: &[u8], dst: &mut [u8]) -> Result<(), Failure> {
+    ZSTD_CTX.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            let z = zstd::bulk::Decompressor::new()
+                .map_err(|e| Failure::Corrupt(format!("Zstandard context: {e}")))?;
+            *c = Some(z);
+        }
+        match c.as_mut() {
+            Some(z) => zstd_block(z, src, dst),
+            None => corrupt("Zstandard context missing"),
+        }
+    })
 }
 
 /// A zlib stream into `dst`, which it must fill exactly.
@@ -415,7 +434,7 @@ pub fn zstd_filter(input: &[u8], cap: usize) -> Out {
         Ok(Some(n)) if n > cap as u64 => too_large("Zstandard", n, cap),
         Ok(Some(n)) => {
             let mut out = vec![0u8; n as usize];
-            zstd_block(&mut zstd_ctx()?, input, &mut out)?;
+            zstd_into(input, &mut out)?;
             Ok(out)
         }
         // Size not recorded (a streamed frame): decode at most cap + 1 bytes.
@@ -494,7 +513,6 @@ pub fn bitshuffle_filter(input: &[u8], cd: &[u32], elem: usize, cap: usize) -> O
     let n = total / es;
     let mut out = vec![0u8; total];
     let mut tmp = vec![0u8; block.min(n).saturating_mul(es)];
-    let mut zctx = if comp == 3 { Some(zstd_ctx()?) } else { None };
     let last = n % block - n % block % 8;
     let blocks = std::iter::repeat_n(block, n / block).chain((last > 0).then_some(last));
     let mut op = 0usize;
@@ -516,9 +534,10 @@ pub fn bitshuffle_filter(input: &[u8], cd: &[u32], elem: usize, cap: usize) -> O
                 return corrupt("Bitshuffle block past the end of the stored chunk");
             };
             ip += cs as usize;
-            match zctx.as_mut() {
-                Some(z) => zstd_block(z, src, t)?,
-                None => lz4_block(src, t)?,
+            if comp == 3 {
+                zstd_into(src, t)?;
+            } else {
+                lz4_block(src, t)?;
             }
         }
         bitunshuffle(t, b, es, &mut out[op..op + bytes]);
@@ -577,7 +596,6 @@ pub fn blosc(input: &[u8], cap: usize) -> Out {
     let doshuffle = flags & 0x01 != 0 && ts > 1;
     let dobitshuffle = flags & 0x04 != 0;
     let dont_split = flags & 0x10 != 0;
-    let mut zctx = if codec == 4 { Some(zstd_ctx()?) } else { None };
     let mut snappy = snap::raw::Decoder::new();
     let mut tmp: Vec<u8> = Vec::with_capacity(bsize);
     for j in 0..nblocks {
@@ -621,10 +639,7 @@ pub fn blosc(input: &[u8], cap: usize) -> Out {
                     _ => return corrupt("Snappy stream in a Blosc block is corrupt"),
                 },
                 3 => zlib_block(s, dst)?,
-                4 => match zctx.as_mut() {
-                    Some(z) => zstd_block(z, s, dst)?,
-                    None => return corrupt("Blosc Zstandard context missing"),
-                },
+                4 => zstd_into(s, dst)?,
                 c => return corrupt(format!("Blosc codec {c} is not known")),
             }
         }
