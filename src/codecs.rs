@@ -873,4 +873,123 @@ mod tests {
         // Wrong declared size.
         assert!(blosclz(&[1u8, b'a', b'b'], 8, &mut Vec::new()).is_err());
     }
+
+    /// A Blosc 1 chunk as c-blosc writes it: byte shuffle, LZ4, split streams for full
+    /// blocks, a leftover block in one stream; incompressible streams stored raw.
+    fn blosc_chunk(data: &[u8], ts: usize, bsize: usize) -> Vec<u8> {
+        let nblocks = data.len().div_ceil(bsize);
+        let mut v = vec![2u8, 1, 0x01 | (1 << 5), ts as u8];
+        v.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        v.extend_from_slice(&(bsize as u32).to_le_bytes());
+        v.extend_from_slice(&[0; 4]);
+        let table = v.len();
+        v.resize(table + 4 * nblocks, 0);
+        for (j, block) in data.chunks(bsize).enumerate() {
+            let at = v.len() as u32;
+            v[table + 4 * j..table + 4 * j + 4].copy_from_slice(&at.to_le_bytes());
+            let n = block.len() / ts;
+            let mut sh = vec![0u8; block.len()];
+            for i in 0..n {
+                for b in 0..ts {
+                    sh[b * n + i] = block[i * ts + b];
+                }
+            }
+            sh[n * ts..].copy_from_slice(&block[n * ts..]);
+            let splits = if block.len() == bsize && block.len() / ts >= 128 {
+                ts
+            } else {
+                1
+            };
+            for s in sh.chunks(block.len() / splits) {
+                let c = lz4_flex::block::compress(s);
+                let c = if c.len() >= s.len() { s.to_vec() } else { c };
+                v.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                v.extend_from_slice(&c);
+            }
+        }
+        let n = v.len() as u32;
+        v[12..16].copy_from_slice(&n.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn blosc_blocks_splits_and_truncation() {
+        let data: Vec<u8> = (0..5000u32)
+            .flat_map(|i| ((i / 3) as f32).to_le_bytes())
+            .chain((0..37u8).map(|i| i.wrapping_mul(77)))
+            .collect();
+        let c = blosc_chunk(&data, 4, 4096);
+        assert_eq!(blosc(&c, data.len()).unwrap(), data);
+        assert!(matches!(
+            blosc(&c, data.len() - 1),
+            Err(Failure::Refused(_))
+        ));
+        for cut in (0..c.len()).step_by(7) {
+            assert!(blosc(&c[..cut], data.len()).is_err(), "cut {cut}");
+        }
+    }
+
+    /// Crafted input: every decoder, fed mutated valid chunks and random bytes, returns
+    /// an error or at most `cap` bytes, and never panics.
+    #[test]
+    fn mutated_inputs_are_bounded() {
+        let data: Vec<u8> = (0..4096u32).flat_map(|i| (i / 5).to_le_bytes()).collect();
+        let cap = data.len();
+        let lzf_of = |d: &[u8]| {
+            // Literal runs only: a valid LZF stream of `d`.
+            let mut v = Vec::new();
+            for c in d.chunks(32) {
+                v.push((c.len() - 1) as u8);
+                v.extend_from_slice(c);
+            }
+            v
+        };
+        let cases: Vec<(i32, Vec<u32>, Vec<u8>)> = vec![
+            (LZF, vec![], lzf_of(&data)),
+            (BLOSC, vec![], blosc_chunk(&data, 4, 2048)),
+            (LZ4, vec![], lz4_chunk(&data, 1000)),
+            (
+                BITSHUFFLE,
+                vec![0, 0, 4, 0, 2],
+                bshuf_chunk(&data, 4, 128, false),
+            ),
+            (
+                BITSHUFFLE,
+                vec![0, 0, 4, 0, 3],
+                bshuf_chunk(&data, 4, 128, true),
+            ),
+            (ZSTD, vec![], zstd::bulk::compress(&data, 3).unwrap()),
+        ];
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for (id, cd, good) in &cases {
+            assert_eq!(decode(*id, cd, 4, good, cap).unwrap(), data, "filter {id}");
+            for _ in 0..300 {
+                let mut m = good.clone();
+                for _ in 0..1 + rnd() % 4 {
+                    let at = (rnd() as usize) % m.len();
+                    m[at] = rnd() as u8;
+                }
+                if let Ok(out) = decode(*id, cd, 4, &m, cap) {
+                    assert!(out.len() <= cap);
+                }
+            }
+            for len in [0usize, 1, 7, 16, 100, 5000] {
+                let junk: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+                let mut out = Vec::new();
+                if blosclz(&junk, 4096, &mut out).is_ok() {
+                    assert_eq!(out.len(), 4096);
+                }
+                let junk: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+                if let Ok(out) = decode(*id, cd, 4, &junk, cap) {
+                    assert!(out.len() <= cap);
+                }
+            }
+        }
+    }
 }
