@@ -281,7 +281,7 @@ fn transpose8(mut x: u64) -> u64 {
 
 /// Reverses bitshuffle's bit transpose of `n` elements of `es` bytes (n a multiple of 8):
 /// `src` holds 8*es rows of n/8 bytes, row `8*j + k` carrying bit k of byte j of every
-/// element (bshuf_untrans_bit_elem).
+/// element (bshuf_untrans_bit_elem). Row-major over the input: 8 sequential streams.
 pub fn bitunshuffle(src: &[u8], n: usize, es: usize, dst: &mut [u8]) {
     debug_assert!(n % 8 == 0 && src.len() >= n * es && dst.len() >= n * es);
     let nrow = n / 8;

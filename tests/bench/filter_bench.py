@@ -2,7 +2,8 @@
 """Decode speed per compression filter: a cold read of `data` through the mount (built-in
 decoders, daemon started WITHOUT HDF5_PLUGIN_PATH) vs h5py + hdf5plugin reading the same
 dataset, in the same run. Cold: the backing file's pages are evicted (posix_fadvise) and
-each mount is fresh (empty decoded-cell cache). One run; prints a markdown table.
+each mount is fresh (empty decoded-cell cache). Best of --repeat cold reads per side;
+prints a markdown table.
 
     python tests/bench/filter_bench.py --bin target/release/h5tilefs --mib 128
 """
@@ -61,6 +62,7 @@ def main():
     ap.add_argument("--bin", default="target/release/h5tilefs")
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--repeat", type=int, default=3, help="cold reads per side; the best is kept")
     a = ap.parse_args()
     rows = a.mib * (1 << 20) // (4 * 4096)
     rng = np.random.default_rng(1)
@@ -82,23 +84,25 @@ def main():
             with h5py.File(path, "w") as f:
                 f.create_dataset("x", data=data, chunks=(64, 4096), **kw)  # 1 MiB chunks
             stored = os.path.getsize(path)
-            # h5py + hdf5plugin, cold.
-            evict(path)
-            t = time.perf_counter()
-            with h5py.File(path, "r") as f:
-                ref = f["x"][()]
-            t_h5py = time.perf_counter() - t
-            # The mount, cold, no plugins.
-            evict(path)
-            subprocess.run([a.bin, "mount", backing, mnt], check=True, env=env)
-            try:
+            t_h5py = t_mnt = float("inf")
+            for _ in range(a.repeat):
+                # h5py + hdf5plugin, cold.
+                evict(path)
                 t = time.perf_counter()
-                n = read_all(os.path.join(mnt, "f.h5", "x", "data"))
-                t_mnt = time.perf_counter() - t
-                with open(os.path.join(mnt, "f.h5", "x", "data"), "rb") as f:
-                    same = f.read() == ref.tobytes()
-            finally:
-                subprocess.run(["fusermount3", "-u", mnt], check=False)
+                with h5py.File(path, "r") as f:
+                    ref = f["x"][()]
+                t_h5py = min(t_h5py, time.perf_counter() - t)
+                # The mount, cold (fresh mount, evicted file), no plugins.
+                evict(path)
+                subprocess.run([a.bin, "mount", backing, mnt], check=True, env=env)
+                try:
+                    t = time.perf_counter()
+                    n = read_all(os.path.join(mnt, "f.h5", "x", "data"))
+                    t_mnt = min(t_mnt, time.perf_counter() - t)
+                    with open(os.path.join(mnt, "f.h5", "x", "data"), "rb") as f:
+                        same = f.read() == ref.tobytes()
+                finally:
+                    subprocess.run(["fusermount3", "-u", mnt], check=False)
             assert n == data.nbytes and same, f"{name}: mount read differs from h5py"
             mib = data.nbytes / (1 << 20)
             out.append((name, data.nbytes / stored, mib / t_mnt, mib / t_h5py))
@@ -107,7 +111,7 @@ def main():
             os.remove(path)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{a.mib} MiB float32, chunks 64x4096 (1 MiB), cold, one run\n")
+    print(f"{a.mib} MiB float32, chunks 64x4096 (1 MiB), cold, best of {a.repeat}\n")
     print("| filter | ratio | mount `data` MiB/s (built-in) | h5py + hdf5plugin MiB/s |")
     print("|---|---|---|---|")
     for name, ratio, m, h in out:
