@@ -258,6 +258,33 @@ fn blosclz(input: &[u8], want: usize, out: &mut Vec<u8>) -> Result<(), Failure> 
 /// HDF5's and Blosc's byte unshuffle of `src` (elements of `es` bytes) into `dst`;
 /// trailing bytes that make no whole element are copied.
 pub fn unshuffle_into(src: &[u8], es: usize, dst: &mut [u8]) {
+    match es {
+        2 => unshuffle_es::<2>(src, dst),
+        4 => unshuffle_es::<4>(src, dst),
+        8 => unshuffle_es::<8>(src, dst),
+        _ => unshuffle_any(src, es, dst),
+    }
+}
+
+/// One pass over the output, element by element, reading ES planes in step: about
+/// twice as fast as a pass per plane for the common sizes.
+fn unshuffle_es<const ES: usize>(src: &[u8], dst: &mut [u8]) {
+    let n = src.len() / ES;
+    let planes: [&[u8]; ES] = std::array::from_fn(|b| &src[b * n..(b + 1) * n]);
+    for (i, e) in dst[..n * ES].chunks_exact_mut(ES).enumerate() {
+        for b in 0..ES {
+            e[b] = planes[b][i];
+        }
+    }
+    dst[n * ES..src.len()].copy_from_slice(&src[n * ES..]);
+}
+
+fn unshuffle_any(src: &[u8], es: usize, dst: &mut [u8]) {
+    // No whole element (an element size from a crafted file): nothing to unshuffle.
+    if es <= 1 || es > src.len() {
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    }
     let n = src.len() / es;
     for b in 0..es {
         let plane = &src[b * n..(b + 1) * n];

@@ -117,15 +117,8 @@ pub fn unshuffle(data: &[u8], es: usize) -> Vec<u8> {
     if es <= 1 || data.len() < es {
         return data.to_vec();
     }
-    let n = data.len() / es;
     let mut out = vec![0u8; data.len()];
-    for b in 0..es {
-        let plane = &data[b * n..(b + 1) * n];
-        for (i, &v) in plane.iter().enumerate() {
-            out[i * es + b] = v;
-        }
-    }
-    out[n * es..].copy_from_slice(&data[n * es..]);
+    codecs::unshuffle_into(data, es, &mut out);
     out
 }
 
