@@ -318,6 +318,17 @@ impl DatasetModel {
         } else {
             vec![]
         };
+        // A filter nothing here can decode: describe the dataset, serve nothing.
+        if let Some(f) = filters.iter().find(|f| f.decoder == h5::Decoder::None) {
+            if matches!(dtype, DType::Numeric { .. }) {
+                let reason = crate::codecs::no_decoder_reason(f.id, &f.name);
+                tracing::warn!(file = %file.abs().display(), dataset = name, filter = f.id, %reason, "not served");
+                dtype = DType::Unsupported {
+                    reason,
+                    itemsize: elem,
+                };
+            }
+        }
         let (fill, fill_defined) = h5::fill_bytes(&dcpl, &ftype, elem as usize);
         let fill: Arc<[u8]> = fill.into();
         let attrs = crate::attrs::read_attrs(&ds);
