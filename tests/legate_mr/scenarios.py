@@ -163,7 +163,7 @@ def _batched_equal(p, ds, chunk, a):
 def batched(_):
     """from_file_batched of files ours wrote, clipped edges, 2-D to 4-D."""
     res = {}
-    for shape, dtype, chunk in [((37, 23), "float64", (10, 7)), ((5, 4, 3, 6), "int64", (2, 3, 2, 4)),
+    for shape, dtype, chunk in [((37, 23), "float64", (20, 10)), ((5, 4, 3, 6), "int64", (3, 4, 2, 6)),
                                 ((9, 8, 7), "int32", (4, 8, 3)), ((100,), "float32", (33,))]:
         n = _name(shape, dtype)
         a = _array(shape, dtype)

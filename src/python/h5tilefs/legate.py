@@ -28,14 +28,13 @@ write copies the piece to host and writes it like a CPU task (see _taskio.py).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
-import functools
 import gc
 import itertools
 import json
 import math
 import os
-import threading
 from typing import Generator, Sequence
 
 import numpy as np
@@ -85,8 +84,27 @@ def _execute(t, scalars) -> None:
     # Immediate even inside a caller's deferred-exception scope: the wait is what orders
     # the launches (prepare, tiles, commit share no store) and what makes to_file return
     # with the file committed.
-    with Scope(exception_mode=ExceptionMode.IMMEDIATE):
+    with Scope(exception_mode=ExceptionMode.IMMEDIATE), _gc_off():
         t.execute()
+
+
+@contextlib.contextmanager
+def _gc_off():
+    """No cyclic garbage collection in this process while our tasks run (the top-level
+    thread waits in ``execute`` meanwhile). Python tasks share the interpreter with the
+    top-level program: a collection started inside a task (any allocation can start
+    one; an exception's traceback does, also in Legate's frames above the task body)
+    frees the program's garbage in the task's context, and a Legate object among it (an
+    inline-mapped store of a cupynumeric array) then unmaps there: Legion aborts the
+    process ("Invalid task context passed to runtime call unmap_region"). Seen under
+    multi-rank Legate 26.1 when a task raised."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _launch_per_tile(py_task, store, tile, add, *scalars: str) -> None:
@@ -112,38 +130,6 @@ def _run_once(py_task, *scalars: str, output=None) -> None:
         t.add_output(output)
     t.set_side_effect(True)
     _execute(t, scalars)
-
-
-_gc_lock = threading.Lock()
-_gc_holders = 0
-_gc_was_enabled = False
-
-
-def _gc_paused(fn):
-    """Runs the task body ``fn`` with cyclic garbage collection off. A collection inside
-    a task (any allocation can start one; raising an exception allocates its traceback)
-    frees the top-level program's garbage in the task's context, and Legate objects
-    among it (an inline-mapped store of a cupynumeric array) then unmap in the wrong
-    context: Legion aborts the process ("Invalid task context passed to runtime call
-    unmap_region"). Seen under multi-rank Legate 26.1 when a task raised."""
-
-    @functools.wraps(fn)
-    def body(*args, **kwargs):
-        global _gc_holders, _gc_was_enabled
-        with _gc_lock:
-            if _gc_holders == 0:
-                _gc_was_enabled = gc.isenabled()
-                gc.disable()
-            _gc_holders += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            with _gc_lock:
-                _gc_holders -= 1
-                if _gc_holders == 0 and _gc_was_enabled:
-                    gc.enable()
-
-    return body
 
 
 def _node() -> str:
@@ -175,7 +161,6 @@ def _on_gpu(st) -> bool:
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     """Point task: writes this point's piece of the array to its tile file, through this
     rank's mount."""
@@ -192,7 +177,6 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _prepare_file(path: str, ds_rel: str, meta: str) -> None:
     """Single-point task: replaces ``path`` by a new pending file holding one pending
     dataset with ``meta`` (what every rank's to_file would otherwise do once per rank)."""
@@ -220,7 +204,6 @@ def _commit_reason(path: str) -> str:
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _commit_file(path: str) -> None:
     """Single-point task: commits ``path`` once every tile is written; returns when the
     file is durable."""
@@ -278,7 +261,6 @@ def _fill(st, p: str, dtype: str) -> None:
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _read_tile(out: OutputArray, ds_dir: str, tile: str, block: str, dtype: str) -> None:
     """Point task: reads this point's tile file (or the slice of its block of tiles)
     into its piece of the output, through this rank's mount."""
@@ -287,7 +269,6 @@ def _read_tile(out: OutputArray, ds_dir: str, tile: str, block: str, dtype: str)
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _read_slice(out: OutputArray, ds_dir: str, origin: str, dtype: str) -> None:
     """Point task of a batched read: reads the ``slice/`` file of this point's piece,
     shifted by the chunk's ``origin`` in the dataset."""
@@ -306,7 +287,6 @@ META_BYTES = 4096
 
 
 @task(variants=VARIANTS)
-@_gc_paused
 def _read_meta(out: OutputArray, path: str, dataset_name: str) -> None:
     """Single-point task: the dataset's shape, dtype and tile shape as JSON in ``out``,
     read once for every rank (their answers steer every rank's program)."""
