@@ -178,3 +178,19 @@ def test_task_variants_cover_every_processor_kind():
     from legate.core import VariantCode
 
     assert {VariantCode.CPU, VariantCode.GPU} <= set(ours.VARIANTS)
+
+
+def test_deferred_exception_scope_still_orders_and_raises(m):
+    """Inside a caller's deferred-exception scope the adapter's launches still wait: the
+    file is committed on return (prepare, tiles and commit share no store, so the wait
+    is what orders them) and a task's error is raised by the call itself."""
+    from legate.core import ExceptionMode, Scope
+
+    a = cn.arange(300, dtype=cn.float64).reshape(30, 10)
+    p = os.path.join(m.mnt, "deferred.h5")
+    with Scope(exception_mode=ExceptionMode.DEFERRED):
+        ours.to_file(array=a, path=p, dataset_name="/d")
+        with h5py.File(os.path.join(m.backing, "deferred.h5")) as f:
+            assert np.array_equal(f["d"][()], np.asarray(a))
+        with pytest.raises(FileNotFoundError, match="no dataset /nope"):
+            ours.from_file(p, dataset_name="/nope")
