@@ -79,14 +79,29 @@ def _kill_marked(marker):
             pass
 
 
-def launch(nranks, scenarios, timeout=LAUNCH_TIMEOUT):
+def launch(nranks, scenarios, timeout=LAUNCH_TIMEOUT, cluster=None):
     """Runs scenarios.py on ``nranks`` ranks, each with its own mount namespace and
-    daemon; returns a Launch. Everything it made is removed afterwards."""
+    daemon; returns a Launch. Everything it made is removed afterwards.
+
+    With ``cluster`` (a set-up tests/cluster/h5t_cluster.Cluster), rank R runs in node
+    R mod 2's namespace instead, over that node's GlusterFS client and daemon, in a
+    directory of its own on the volume."""
     root = tempfile.mkdtemp(prefix="h5t-mr-")
     dirs = {k: os.path.join(root, k) for k in ("b", "m", "logs", "out")}
     for d in dirs.values():
         os.makedirs(d)
     env = dict(os.environ)
+    if cluster is not None:
+        sub = os.path.basename(root)
+        dirs["b"] = os.path.join(cluster.backing, sub)
+        dirs["m"] = os.path.join(cluster.mnt, sub)
+        nodes = list(cluster.nodes.values())
+        nodes[0].call(os.makedirs, dirs["b"])
+        for n in nodes[1:]:
+            deadline = time.monotonic() + 10
+            while not n.call(os.path.isdir, dirs["m"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        env["H5T_MR_NODE_PIDS"] = " ".join(str(n.pid) for n in nodes)
     env.update({
         "H5TILEFS_BIN": BIN,
         "H5T_MR_BACKING": dirs["b"], "H5T_MR_MNT": dirs["m"], "H5T_MR_LOGS": dirs["logs"],
