@@ -1,7 +1,10 @@
 """The multi-rank scenarios over GlusterFS: 2 ranks on the two nodes of
 tests/cluster/h5t_cluster.py, each over its own GlusterFS client of one volume and its
 own daemon (the cross-node case: attributes seen by the other client lag up to 1 s).
-Needs root and FUSE; starts its own glusterd on 127.0.0.1:24007 (one user at a time)."""
+Needs root and FUSE; starts its own glusterd on 127.0.0.1:24007 (one user at a time).
+
+Not yet part of `make test`: runs only with H5T_MR_GLUSTER=1 (it has not had a full run
+on the development machine, whose single glusterd port was taken)."""
 import os
 import sys
 
@@ -26,6 +29,8 @@ from h5t_cluster import Cluster, fuse_available  # noqa: E402
 
 @pytest.fixture(scope="module")
 def run():
+    if os.environ.get("H5T_MR_GLUSTER") != "1":
+        pytest.skip("set H5T_MR_GLUSTER=1 to run the multi-rank scenarios over GlusterFS")
     ok, why = fuse_available()
     if not ok:
         pytest.skip(f"needs FUSE: {why}")
