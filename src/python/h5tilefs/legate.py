@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import time
 from typing import Generator, Sequence
 
 import numpy as np
@@ -74,6 +75,9 @@ def _tile_path(st, ds_dir: str, tile: str) -> str:
 #: rank, so an error on one node fails the call everywhere instead of aborting the
 #: process or leaving the other ranks waiting.
 RAISES = (OSError, ValueError, TypeError)
+
+#: Bytes of the store a single-point task answers every rank in (text, zero-padded).
+META_BYTES = 4096
 
 
 def _execute(t, scalars) -> None:
@@ -204,9 +208,10 @@ def _commit_reason(path: str) -> str:
 
 
 @task(variants=VARIANTS)
-def _commit_file(path: str) -> None:
+def _commit_file(out: OutputArray, path: str, tile0: str) -> None:
     """Single-point task: commits ``path`` once every tile is written; returns when the
-    file is durable."""
+    file is durable. ``out`` gets the generation directory of the committed tiles, as
+    this node sees it through QUERY_EXTENTS of ``tile0`` ("" for no tile)."""
     try:
         with open(os.path.join(path, ".commit"), "w") as f:
             f.write("commit\n")
@@ -215,6 +220,64 @@ def _commit_file(path: str) -> None:
             raise _tile_error(e, path, "committing") from None
         why = _commit_reason(path)
         raise OSError(e.errno, f"commit of {path} failed on {_node()}: {why or e.strerror}") from None
+    try:
+        gen = _generation(tile0) if tile0 else ""
+    except OSError:
+        gen = ""  # no QUERY_EXTENTS here: the other ranks do not wait for their view
+    _put_text(out, gen)
+
+
+def _generation(tile: str) -> str:
+    """The directory of ``tile``'s backing tile source: one per written version of the
+    dataset (``<stem>_h5tilefs_vds/<dataset>/<generation>``)."""
+    from .extents import query_extents
+
+    runs = [r for r in query_extents(tile, 0, 1) if r.path]
+    return os.path.dirname(runs[0].path) if runs else ""
+
+
+def _put_text(out: OutputArray, text: str) -> None:
+    enc = text.encode()
+    if len(enc) > META_BYTES:
+        raise ValueError(f"{text[:80]}...: {len(enc)} bytes exceed {META_BYTES}")
+    dst = np.asarray(out.data())
+    dst[...] = 0
+    dst[: len(enc)] = np.frombuffer(enc, dtype=np.uint8)
+
+
+def _get_text(store) -> str:
+    """The text a single-point task put in ``store``, read on every rank."""
+    return bytes(np.asarray(store.get_physical_store())).rstrip(b"\0").decode()
+
+
+#: How long a rank waits for its mount to show a file another node committed.
+VISIBLE_WITHIN_S = 10.0
+
+
+@task(variants=VARIANTS)
+def _await_visible(path: str, meta_path: str, tile0: str, generation: str) -> None:
+    """Point task, one per processor: returns once this rank's mount shows the committed
+    version (its meta.json no longer pending, ``tile0`` served from ``generation``). On a
+    shared file system whose clients cache attributes (GlusterFS: about 1 s) another
+    node may still see the pending state or the old file right after the commit."""
+    deadline = time.monotonic() + VISIBLE_WITHIN_S
+    seen = ""
+    while True:
+        try:
+            with open(meta_path) as f:
+                state = json.load(f).get("state")
+            seen = _generation(tile0) if state != "pending" else f"state {state}"
+            if seen == generation:
+                return
+        except (OSError, ValueError) as e:
+            if getattr(e, "errno", None) in (errno.ENOTCONN, errno.ECONNABORTED):
+                raise _tile_error(e, tile0, "checking the commit of") from None
+            seen = str(e)
+        if time.monotonic() > deadline:
+            raise OSError(errno.EAGAIN, f"{path} on {_node()}: committed, but this node's mount still shows "
+                                        f"another version after {VISIBLE_WITHIN_S:.0f} s (saw {seen!r}, "
+                                        f"committed {generation!r}); its view of the backing file system lags")
+        time.sleep(0.05)
 
 
 def _piece_path(st, ds_dir: str, tile: str, block: str) -> str:
@@ -282,10 +345,6 @@ def _read_slice(out: OutputArray, ds_dir: str, origin: str, dtype: str) -> None:
     _fill(st, os.path.join(ds_dir, "slice", name), dtype)
 
 
-#: Bytes of the store a meta task answers in (JSON, zero-padded).
-META_BYTES = 4096
-
-
 @task(variants=VARIANTS)
 def _read_meta(out: OutputArray, path: str, dataset_name: str) -> None:
     """Single-point task: the dataset's shape, dtype and tile shape as JSON in ``out``,
@@ -300,12 +359,7 @@ def _read_meta(out: OutputArray, path: str, dataset_name: str) -> None:
             errno.ENOENT, f"no dataset {dataset_name} in {path} (looked for {ds_dir}/meta.json)") from None
     if meta.get("unsupported"):
         raise TypeError(f"{dataset_name}: {meta['unsupported']}")
-    enc = json.dumps({k: meta[k] for k in ("shape", "dtype", "tile_shape")}).encode()
-    if len(enc) > META_BYTES:
-        raise ValueError(f"{dataset_name} in {path}: meta of {len(enc)} bytes exceeds {META_BYTES}")
-    dst = np.asarray(out.data())
-    dst[...] = 0
-    dst[: len(enc)] = np.frombuffer(enc, dtype=np.uint8)
+    _put_text(out, json.dumps({k: meta[k] for k in ("shape", "dtype", "tile_shape")}))
 
 
 def _as_logical_array(array) -> LogicalArray:
@@ -340,9 +394,11 @@ def to_file(array, path, dataset_name: str) -> None:
     """Writes ``array`` to ``path`` (inside an h5tilefs mount) as dataset ``dataset_name``,
     replacing the file; returns, on every rank, once the file is committed and durable.
 
-    Three launches, each waited for on every rank: one task replaces the file and
-    declares the dataset, the point tasks write the tiles (each through its rank's
-    mount), one task commits."""
+    Launches, each waited for on every rank: one task replaces the file and declares
+    the dataset, the point tasks write the tiles (each through its rank's mount), one
+    task commits. With several ranks, one task per processor then waits until its
+    node's mount shows the committed version, so a ``from_file`` on any rank right
+    after reads it (on GlusterFS another client can lag about 1 s)."""
     path = os.path.abspath(os.fspath(path))
     la = _as_logical_array(array)
     if la.unbound:
@@ -356,7 +412,17 @@ def to_file(array, path, dataset_name: str) -> None:
     _run_once(_prepare_file, path, ds_rel, meta)
     if math.prod(shape) > 0:
         _launch_per_tile(_write_tile, store, tile, "input", os.path.join(path, ds_rel), ",".join(map(str, tile)))
-    _run_once(_commit_file, path)
+    tile0 = os.path.join(path, ds_rel, "tiles", _tile_name([0] * len(shape))) if math.prod(shape) > 0 else ""
+    runtime = get_legate_runtime()
+    token = runtime.create_store(ty.uint8, shape=(META_BYTES,))
+    _run_once(_commit_file, path, tile0, output=token)
+    generation = _get_text(token) if runtime.node_count > 1 else ""
+    if generation:
+        # one point per processor: every rank returns once its own node shows the new file
+        procs = max(1, runtime.get_machine().count())
+        t = runtime.create_manual_task(_await_visible.library, _await_visible.task_id, (procs,))
+        t.set_side_effect(True)
+        _execute(t, (path, os.path.join(path, ds_rel, "meta.json"), tile0, generation))
 
 
 def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
@@ -365,8 +431,7 @@ def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
     ds_rel = _dataset_rel(dataset_name)
     store = get_legate_runtime().create_store(ty.uint8, shape=(META_BYTES,))
     _run_once(_read_meta, path, dataset_name, output=store)
-    raw = bytes(np.asarray(store.get_physical_store())).rstrip(b"\0")
-    return os.path.join(path, ds_rel), json.loads(raw)
+    return os.path.join(path, ds_rel), json.loads(_get_text(store))
 
 
 def from_file(path, dataset_name: str) -> LogicalArray:
