@@ -184,9 +184,9 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
 def _prepare_file(path: str, ds_rel: str, meta: str) -> None:
     """Single-point task: replaces ``path`` by a new pending file holding one pending
     dataset with ``meta`` (what every rank's to_file would otherwise do once per rank)."""
+    mount_root(path)  # first: a gone daemon is named, not taken for "a directory"
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, ".commit")):
         raise ValueError(f"{path} is a directory; pass a file name such as {path.rstrip('/')}/out.h5")
-    mount_root(os.path.dirname(path))
     # to_file overwrites: drop the old file (and its tile sources) first.
     if os.path.exists(path):
         os.rmdir(path)
