@@ -192,25 +192,32 @@ def errors(_):
     return res
 
 
-def _daemon_pid():
-    with open(os.path.join(MNT, ".h5tilefs")) as f:
-        return int(json.load(f)["stats"]["pid"])
+def _control():
+    """(mount point, backing dir, daemon pid) of this rank's mount (MNT may be a
+    directory inside it, as in the GlusterFS mode)."""
+    from h5tilefs._mount import mount_root
+
+    root = mount_root(MNT)
+    with open(os.path.join(root, ".h5tilefs")) as f:
+        info = json.load(f)
+    return root, info["backing_dir"], int(info["stats"]["pid"])
 
 
 def _kill_own_daemon():
-    pid = _daemon_pid()
+    root, backing, pid = _control()
     os.kill(pid, signal.SIGKILL)
     for _ in range(200):
         if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
-            return
+            break
         time.sleep(0.01)
+    return root, backing
 
 
-def _remount():
-    subprocess.run(["umount", "-l", MNT], capture_output=True)
-    subprocess.run([BIN, "mount", BACKING, MNT, "--log-file", os.path.join(LOGS, f"daemon.{RANK}.log")], check=True)
+def _remount(root, backing):
+    subprocess.run(["umount", "-l", root], capture_output=True)
+    subprocess.run([BIN, "mount", backing, root, "--log-file", os.path.join(LOGS, f"daemon.{RANK}.log")], check=True)
     with open(os.path.join(LOGS, f"daemon.{RANK}.pids"), "a") as f:
-        f.write(f"{_daemon_pid()}\n")
+        f.write(f"{_control()[2]}\n")
 
 
 def kill(arg):
@@ -225,7 +232,7 @@ def kill(arg):
     ours.to_file(array=old, path=p, dataset_name="/k")
     res = {"victim": victim}
     if RANK == victim:
-        _kill_own_daemon()
+        mounted = _kill_own_daemon()
     new = _array((37, 23), "float64", k=2)
     try:
         ours.to_file(array=new, path=p, dataset_name="/k")
@@ -238,7 +245,7 @@ def kill(arg):
     else:
         res["after_failure"] = "absent"
     if RANK == victim:
-        _remount()
+        _remount(*mounted)
     third = _array((37, 23), "float64", k=3)
     try:
         ours.to_file(array=third, path=p, dataset_name="/k")
