@@ -115,6 +115,8 @@ LEGATE_MR_STAMP := $(LEGATE_MR_VENV)/.requirements.stamp
 MPI_PKGS        := openmpi-bin libopenmpi-dev
 UCX_SHIM        := build/ucx_ib_shim.so
 CUDA_STUB_MR    := build/cuda-stub-26.1/libcuda.so.1
+# 1: also run the scenarios over GlusterFS (tests/legate_mr/test_gluster.py; opt-in)
+H5T_MR_GLUSTER  ?=
 
 mpi-apt:
 	@if ! dpkg -s $(MPI_PKGS) >/dev/null 2>&1; then \
@@ -150,7 +152,7 @@ test-legate-mr: build
 	  if ! ldconfig -p | grep -q 'libcuda.so.1 '; then \
 	    $(MAKE) --no-print-directory $(CUDA_STUB_MR) && libs="$(CURDIR)/$(dir $(CUDA_STUB_MR)):$$libs"; fi && \
 	  LD_LIBRARY_PATH="$$libs" H5T_MR_SHIM=$(CURDIR)/$(UCX_SHIM) H5TILEFS_BIN=$(CURDIR)/$(BIN) \
-	    $(LEGATE_MR_PY) -m pytest -q -p no:cacheprovider tests/legate_mr; \
+	    H5T_MR_GLUSTER=$(H5T_MR_GLUSTER) $(LEGATE_MR_PY) -m pytest -q -p no:cacheprovider tests/legate_mr; \
 	fi
 
 demo: build
