@@ -158,6 +158,9 @@ def _tile_error(e: OSError, path: str, what: str) -> OSError:
 #: CPU, plus GPU and OpenMP where this Legate build has them: a task variant exists
 #: for each processor kind the mapper may pick.
 VARIANTS = (VariantCode.CPU, VariantCode.GPU, VariantCode.OMP)
+#: Tasks that only touch files and small host stores (prepare, commit, meta, the
+#: visibility wait): on a CPU, so their output store is in host memory.
+HOST_ONLY = (VariantCode.CPU,)
 
 
 def _on_gpu(st) -> bool:
@@ -180,7 +183,7 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
         raise _tile_error(e, p, "writing tile") from None
 
 
-@task(variants=VARIANTS)
+@task(variants=HOST_ONLY)
 def _prepare_file(path: str, ds_rel: str, meta: str) -> None:
     """Single-point task: replaces ``path`` by a new pending file holding one pending
     dataset with ``meta`` (what every rank's to_file would otherwise do once per rank)."""
@@ -207,7 +210,7 @@ def _commit_reason(path: str) -> str:
         return ""
 
 
-@task(variants=VARIANTS)
+@task(variants=HOST_ONLY)
 def _commit_file(out: OutputArray, path: str, tile0: str) -> None:
     """Single-point task: commits ``path`` once every tile is written; returns when the
     file is durable. ``out`` gets the generation directory of the committed tiles, as
@@ -254,7 +257,7 @@ def _get_text(store) -> str:
 VISIBLE_WITHIN_S = 10.0
 
 
-@task(variants=VARIANTS)
+@task(variants=HOST_ONLY)
 def _await_visible(path: str, meta_path: str, tile0: str, generation: str) -> None:
     """Point task, one per processor: returns once this rank's mount shows the committed
     version (its meta.json no longer pending, ``tile0`` served from ``generation``). On a
@@ -345,7 +348,7 @@ def _read_slice(out: OutputArray, ds_dir: str, origin: str, dtype: str) -> None:
     _fill(st, os.path.join(ds_dir, "slice", name), dtype)
 
 
-@task(variants=VARIANTS)
+@task(variants=HOST_ONLY)
 def _read_meta(out: OutputArray, path: str, dataset_name: str) -> None:
     """Single-point task: the dataset's shape, dtype and tile shape as JSON in ``out``,
     read once for every rank (their answers steer every rank's program)."""
