@@ -3,6 +3,8 @@
 #   make demo        build, mount a generated sample, read it with ls/cat/numpy/od/dd
 #   make test-cluster two nodes (mount namespaces) over one GlusterFS volume on loopback:
 #                    cross-node coherence tests (part of test; needs root and FUSE)
+#   make test-legate-mr  h5tilefs.legate under multi-rank Legate (2 and 3 ranks under
+#                    mpirun, a mount namespace and daemon per rank; part of test)
 #   make bench-read  read throughput through the mount vs direct reads (not part of test)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -24,7 +26,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt gluster-apt build test test-cluster test-legate demo bench-read clean-venv fuzz
+.PHONY: setup apt gluster-apt mpi-apt build test test-cluster test-legate test-legate-mr demo bench-read clean-venv fuzz
 
 # Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
 # an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
@@ -61,6 +63,7 @@ test: build
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -x -q tests/integration
 	$(MAKE) test-cluster
 	$(MAKE) test-legate
+	$(MAKE) test-legate-mr
 
 gluster-apt:
 	@if ! dpkg -s $(GLUSTER_PKGS) >/dev/null 2>&1; then \
@@ -96,6 +99,61 @@ test-legate: build $(LEGATE_STAMP)
 	if ! ldconfig -p | grep -q 'libcuda.so.1 '; then $(MAKE) $(CUDA_STUB); libs="$(CURDIR)/build/cuda-stub:$$libs"; fi; \
 	LD_LIBRARY_PATH="$$libs" LEGATE_CONFIG="--cpus 2" LEGATE_AUTO_CONFIG=0 \
 	  H5TILEFS_BIN=$(CURDIR)/$(BIN) $(LEGATE_PY) -m pytest -q -p no:cacheprovider tests/legate
+
+# Multi-rank Legate (tests/legate_mr, docs/adapter-notes.md "Multi-rank"): 2 and 3 ranks
+# under mpirun, each rank a "node" of its own (a mount namespace with its own daemon).
+# legate 26.1 is the newest line whose wheels carry networking (26.06's have none); its
+# venv (about 3 GB) lives outside the clone, named by its requirements' hash, so runs on
+# one machine reuse it (installed once, about 3 minutes). Open MPI comes from Debian. The
+# libucx-cu12 wheel has no InfiniBand and Realm stops on its refused IB_* settings: an
+# LD_PRELOAD shim accepts those.
+LEGATE_MR_REQS  := tests/legate_mr/requirements.txt
+LEGATE_MR_HASH  := $(shell sha256sum $(LEGATE_MR_REQS) 2>/dev/null | cut -c1-12)
+LEGATE_MR_VENV  ?= $(HOME)/.cache/h5tilefs/venv-legate-26.1-$(LEGATE_MR_HASH)
+LEGATE_MR_PY    := $(LEGATE_MR_VENV)/bin/python
+LEGATE_MR_STAMP := $(LEGATE_MR_VENV)/.requirements.stamp
+MPI_PKGS        := openmpi-bin libopenmpi-dev
+UCX_SHIM        := build/ucx_ib_shim.so
+CUDA_STUB_MR    := build/cuda-stub-26.1/libcuda.so.1
+# 1: also run the scenarios over GlusterFS (tests/legate_mr/test_gluster.py; opt-in)
+H5T_MR_GLUSTER  ?=
+
+mpi-apt:
+	@if ! dpkg -s $(MPI_PKGS) >/dev/null 2>&1; then \
+	  echo "installing $(MPI_PKGS)"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(MPI_PKGS); \
+	fi
+
+# Order-only on the requirements: the hash in the venv's name already tracks them, and a
+# fresh clone's newer file times must not reinstall.
+$(LEGATE_MR_STAMP): | $(LEGATE_MR_REQS)
+	python3 -m venv $(LEGATE_MR_VENV)
+	$(LEGATE_MR_VENV)/bin/pip install -q --upgrade pip
+	$(LEGATE_MR_VENV)/bin/pip install -q -r $(LEGATE_MR_REQS)
+	touch $@
+
+$(UCX_SHIM): tests/legate_mr/ucx_ib_shim.c
+	@mkdir -p $(@D)
+	cc -shared -fPIC -O2 -Wall -Wextra -o $@ $< -ldl
+
+$(CUDA_STUB_MR): tests/legate/make_cuda_stub.py | $(LEGATE_MR_STAMP)
+	$(LEGATE_MR_PY) tests/legate/make_cuda_stub.py "$$($(LEGATE_MR_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" $(@D)
+
+test-legate-mr: build
+	@if [ ! -c /dev/fuse ] || ! grep -qw fuse /proc/filesystems; then \
+	  echo "test-legate-mr: SKIPPED: this kernel has no FUSE (/dev/fuse or 'fuse' in /proc/filesystems missing)"; \
+	elif [ "$$(id -u)" -ne 0 ]; then \
+	  echo "test-legate-mr: SKIPPED: each rank's private mount namespace (unshare -m) needs root"; \
+	else \
+	  $(MAKE) --no-print-directory mpi-apt $(LEGATE_MR_STAMP) $(UCX_SHIM) && \
+	  site="$$($(LEGATE_MR_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
+	  libs="$$site/nvidia/cuda_runtime/lib" && \
+	  if ! ldconfig -p | grep -q 'libcuda.so.1 '; then \
+	    $(MAKE) --no-print-directory $(CUDA_STUB_MR) && libs="$(CURDIR)/$(dir $(CUDA_STUB_MR)):$$libs"; fi && \
+	  LD_LIBRARY_PATH="$$libs" H5T_MR_SHIM=$(CURDIR)/$(UCX_SHIM) H5TILEFS_BIN=$(CURDIR)/$(BIN) \
+	    H5T_MR_GLUSTER=$(H5T_MR_GLUSTER) $(LEGATE_MR_PY) -m pytest -q -p no:cacheprovider tests/legate_mr; \
+	fi
 
 demo: build
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) PY=$(CURDIR)/$(PY) tests/demo.sh

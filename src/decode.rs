@@ -2,6 +2,7 @@
 //! compact storage, virtual mappings HDF5 must resolve), their decoders and a
 //! byte-capped cache of decoded cells.
 
+use crate::codecs;
 use crate::error::{Error, ModelError, Result};
 use crate::extent::{BackingFile, CellRef, CellSource};
 use crate::geometry::unravel;
@@ -116,23 +117,17 @@ pub fn unshuffle(data: &[u8], es: usize) -> Vec<u8> {
     if es <= 1 || data.len() < es {
         return data.to_vec();
     }
-    let n = data.len() / es;
     let mut out = vec![0u8; data.len()];
-    for b in 0..es {
-        let plane = &data[b * n..(b + 1) * n];
-        for (i, &v) in plane.iter().enumerate() {
-            out[i * es + b] = v;
-        }
-    }
-    out[n * es..].copy_from_slice(&data[n * es..]);
+    codecs::unshuffle_into(data, es, &mut out);
     out
 }
 
 /// Whether every filter of the pipeline has a Rust decoder.
 pub fn rust_decodable(filters: &[FilterInfo]) -> bool {
-    filters.iter().all(|f| matches!(f.id, 1..=3))
+    filters.iter().all(|f| codecs::builtin(f.id))
 }
 
+pub use crate::codecs::Failure;
 pub use crate::h5::MAX_CELL_BYTES;
 
 /// The most a stored (filtered) chunk may exceed its decoded size: deflate's worst
@@ -141,74 +136,81 @@ fn max_stored_bytes(decoded: u64) -> u64 {
     decoded.saturating_mul(2).saturating_add(1 << 16)
 }
 
-/// Inflates `input` into at most `cap` bytes. `Ok(None)`: a corrupt or short stream,
-/// left to HDF5 (which reports it); `Err`: the stream inflates beyond `cap`, refused
-/// after `cap + 1` bytes so a deflate bomb never costs more than one chunk of memory.
-fn inflate_bounded(input: &[u8], cap: usize) -> std::result::Result<Option<Vec<u8>>, String> {
+/// Inflates `input` into at most `cap` bytes; a stream inflating beyond `cap` is
+/// refused after `cap + 1` bytes, so a deflate bomb never costs more than one chunk.
+fn inflate_bounded(input: &[u8], cap: usize) -> std::result::Result<Vec<u8>, Failure> {
     let mut out = Vec::with_capacity(cap.saturating_add(1));
     let limit = (cap as u64).saturating_add(1);
     match flate2::read::ZlibDecoder::new(input)
         .take(limit)
         .read_to_end(&mut out)
     {
-        Ok(_) if out.len() > cap => Err(format!(
+        Ok(_) if out.len() > cap => Err(Failure::Refused(format!(
             "its deflate stream inflates beyond the chunk's decoded size of {cap} bytes \
              (corrupt or crafted file)"
-        )),
-        Ok(_) => Ok(Some(out)),
-        Err(_) => Ok(None),
+        ))),
+        Ok(_) => Ok(out),
+        Err(e) => Err(Failure::Corrupt(format!("deflate stream is corrupt: {e}"))),
     }
 }
 
 /// Runs the pipeline backwards over a stored chunk whose decoded size is `expect`.
-/// `Ok(None)` means "let HDF5 do it" (unknown filter, corrupt stream, or a checksum we
-/// could not confirm); `Err` means the chunk must not be decoded at all (it would
-/// inflate beyond its size: HDF5 would allocate the whole stream, then truncate it).
+/// `Failure::Corrupt`: HDF5 may try when it has every filter (its error then says
+/// more); `Failure::Refused`: the chunk must not be decoded at all (it would decode
+/// beyond its size: HDF5 would allocate what the stream says, then truncate it).
 pub fn decode_chunk(
     raw: Vec<u8>,
     filters: &[FilterInfo],
     mask: u32,
     elem: usize,
     expect: usize,
-) -> std::result::Result<Option<Vec<u8>>, String> {
+) -> std::result::Result<Vec<u8>, Failure> {
     let active = |i: usize| i >= 32 || mask & (1 << i) == 0;
     let mut buf = raw;
     for (i, f) in filters.iter().enumerate().rev() {
         if !active(i) {
             continue;
         }
+        // The bytes before this filter ran: the chunk plus the checksums of the
+        // Fletcher-32 filters that ran earlier.
+        let sums = (0..i).filter(|&j| active(j) && filters[j].id == 3).count();
+        let cap = expect.saturating_add(4 * sums);
         buf = match f.id {
-            1 => {
-                // The bytes before this filter ran: the chunk plus the checksums of
-                // the Fletcher-32 filters that ran earlier.
-                let sums = (0..i).filter(|&j| active(j) && filters[j].id == 3).count();
-                let cap = expect.saturating_add(4 * sums);
-                match inflate_bounded(&buf, cap)? {
-                    Some(out) => out,
-                    None => return Ok(None),
-                }
-            }
+            1 => inflate_bounded(&buf, cap)?,
             2 => {
                 let es = f.cd_values.first().map(|&v| v as usize).unwrap_or(elem);
                 unshuffle(&buf, es)
             }
             3 => {
                 if buf.len() < 4 {
-                    return Ok(None);
+                    return Err(Failure::Corrupt(
+                        "Fletcher-32 chunk shorter than its checksum".into(),
+                    ));
                 }
                 let n = buf.len() - 4;
                 let stored = u32::from_le_bytes([buf[n], buf[n + 1], buf[n + 2], buf[n + 3]]);
                 let sum = fletcher32(&buf[..n]);
                 if stored != sum && stored != sum.swap_bytes() {
-                    return Ok(None);
+                    return Err(Failure::Corrupt(format!(
+                        "Fletcher-32 checksum mismatch (stored {stored:#010x}, computed {sum:#010x})"
+                    )));
                 }
                 buf.truncate(n);
                 buf
             }
-            _ => return Ok(None),
+            id => codecs::decode(id, &f.cd_values, elem, &buf, cap).map_err(|e| match e {
+                Failure::Corrupt(m) => Failure::Corrupt(format!("{} filter: {m}", f.name)),
+                Failure::Refused(m) => Failure::Refused(format!("{} filter: {m}", f.name)),
+            })?,
         };
     }
-    Ok((buf.len() == expect).then_some(buf))
+    if buf.len() != expect {
+        return Err(Failure::Corrupt(format!(
+            "decodes to {} bytes where the chunk holds {expect}",
+            buf.len()
+        )));
+    }
+    Ok(buf)
 }
 
 /// Reads cell `index` of a regular grid of `cell`-shaped blocks through the HDF5
@@ -350,6 +352,18 @@ impl ChunkStore {
         !active && loc.size == self.cell_bytes()
     }
 
+    /// "gzip (1), shuffle (2)" for messages.
+    fn pipeline(&self) -> String {
+        let names: Vec<String> = self
+            .filters
+            .iter()
+            .map(|f| format!("{} ({}, {})", f.name, f.id, f.decoder.as_str()))
+            .collect();
+        names.join(", ")
+    }
+
+    /// Reads a chunk through libhdf5; a failure names the file, dataset, chunk and
+    /// filters around HDF5's own error stack.
     fn read_through_hdf5(&self, index: u64) -> Result<Vec<u8>> {
         read_cell(
             &self.dset,
@@ -359,6 +373,19 @@ impl ChunkStore {
             self.elem,
             index,
         )
+        .map_err(|e| {
+            let msg = if self.filters.is_empty() {
+                format!("{}: {}", self.what(index), e.message)
+            } else {
+                format!(
+                    "{}: decoding through libhdf5 with filters [{}] failed: {}",
+                    self.what(index),
+                    self.pipeline(),
+                    e.message
+                )
+            };
+            Error::new(e.errno, msg)
+        })
     }
 
     /// Checks a stored chunk's size and place before anything (ours or HDF5's) reads
@@ -391,7 +418,8 @@ impl ChunkStore {
     }
 
     /// Reads and decodes a stored chunk (checked by `check_stored`) in Rust.
-    /// `Ok(None)`: HDF5 must decode it.
+    /// `Ok(None)`: HDF5 must decode it (our decoder found it corrupt and libhdf5 has
+    /// every filter: its error, or its result, is the reference).
     fn decode_stored(&self, index: u64, loc: &ChunkLoc, expect: usize) -> Result<Option<Vec<u8>>> {
         let refuse =
             |why: String| Error::from(ModelError::Corrupt(format!("{}: {why}", self.what(index))));
@@ -401,14 +429,34 @@ impl ChunkStore {
             .file
             .read_exact_at(&mut raw, loc.addr)
             .map_err(|e| Error::from_io(format!("reading {}", self.what(index)), e))?;
-        decode_chunk(
+        match decode_chunk(
             raw,
             &self.filters,
             loc.filter_mask,
             self.elem as usize,
             expect,
-        )
-        .map_err(|why| refuse(format!("{why}; the chunk is not served")))
+        ) {
+            Ok(out) => Ok(Some(out)),
+            Err(Failure::Refused(why)) => Err(refuse(format!(
+                "filters [{}]: {why}; the chunk is not served",
+                self.pipeline()
+            ))),
+            Err(Failure::Corrupt(why)) if self.filters.iter().all(|f| f.hdf5) => {
+                tracing::debug!(
+                    file = %self.file.path.display(),
+                    dataset = %self.name,
+                    index,
+                    filters = %self.pipeline(),
+                    %why,
+                    "chunk not decodable in Rust, trying libhdf5"
+                );
+                Ok(None)
+            }
+            Err(Failure::Corrupt(why)) => Err(refuse(format!(
+                "filters [{}]: {why} (corrupt chunk; libhdf5 has no decoder to compare)",
+                self.pipeline()
+            ))),
+        }
     }
 }
 
@@ -442,12 +490,6 @@ impl CellSource for ChunkStore {
             if let Some(out) = self.decode_stored(index, &loc, expect)? {
                 return Ok(out);
             }
-            tracing::debug!(
-                file = %self.file.path.display(),
-                dataset = %self.name,
-                index,
-                "chunk not decodable in Rust, using HDF5"
-            );
         }
         self.read_through_hdf5(index)
     }
@@ -545,24 +587,25 @@ mod tests {
         let mut z = enc.finish().unwrap();
         let sum = fletcher32(&z);
         z.extend_from_slice(&sum.to_le_bytes());
-        let f = |id| FilterInfo {
-            id,
-            name: String::new(),
-            cd_values: vec![],
-            optional: false,
-        };
+        let f = filter;
         let filters = vec![f(1), f(3)];
         assert_eq!(
             decode_chunk(z.clone(), &filters, 0, 4, data.len()),
-            Ok(Some(data.clone()))
+            Ok(data.clone())
         );
         // A corrupted checksum is not trusted: HDF5 decides.
         let mut bad = z;
         let n = bad.len();
         bad[n - 1] ^= 0xff;
-        assert_eq!(decode_chunk(bad, &filters, 0, 4, data.len()), Ok(None));
+        assert!(matches!(
+            decode_chunk(bad, &filters, 0, 4, data.len()),
+            Err(Failure::Corrupt(_))
+        ));
         // Wrong expected size is refused.
-        assert_eq!(decode_chunk(vec![1, 2, 3], &[], 0, 1, 4), Ok(None));
+        assert!(matches!(
+            decode_chunk(vec![1, 2, 3], &[], 0, 1, 4),
+            Err(Failure::Corrupt(_))
+        ));
     }
 
     fn filter(id: i32) -> FilterInfo {
@@ -570,7 +613,9 @@ mod tests {
             id,
             name: String::new(),
             cd_values: vec![],
+            decoder: crate::h5::Decoder::BuiltIn,
             optional: false,
+            hdf5: true,
         }
     }
 
@@ -593,6 +638,8 @@ mod tests {
         let t = std::time::Instant::now();
         let r = decode_chunk(z, &[filter(1)], 0, 4, 4096);
         let why = r.expect_err("a stream inflating past its chunk must be refused");
+        assert!(matches!(why, Failure::Refused(_)));
+        let why = why.message().to_string();
         assert!(
             why.contains("inflates beyond") && why.contains("4096"),
             "{why}"
@@ -615,14 +662,14 @@ mod tests {
         let z = enc.finish().unwrap();
         assert_eq!(
             decode_chunk(z.clone(), &[filter(3), filter(1)], 0, 1, 4096),
-            Ok(Some(data))
+            Ok(data)
         );
         // One byte short of the checksum: it no longer fits.
         assert!(decode_chunk(z, &[filter(1)], 0, 1, 4096).is_err());
         // A filter skipped by the chunk's mask is not run.
         assert_eq!(
             decode_chunk(vec![9u8; 16], &[filter(1)], 1, 1, 16),
-            Ok(Some(vec![9u8; 16]))
+            Ok(vec![9u8; 16])
         );
     }
 

@@ -1878,12 +1878,78 @@ impl Fs {
                 view,
             }) => {
                 let model = self.refresh_pending(file, path, meta, tile.as_deref(), view, None)?;
+                let model = self.extent_model(file, path, meta, tile.as_deref(), view, model)?;
                 let sel = Hyperslab::full(&model.shape);
                 Ok((model, sel))
             }
             Some(_) => Err(Error::new(libc::ENOTTY, "not a data file")),
             None => Err(Error::new(libc::EBADF, format!("unknown handle {fh}"))),
         }
+    }
+}
+
+impl Fs {
+    /// The model of a pending handle for the extent map (READ_TO_GPU, QUERY_EXTENTS),
+    /// which reads no range log: when the fill value is not all zero bytes, the tiles
+    /// not known complete map only their written elements (`DatasetModel::pending_written`).
+    fn extent_model(
+        &self,
+        file: &Path,
+        path: &str,
+        meta: &PendingMeta,
+        tile: Option<&[u64]>,
+        view: &parking_lot::Mutex<PendingView>,
+        model: Arc<DatasetModel>,
+    ) -> Result<Arc<DatasetModel>> {
+        let fill = crate::writer::fill_bytes(&meta.dtype, &meta.fill_value).unwrap_or_default();
+        if fill.iter().all(|&b| b == 0) || meta.shape.is_empty() {
+            return Ok(model);
+        }
+        let (gen, targets, complete) = {
+            let v = view.lock();
+            (v.gen.clone(), v.targets.clone(), v.complete.clone())
+        };
+        let open: Vec<&Vec<u64>> = targets
+            .iter()
+            .filter(|(idx, t)| t.is_some() && !complete.contains(idx))
+            .map(|(idx, _)| idx)
+            .collect();
+        if open.is_empty() || gen.is_none() || self.pending.generation(file, path) != gen {
+            return Ok(model);
+        }
+        let logs = self.pending.written(file, path)?;
+        let mut written = std::collections::HashMap::new();
+        for idx in open {
+            let rs = logs.get(&tile_name(idx)).cloned().unwrap_or_default();
+            let size = meta.tile_bytes(idx).unwrap_or(0);
+            if !rs.missing(size).is_empty() {
+                // a tile handle's one tile is its array's tile 0
+                let key = match tile {
+                    Some(_) => vec![0; idx.len()],
+                    None => idx.clone(),
+                };
+                written.insert(key, rs);
+            }
+        }
+        if written.is_empty() {
+            return Ok(model);
+        }
+        let m = match tile {
+            None => DatasetModel::pending_written(path, meta, &targets, &written),
+            Some(idx) => {
+                let mut sub = meta.clone();
+                sub.shape = meta
+                    .grid()
+                    .tile_slab(idx)
+                    .ok_or_else(|| Error::not_found("no such tile"))?
+                    .counts();
+                sub.tile_shape = sub.shape.clone();
+                let t = targets.first().and_then(|(_, t)| t.clone());
+                let zero = [(vec![0; sub.shape.len()], t)];
+                DatasetModel::pending_written(path, &sub, &zero, &written)
+            }
+        };
+        Ok(Arc::new(m))
     }
 }
 

@@ -297,15 +297,91 @@ unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<DType> {
     })
 }
 
+/// Who decodes a filter, as meta.json reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Decoder {
+    /// h5tilefs's own Rust decoder (src/codecs.rs, src/decode.rs).
+    #[serde(rename = "built-in")]
+    BuiltIn,
+    /// A filter built into libhdf5 itself (n-bit, scale-offset).
+    #[serde(rename = "libhdf5")]
+    Libhdf5,
+    /// A filter plugin libhdf5 loaded from HDF5_PLUGIN_PATH.
+    #[serde(rename = "plugin")]
+    Plugin,
+    /// Nothing can decode it: the dataset is not served.
+    #[serde(rename = "none")]
+    None,
+}
+
+impl Decoder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decoder::BuiltIn => "built-in",
+            Decoder::Libhdf5 => "libhdf5",
+            Decoder::Plugin => "plugin",
+            Decoder::None => "none",
+        }
+    }
+}
+
 /// One filter of a dataset's pipeline.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FilterInfo {
     pub id: i32,
     pub name: String,
     pub cd_values: Vec<u32>,
+    pub decoder: Decoder,
     /// The filter may be skipped for a chunk (H5Z_FLAG_OPTIONAL).
     #[serde(skip)]
     pub optional: bool,
+    /// libhdf5 can apply it (built in, or a plugin it loaded): the fallback when our
+    /// decoder finds a chunk corrupt.
+    #[serde(skip)]
+    pub hdf5: bool,
+}
+
+/// Whether libhdf5 can apply filter `id`: built in, registered, or a plugin it finds
+/// in HDF5_PLUGIN_PATH (H5Zfilter_avail loads it).
+pub fn filter_avail(id: i32) -> bool {
+    // SAFETY: plain library call; failures push onto the error stack, which is cleared.
+    sync(|| unsafe {
+        let r = hdf5_sys::h5z::H5Zfilter_avail(id) > 0;
+        hdf5_sys::h5e::H5Eclear2(hdf5_sys::h5e::H5E_DEFAULT);
+        r
+    })
+}
+
+fn decoder_of(id: i32, hdf5: bool) -> Decoder {
+    if crate::codecs::builtin(id) {
+        Decoder::BuiltIn
+    } else if hdf5 && (0..256).contains(&id) {
+        // Ids below 256 are The HDF Group's own filters, built into the library.
+        Decoder::Libhdf5
+    } else if hdf5 {
+        Decoder::Plugin
+    } else {
+        Decoder::None
+    }
+}
+
+/// HDF5's error stack as one line ("func(): description; ..."), innermost cause last.
+/// Call under the library lock right after the failing call: it takes (and clears) the
+/// current stack.
+pub fn error_stack() -> String {
+    let Ok(err) = hdf5::Error::query() else {
+        return "HDF5 error stack unavailable".into();
+    };
+    match err.stack() {
+        Some(st) if !st.is_empty() => {
+            let frames: Vec<String> = st
+                .iter()
+                .map(|f| format!("{}(): {}", f.func(), f.desc()))
+                .collect();
+            format!("HDF5: {}", frames.join("; "))
+        }
+        _ => "HDF5 gave no error stack".into(),
+    }
 }
 
 pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
@@ -339,21 +415,19 @@ pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
                 }
                 cd.truncate(nelem.min(32));
                 let lib_name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
-                let name = match fid {
-                    1 => "gzip".to_string(),
-                    2 => "shuffle".to_string(),
-                    3 => "fletcher32".to_string(),
-                    4 => "szip".to_string(),
-                    5 => "nbit".to_string(),
-                    6 => "scaleoffset".to_string(),
-                    32000 => "lzf".to_string(),
-                    _ => lib_name,
+                let name = match crate::codecs::registered_name(fid) {
+                    Some(n) => n.to_string(),
+                    None if lib_name.is_empty() => "unknown".to_string(),
+                    None => lib_name,
                 };
+                let hdf5 = filter_avail(fid);
                 out.push(FilterInfo {
                     id: fid,
                     name,
                     cd_values: cd,
+                    decoder: decoder_of(fid, hdf5),
                     optional: flags & hdf5_sys::h5z::H5Z_FLAG_OPTIONAL != 0,
+                    hdf5,
                 });
             }
             Ok(out)
@@ -728,7 +802,8 @@ pub fn read_region(
             ) < 0
             {
                 return Err(Error::io(format!(
-                    "H5Dread of block {start:?}+{count:?} failed"
+                    "H5Dread of block {start:?}+{count:?} failed: {}",
+                    error_stack()
                 )));
             }
             Ok(())

@@ -318,6 +318,17 @@ impl DatasetModel {
         } else {
             vec![]
         };
+        // A filter nothing here can decode: describe the dataset, serve nothing.
+        if let Some(f) = filters.iter().find(|f| f.decoder == h5::Decoder::None) {
+            if matches!(dtype, DType::Numeric { .. }) {
+                let reason = crate::codecs::no_decoder_reason(f.id, &f.name);
+                tracing::warn!(file = %file.abs().display(), dataset = name, filter = f.id, %reason, "not served");
+                dtype = DType::Unsupported {
+                    reason,
+                    itemsize: elem,
+                };
+            }
+        }
         let (fill, fill_defined) = h5::fill_bytes(&dcpl, &ftype, elem as usize);
         let fill: Arc<[u8]> = fill.into();
         let attrs = crate::attrs::read_attrs(&ds);
@@ -1239,6 +1250,19 @@ impl DatasetModel {
         meta: &crate::staging::PendingMeta,
         tiles: &[(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)],
     ) -> DatasetModel {
+        Self::pending_written(name, meta, tiles, &Default::default())
+    }
+
+    /// `pending`, where the tiles in `written` (their written byte ranges) map only their
+    /// whole written elements to the source, the fill value elsewhere: for consumers of
+    /// the extent map (READ_TO_GPU, QUERY_EXTENTS), which cannot patch bytes after the
+    /// read. Bytes of an element written in part read as the fill value here.
+    pub fn pending_written(
+        name: &str,
+        meta: &crate::staging::PendingMeta,
+        tiles: &[(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)],
+        written: &std::collections::HashMap<Vec<u64>, crate::staging::RangeSet>,
+    ) -> DatasetModel {
         let fill = crate::writer::fill_bytes(&meta.dtype, &meta.fill_value)
             .unwrap_or_else(|| vec![0; meta.itemsize as usize]);
         let grid = meta.grid();
@@ -1249,7 +1273,7 @@ impl DatasetModel {
             };
             let count = slab.counts();
             let source = target.as_ref().map(|t| {
-                Arc::new(DatasetModel::raw(
+                let whole = Arc::new(DatasetModel::raw(
                     name,
                     count.clone(),
                     &meta.dtype,
@@ -1260,6 +1284,33 @@ impl DatasetModel {
                         file: t.file.clone(),
                         offset: t.offset,
                     },
+                ));
+                let Some(rs) = written.get(idx) else {
+                    return whole;
+                };
+                let es = meta.itemsize.max(1);
+                let n: u64 = count.iter().product();
+                let mut blocks = Vec::new();
+                for &(a, b) in rs.ranges() {
+                    let (ea, eb) = (a.div_ceil(es), (b / es).min(n));
+                    for (start, cnt) in crate::extent::linear_boxes(&count, ea, eb) {
+                        blocks.push(VBlock {
+                            vstart: start.clone(),
+                            count: cnt,
+                            source: Some(whole.clone()),
+                            sstart: start,
+                            lazy: None,
+                        });
+                    }
+                }
+                Arc::new(DatasetModel::raw(
+                    name,
+                    count.clone(),
+                    &meta.dtype,
+                    meta.itemsize,
+                    count.clone(),
+                    fill.clone(),
+                    Storage::Virtual(blocks),
                 ))
             });
             blocks.push(VBlock {

@@ -2742,3 +2742,51 @@ fn bug_commit_after_the_file_was_replaced_outside() {
     ];
     run(&ops).unwrap();
 }
+
+/// The extent map of a pending handle (what READ_TO_GPU and QUERY_EXTENTS plan from,
+/// `Fs::handle_view`) shows the fill value where whole elements were never written, as
+/// `read` does; before, it mapped every tile with a source to it whole (zeros there).
+/// An element written in part reads as the fill value through it (a documented limit).
+#[test]
+fn extent_map_of_a_pending_dataset_shows_the_fill_value() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = Core::new(tmp.path(), false);
+    let f = "f.h5";
+    a.mkdir(ROOT_INO, f, 0o755, 0, 0).expect("mkdir file");
+    let fi = resolve(&a, &[f]).expect("file");
+    let d = a.mkdir(fi, "d", 0o755, 0, 0).expect("mkdir d");
+    let spec = Spec {
+        dt: Dt::I32,
+        shape: vec![6],
+        tile: vec![4],
+        fill: 7,
+    };
+    let (_, fh) = a.create(d.ino, "meta.json").expect("create meta");
+    a.write(fh, 0, &spec.meta_json()).expect("meta");
+    a.release(fh);
+    let data = resolve(&a, &[f, "d", "data"]).expect("data");
+    let (w, _, _) = a.open(data, true, &Caller::DAEMON).expect("open data");
+    a.write(w, 4, &5i32.to_le_bytes()).expect("write element 1");
+    a.write(w, 8, &[1]).expect("write a byte of element 2");
+    a.release(w);
+    let want = |partial: i32| -> Vec<u8> {
+        [7, 5, partial, 7, 7, 7]
+            .iter()
+            .flat_map(|v: &i32| v.to_le_bytes())
+            .collect()
+    };
+    let cache = h5tilefs::decode::CellCache::new(1 << 20);
+    for target in [vec![f, "d", "data"], vec![f, "d", "tiles", "0"]] {
+        let ino = resolve(&a, &target).expect("lookup");
+        let (fh, _, _) = a.open(ino, false, &Caller::DAEMON).expect("open");
+        let (model, sel) = a.handle_view(fh).expect("handle_view");
+        let n = sel.num_elements() * model.itemsize();
+        let got = h5tilefs::model::read_selection(&model, &sel, 0, n, &cache).expect("read");
+        let host = read_all(&a, fh).expect("read");
+        a.release(fh);
+        let k = n as usize;
+        // the host read is exact to the byte; the extent map to the element
+        assert_eq!(host, want(1)[..k], "{target:?} read");
+        assert_eq!(got, want(7)[..k], "{target:?} extent map");
+    }
+}

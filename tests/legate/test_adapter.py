@@ -178,3 +178,35 @@ def test_task_variants_cover_every_processor_kind():
     from legate.core import VariantCode
 
     assert {VariantCode.CPU, VariantCode.GPU} <= set(ours.VARIANTS)
+
+
+def test_deferred_exception_scope_still_orders_and_raises(m):
+    """Inside a caller's deferred-exception scope the adapter's launches still wait: the
+    file is committed on return (prepare, tiles and commit share no store, so the wait
+    is what orders them) and a task's error is raised by the call itself."""
+    from legate.core import ExceptionMode, Scope
+
+    a = cn.arange(300, dtype=cn.float64).reshape(30, 10)
+    p = os.path.join(m.mnt, "deferred.h5")
+    with Scope(exception_mode=ExceptionMode.DEFERRED):
+        ours.to_file(array=a, path=p, dataset_name="/d")
+        with h5py.File(os.path.join(m.backing, "deferred.h5")) as f:
+            assert np.array_equal(f["d"][()], np.asarray(a))
+        with pytest.raises(FileNotFoundError, match="no dataset /nope"):
+            ours.from_file(p, dataset_name="/nope")
+
+
+def test_daemon_gone_named_from_a_path_below_the_mount(m):
+    """A tile path under a mount whose daemon was killed names that mount and the fix
+    (os.path.ismount answers False for a dead mount, so the search used to walk up to /
+    and report "not an h5tilefs mount")."""
+    from h5tilefs._mount import mount_root
+
+    out = subprocess.run(["pgrep", "-f", f"h5tilefs mount {m.backing} {m.mnt}"], capture_output=True, text=True).stdout.split()
+    os.kill(int(out[0]), signal.SIGKILL)
+    time.sleep(0.3)
+    try:
+        with pytest.raises(OSError, match=f"{m.mnt}: the h5tilefs daemon is gone"):
+            mount_root(os.path.join(m.mnt, "x.h5", "d", "tiles", "0.0"))
+    finally:
+        m.remount()

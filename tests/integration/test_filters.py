@@ -1,0 +1,334 @@
+"""Compression filters of h5py and hdf5plugin, read through the mount.
+
+Files are written with h5py + hdf5plugin; the daemon runs WITHOUT HDF5_PLUGIN_PATH, so
+every filter it reads is decoded by its own built-in decoders (src/codecs.rs), or by
+libhdf5's own filters (n-bit, scale-offset). `data`, every tile and a slice are compared
+byte for byte with h5py. Filters with no decoder (zfp, sz3, blosc2, szip) are described
+in meta.json with `unsupported` naming the filter and the fix, and have no `data`. A
+second mount WITH HDF5_PLUGIN_PATH reads those through the plugins (dlopen from the
+statically linked libhdf5).
+"""
+import errno
+import json
+import os
+import shutil
+import tempfile
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+
+hdf5plugin = pytest.importorskip("hdf5plugin")
+
+from h5t_helpers import mount, unmount  # noqa: E402
+
+DTYPES = ["<u1", "<i2", "<f4", "<f8"]
+# (shape, chunks): edge chunks in every dimension.
+SHAPES = [((37, 53), (16, 20)), ((5, 33, 41), (2, 16, 16))]
+
+
+def _values(dtype, shape, seed):
+    """Smooth data with noise: compressible, with matches at many distances."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    base = np.cumsum(rng.integers(-3, 4, size=n)).reshape(shape)
+    if np.dtype(dtype).kind == "f":
+        v = base * 0.37 + rng.normal(0, 0.01, size=shape)
+    else:
+        info = np.iinfo(dtype)
+        v = np.mod(base, int(info.max) - int(info.min) + 1) + int(info.min)
+    return v.astype(dtype)
+
+
+def _filters():
+    """name -> h5py create_dataset keyword arguments. All have built-in decoders."""
+    B = hdf5plugin.Blosc
+    f = {
+        "lzf": dict(compression="lzf"),
+        "lzf_shuffle": dict(compression="lzf", shuffle=True),
+        "lz4": dict(**hdf5plugin.LZ4()),
+        "lz4_blocks": dict(**hdf5plugin.LZ4(nbytes=512)),
+        "lz4_fletcher": dict(**hdf5plugin.LZ4(), fletcher32=True),
+        "zstd": dict(**hdf5plugin.Zstd(clevel=3)),
+        "zstd_shuffle": dict(**hdf5plugin.Zstd(clevel=9), shuffle=True),
+        "bzip2": dict(**hdf5plugin.BZip2(blocksize=9)),
+        "bitshuffle": dict(**hdf5plugin.Bitshuffle(cname="none")),
+        "bitshuffle_lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
+        "bitshuffle_zstd": dict(**hdf5plugin.Bitshuffle(cname="zstd", clevel=3)),
+        "bitshuffle_lz4_nelems": dict(**hdf5plugin.Bitshuffle(nelems=64, cname="lz4")),
+        "blosc_default": dict(**B()),
+        "gzip_shuffle_fletcher": dict(compression="gzip", shuffle=True, fletcher32=True),
+    }
+    for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy"):
+        for sh, shn in ((B.NOSHUFFLE, "noshuffle"), (B.SHUFFLE, "shuffle"), (B.BITSHUFFLE, "bitshuffle")):
+            f[f"blosc_{cname}_{shn}"] = dict(**B(cname=cname, clevel=5, shuffle=sh))
+    return f
+
+
+FILTERS = _filters()
+
+
+def _libhdf5_cases():
+    """Filters built into libhdf5 itself (decoded by it, not by us)."""
+    return {
+        "scaleoffset_int": (dict(scaleoffset=0), ["<u1", "<i2"]),
+        "scaleoffset_float": (dict(scaleoffset=3), ["<f4", "<f8"]),
+    }
+
+
+# Filters with no built-in decoder: (kwargs, filter id, name, dtype).
+NO_DECODER = {
+    "zfp": (dict(**hdf5plugin.Zfp(rate=16)), 32013, "zfp", "<f4"),
+    "sz3": (dict(**hdf5plugin.SZ3(absolute=1e-3)), 32024, "sz3", "<f4"),
+    "blosc2": (dict(**hdf5plugin.Blosc2(cname="lz4", clevel=5)), 32026, "blosc2", "<f4"),
+    "szip": (dict(compression="szip"), 4, "szip", "<i2"),
+}
+
+
+def _write(path):
+    """Writes every case; returns {dataset path: numpy array} of what h5py reads back."""
+    expect = {}
+    with h5py.File(path, "w") as f:
+        for name, kw in FILTERS.items():
+            for dt in DTYPES:
+                for si, (shape, chunks) in enumerate(SHAPES):
+                    p = f"{name}/{dt[1:]}_{si}"
+                    f.create_dataset(p, data=_values(dt, shape, zlib.crc32(p.encode())), chunks=chunks, **kw)
+        for name, (kw, dts) in _libhdf5_cases().items():
+            for dt in dts:
+                p = f"{name}/{dt[1:]}"
+                f.create_dataset(p, data=_values(dt, (37, 53), 7), chunks=(16, 20), **kw)
+        # nbit through the low-level API (h5py has no keyword for it).
+        space = h5py.h5s.create_simple((37, 53))
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((16, 20))
+        dcpl.set_filter(h5py.h5z.FILTER_NBIT, 0, ())
+        h5py.h5d.create(f.id, b"nbit_i2", h5py.h5t.STD_I16LE, space, dcpl=dcpl)
+        f["nbit_i2"][...] = _values("<i2", (37, 53), 8)
+        # Larger chunks: many Blosc blocks, split streams, a leftover block.
+        big = _values("<f4", (300, 1000), 9)
+        for cname in ("blosclz", "lz4", "zstd"):
+            f.create_dataset(
+                f"big/blosc_{cname}",
+                data=big,
+                chunks=(100, 1000),
+                **hdf5plugin.Blosc(cname=cname, clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE),
+            )
+        f.create_dataset("big/bitshuffle_lz4", data=big, chunks=(100, 1000), **hdf5plugin.Bitshuffle())
+        f.create_dataset("big/lz4", data=big, chunks=(100, 1000), **hdf5plugin.LZ4(nbytes=1 << 16))
+        f.create_dataset("big/lzf", data=big, chunks=(100, 1000), compression="lzf")
+        # A chunk never written reads as the fill value.
+        d = f.create_dataset("sparse_zstd", shape=(40, 40), dtype="<i2", chunks=(16, 16), fillvalue=-7, **hdf5plugin.Zstd())
+        d[0:16, 0:16] = 5
+        for name, (kw, _fid, _n, dt) in NO_DECODER.items():
+            try:
+                f.create_dataset(f"nodec/{name}", data=_values(dt, (37, 53), 10), chunks=(16, 20), **kw)
+            except (ValueError, OSError) as e:  # a filter this h5py cannot write
+                print(f"skipping {name}: {e}")
+        f.visititems(lambda n, o: expect.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return expect
+
+
+# Datasets of corrupt.h5 whose first chunk gets its first bytes (its header) flipped:
+# none of these formats checksums its payload, so a flipped payload byte may decode.
+CORRUPT = {
+    "lz4": dict(**hdf5plugin.LZ4()),
+    "blosc": dict(**hdf5plugin.Blosc(cname="lz4")),
+    "zstd": dict(**hdf5plugin.Zstd()),
+    "blosc2": dict(**hdf5plugin.Blosc2(cname="lz4")),
+}
+
+
+def _write_corrupt(path):
+    with h5py.File(path, "w") as f:
+        for name, kw in CORRUPT.items():
+            f.create_dataset(name, data=_values("<f4", (64, 64), 11), chunks=(32, 64), **kw)
+    with h5py.File(path, "r") as f:
+        spots = []
+        for name in CORRUPT:
+            info = f[name].id.get_chunk_info(0)
+            spots.append((info.byte_offset, 4))
+    with open(path, "r+b") as fh:
+        for off, n in spots:
+            fh.seek(off)
+            b = fh.read(n)
+            fh.seek(off)
+            fh.write(bytes(x ^ 0x5A for x in b))
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    root = tempfile.mkdtemp(prefix="h5tilefs-filters-")
+    backing = os.path.join(root, "backing")
+    os.makedirs(backing)
+    expect = _write(os.path.join(backing, "filters.h5"))
+    _write_corrupt(os.path.join(backing, "corrupt.h5"))
+    yield root, backing, expect
+    if not os.environ.get("H5TILEFS_KEEP_TMP"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _mount(root, backing, name, plugin_path):
+    mnt = os.path.join(root, name)
+    os.makedirs(mnt, exist_ok=True)
+    log = os.path.join(root, name + ".log")
+    saved = os.environ.pop("HDF5_PLUGIN_PATH", None)
+    if plugin_path:
+        os.environ["HDF5_PLUGIN_PATH"] = plugin_path
+    try:
+        mount(backing, mnt, log=log)
+    finally:
+        os.environ.pop("HDF5_PLUGIN_PATH", None)
+        if saved is not None:
+            os.environ["HDF5_PLUGIN_PATH"] = saved
+    return mnt, log
+
+
+@pytest.fixture(scope="module")
+def builtin_mount(corpus):
+    root, backing, expect = corpus
+    mnt, log = _mount(root, backing, "mnt", None)
+    try:
+        yield os.path.join(mnt, "filters.h5"), expect, log
+    finally:
+        assert unmount(mnt)
+
+
+def _log_lines(log):
+    with open(log, errors="replace") as f:
+        return f.read().splitlines()
+
+
+@pytest.fixture(scope="module")
+def plugin_mount(corpus):
+    root, backing, expect = corpus
+    mnt, log = _mount(root, backing, "mnt_plugins", hdf5plugin.PLUGIN_PATH)
+    try:
+        yield os.path.join(mnt, "filters.h5"), expect, log
+    finally:
+        assert unmount(mnt)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _check_dataset(top, name, want):
+    d = os.path.join(top, name)
+    meta = json.loads(_read(os.path.join(d, "meta.json")))
+    assert "unsupported" not in meta, meta.get("unsupported")
+    assert _read(os.path.join(d, "data")) == want.tobytes(), f"{name}: data differs"
+    tile = meta["tile_shape"]
+    for idx in np.ndindex(*meta["tile_grid"]):
+        sl = tuple(slice(i * t, (i + 1) * t) for i, t in zip(idx, tile))
+        got = _read(os.path.join(d, "tiles", ".".join(map(str, idx))))
+        assert got == np.ascontiguousarray(want[sl]).tobytes(), f"{name}: tile {idx} differs"
+    # A strided slice crossing chunk edges.
+    sel = ",".join(["1::3"] + ["2:-1"] * (want.ndim - 1))
+    sl = (slice(1, None, 3),) + (slice(2, -1),) * (want.ndim - 1)
+    got = _read(os.path.join(d, "slice", sel))
+    assert got == np.ascontiguousarray(want[sl]).tobytes(), f"{name}: slice {sel} differs"
+    return meta
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_builtin_decoders_match_h5py(builtin_mount, name):
+    top, expect, _log = builtin_mount
+    for p in sorted(k for k in expect if k.startswith(name + "/")):
+        meta = _check_dataset(top, p, expect[p])
+        assert meta["filters"], p
+        for flt in meta["filters"]:
+            assert flt["decoder"] == "built-in", (p, flt)
+
+
+def test_large_chunks(builtin_mount):
+    top, expect, _log = builtin_mount
+    for p in sorted(k for k in expect if k.startswith("big/")):
+        _check_dataset(top, p, expect[p])
+
+
+def test_unwritten_chunk_reads_fill(builtin_mount):
+    top, expect, _log = builtin_mount
+    _check_dataset(top, "sparse_zstd", expect["sparse_zstd"])
+
+
+def test_libhdf5_filters(builtin_mount):
+    """n-bit and scale-offset are built into libhdf5: read through it, no plugin."""
+    top, expect, _log = builtin_mount
+    names = [k for k in expect if k.startswith("scaleoffset_")] + ["nbit_i2"]
+    for p in names:
+        meta = _check_dataset(top, p, expect[p])
+        assert [f["decoder"] for f in meta["filters"]] == ["libhdf5"], (p, meta["filters"])
+
+
+@pytest.mark.parametrize("name", sorted(NO_DECODER))
+def test_filter_without_decoder(builtin_mount, name):
+    top, expect, log = builtin_mount
+    _kw, fid, fname, _dt = NO_DECODER[name]
+    p = f"nodec/{name}"
+    if p not in expect:
+        pytest.skip(f"h5py could not write {name}")
+    d = os.path.join(top, p)
+    meta = json.loads(_read(os.path.join(d, "meta.json")))
+    reason = meta.get("unsupported")
+    assert reason, f"{p}: meta.json has no 'unsupported': {meta}"
+    assert f"filter {fid} ({fname}) has no decoder" in reason, reason
+    assert ("HDF5_PLUGIN_PATH" in reason) and ("hdf5plugin" in reason or fid == 4), reason
+    assert [f["decoder"] for f in meta["filters"] if f["id"] == fid] == ["none"]
+    assert sorted(os.listdir(d)) == ["meta.json"]
+    for leaf in ("data", "tiles/0.0", "slice/0"):
+        with pytest.raises(OSError) as e:
+            _read(os.path.join(d, leaf))
+        assert e.value.errno == errno.ENOENT, (leaf, e.value)
+    with open(log, errors="replace") as f:
+        text = f.read()
+    assert any(p in ln and str(fid) in ln and "filters.h5" in ln for ln in text.splitlines()), (
+        f"no log line names the file, {p} and filter {fid}"
+    )
+
+
+@pytest.mark.parametrize("name", ["zfp", "sz3", "blosc2", "blosc_lz4_shuffle", "bitshuffle_zstd"])
+def test_plugins_load_from_hdf5_plugin_path(plugin_mount, name):
+    """With HDF5_PLUGIN_PATH, libhdf5 (statically linked) dlopens hdf5plugin's filters;
+    filters with a built-in decoder still use it."""
+    top, expect, _log = plugin_mount
+    if name in NO_DECODER:
+        p = f"nodec/{name}"
+        if p not in expect:
+            pytest.skip(f"h5py could not write {name}")
+        meta = _check_dataset(top, p, expect[p])
+        assert [f["decoder"] for f in meta["filters"]] == ["plugin"], meta["filters"]
+    else:
+        p = f"{name}/f4_0"
+        meta = _check_dataset(top, p, expect[p])
+        assert [f["decoder"] for f in meta["filters"]] == ["built-in"], meta["filters"]
+
+
+def _corrupt_read(top, name):
+    path = os.path.join(os.path.dirname(top), "corrupt.h5", name, "data")
+    with pytest.raises(OSError) as e:
+        _read(path)
+    return e.value.errno
+
+
+@pytest.mark.parametrize("name", ["lz4", "blosc", "zstd"])
+def test_corrupt_chunk_builtin(builtin_mount, name):
+    """A corrupt chunk of a filter decoded here fails with EIO; the log names the file,
+    the dataset, the chunk and the filter."""
+    top, _expect, log = builtin_mount
+    assert _corrupt_read(top, name) == errno.EIO
+    hits = [ln for ln in _log_lines(log) if "corrupt.h5" in ln and f"dataset /{name}:" in ln and "chunk 0" in ln]
+    assert hits, f"no log line names corrupt.h5, {name} and chunk 0"
+    assert any(f"{name} (" in ln for ln in hits), hits
+
+
+def test_corrupt_chunk_plugin_logs_hdf5_stack(plugin_mount):
+    """A chunk decoded by a plugin that fails: EIO, and the log carries HDF5's error
+    stack next to the file, dataset, chunk and filter."""
+    top, _expect, log = plugin_mount
+    assert _corrupt_read(top, "blosc2") == errno.EIO
+    hits = [ln for ln in _log_lines(log) if "corrupt.h5" in ln and "dataset /blosc2:" in ln]
+    assert hits, "no log line names corrupt.h5 and blosc2"
+    assert any("blosc2 (32026, plugin)" in ln and "HDF5: " in ln and "H5Dread" in ln for ln in hits), hits

@@ -1,0 +1,288 @@
+"""The program every rank of a multi-rank Legate launch runs (tests/legate_mr): it runs
+the named scenarios in order and appends one JSON line per scenario to
+$H5T_MR_OUT/rank<R>.jsonl, which the pytest side checks. Each launch costs several
+seconds, so one launch runs many scenarios.
+
+Legate runs this top-level program on every rank (control replication): every rank
+must issue the same Legate operations in the same order, so a check that decides what
+to do next is a collective (cupynumeric reductions); per-rank observations (h5py reads of
+the backing file, errors) are only recorded.
+
+    legate ... scenarios.py NAME[:ARG] ...
+"""
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+import cupynumeric as cn
+import h5py
+import numpy as np
+from legate.core import get_legate_runtime
+from legate.io import hdf5 as lgh5
+
+from h5tilefs import legate as ours
+
+RANK = int(os.environ["H5T_MR_RANK"])
+MNT = os.environ["H5T_MR_MNT"]
+BACKING = os.environ["H5T_MR_BACKING"]
+LOGS = os.environ["H5T_MR_LOGS"]
+BIN = os.environ["H5TILEFS_BIN"]
+RT = get_legate_runtime()
+NRANKS = RT.node_count
+
+CASES = [
+    ((96, 40), "float64"),
+    ((100,), "float32"),
+    ((37, 23), "float64"),
+    ((9, 8, 7), "int32"),
+    ((5, 4, 3, 6), "int64"),
+    ((33, 17), "uint8"),
+    ((21, 5), "bool"),
+    ((12, 10), "complex64"),
+    ((17, 3), "float16"),
+    ((7,), "int16"),   # fewer rows than some partitions have tiles
+]
+
+
+def _array(shape, dtype, k=1):
+    n = int(np.prod(shape))
+    if dtype == "bool":
+        return ((cn.arange(n) + k) % 3 == 0).reshape(shape)
+    if dtype.startswith("complex"):
+        return ((cn.arange(n, dtype=dtype) + k) * (1 + 2j)).reshape(shape)
+    return ((cn.arange(n) + k) % 200).astype(dtype).reshape(shape)
+
+
+def _name(shape, dtype):
+    return f"{dtype}_{'x'.join(map(str, shape))}"
+
+
+def _h5_equal(path, ds, expect):
+    """This rank's h5py read of the backing file equals ``expect`` (numpy)."""
+    try:
+        with h5py.File(path, "r") as f:
+            d = f[ds]
+            return bool(d.is_virtual and d.shape == expect.shape and np.array_equal(d[()], expect))
+    except Exception as e:  # recorded, never raised: ranks must not diverge
+        return f"{type(e).__name__}: {e}"
+
+
+def _err(e):
+    return {"type": type(e).__name__, "errno": getattr(e, "errno", None), "msg": str(e)[:600]}
+
+
+def _eq(a, b):
+    return bool(cn.array_equal(cn.asarray(a), cn.asarray(b)))
+
+
+# ----------------------------------------------------------------------------- scenarios
+def repro(_):
+    """The user's case: a 96x40 float64 array written by every rank's to_file."""
+    a = cn.arange(96 * 40, dtype=cn.float64).reshape(96, 40)
+    p = os.path.join(MNT, "repro.h5")
+    t0 = time.monotonic()
+    ours.to_file(array=a, path=p, dataset_name="/data")
+    dt = time.monotonic() - t0
+    return {"h5py_on_return": _h5_equal(os.path.join(BACKING, "repro.h5"), "data", np.asarray(a)),
+            "to_file_s": round(dt, 3),
+            "read_back": _eq(ours.from_file(p, dataset_name="/data"), a)}
+
+
+def ours_writes(_):
+    """Ours writes every case; on return (every rank) the backing file is complete;
+    ours and legate.io.hdf5 read it back."""
+    res = {}
+    for shape, dtype in CASES:
+        a = _array(shape, dtype)
+        n = _name(shape, dtype)
+        p = os.path.join(MNT, "ours", n + ".h5")
+        ours.to_file(array=a, path=p, dataset_name="/grp/data")
+        r = {"h5py_on_return": _h5_equal(os.path.join(BACKING, "ours", n + ".h5"), "grp/data", np.asarray(a)),
+             "ours_reads": _eq(ours.from_file(p, dataset_name="/grp/data"), a)}
+        if not dtype.startswith("complex"):   # legate.io.hdf5 reads no compound types
+            r["legate_reads"] = _eq(lgh5.from_file(os.path.join(BACKING, "ours", n + ".h5"), dataset_name="/grp/data"), a)
+        res[n] = r
+    return res
+
+
+def overwrite(_):
+    """to_file over a file every rank has just read: the new version everywhere."""
+    p = os.path.join(MNT, "ow.h5")
+    res = {}
+    for k in range(3):
+        a = _array((37, 23), "float64", k=k + 5)
+        ours.to_file(array=a, path=p, dataset_name="/v" if k < 2 else "/w")
+        res[f"round{k}"] = {"read": _eq(ours.from_file(p, dataset_name="/v" if k < 2 else "/w"), a),
+                            "h5py": _h5_equal(os.path.join(BACKING, "ow.h5"), "v" if k < 2 else "w", np.asarray(a))}
+    try:
+        with h5py.File(os.path.join(BACKING, "ow.h5")) as f:
+            res["keys"] = sorted(f.keys())
+    except Exception as e:
+        res["keys"] = _err(e)
+    return res
+
+
+def legate_writes(_):
+    """legate.io.hdf5 writes (to the backing directory); ours reads through each rank's
+    mount, whole and batched."""
+    arrays = {}
+    for shape, dtype in CASES:
+        if dtype == "float16" or dtype.startswith("complex"):
+            continue   # legate.io.hdf5 26.1 aborts the process: "HDF5 write not supported for complex64"
+        a = _array(shape, dtype, k=3)
+        n = _name(shape, dtype)
+        lgh5.to_file(array=a, path=os.path.join(BACKING, "lg", n + ".h5"), dataset_name="/data")
+        arrays[n] = (a, shape)
+    RT.issue_execution_fence(block=True)
+    time.sleep(1.1)
+    res = {}
+    for n, (a, shape) in arrays.items():
+        p = os.path.join(MNT, "lg", n + ".h5")
+        r = {"ours_reads": _eq(ours.from_file(p, dataset_name="/data"), a)}
+        chunk = tuple(max(1, (s + 1) // 2) for s in shape)
+        r["batched"] = _batched_equal(p, "/data", chunk, a)
+        res[n] = r
+    return res
+
+
+def _batched_equal(p, ds, chunk, a):
+    out = cn.zeros(a.shape, dtype=a.dtype)
+    offs = []
+    for arr, o in ours.from_file_batched(p, ds, chunk_size=chunk):
+        c = cn.asarray(arr)
+        offs.append(list(o))
+        out[tuple(slice(x, x + s) for x, s in zip(o, c.shape))] = c
+    return {"equal": bool(cn.array_equal(out, a)), "chunks": len(offs)}
+
+
+def batched(_):
+    """from_file_batched of files ours wrote, clipped edges, 2-D to 4-D."""
+    res = {}
+    for shape, dtype, chunk in [((37, 23), "float64", (20, 10)), ((5, 4, 3, 6), "int64", (3, 4, 2, 6)),
+                                ((9, 8, 7), "int32", (4, 8, 3)), ((100,), "float32", (33,))]:
+        n = _name(shape, dtype)
+        a = _array(shape, dtype)
+        p = os.path.join(MNT, "batched", n + ".h5")
+        ours.to_file(array=a, path=p, dataset_name="/grp/data")
+        res[n] = _batched_equal(p, "/grp/data", chunk, a)
+    return res
+
+
+def errors(_):
+    """Errors raised on every rank, with the same type."""
+    res = {}
+    p = os.path.join(MNT, "ours", _name((37, 23), "float64") + ".h5")
+    for key, fn in [
+        ("missing_dataset", lambda: ours.from_file(p, dataset_name="/nope")),
+        ("missing_file", lambda: ours.from_file(os.path.join(MNT, "nope.h5"), dataset_name="/d")),
+        ("directory", lambda: ours.to_file(array=cn.arange(4.0), path=MNT, dataset_name="/d")),
+        ("not_in_mount", lambda: ours.to_file(array=cn.arange(4.0), path="/tmp/h5t-mr-not-a-mount/x.h5", dataset_name="/d")),
+        ("batched_missing", lambda: list(ours.from_file_batched(p, "/nope", chunk_size=(2, 2)))),
+    ]:
+        try:
+            fn()
+            res[key] = None
+        except Exception as e:
+            res[key] = _err(e)
+    return res
+
+
+def _control():
+    """(mount point, backing dir, daemon pid) of this rank's mount (MNT may be a
+    directory inside it, as in the GlusterFS mode)."""
+    from h5tilefs._mount import mount_root
+
+    root = mount_root(MNT)
+    with open(os.path.join(root, ".h5tilefs")) as f:
+        info = json.load(f)
+    return root, info["backing_dir"], int(info["stats"]["pid"])
+
+
+def _kill_own_daemon():
+    root, backing, pid = _control()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(200):
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.01)
+    return root, backing
+
+
+def _remount(root, backing):
+    subprocess.run(["umount", "-l", root], capture_output=True)
+    subprocess.run([BIN, "mount", backing, root, "--log-file", os.path.join(LOGS, f"daemon.{RANK}.log")], check=True)
+    with open(os.path.join(LOGS, f"daemon.{RANK}.pids"), "a") as f:
+        f.write(f"{_control()[2]}\n")
+
+
+def kill(arg):
+    """One rank's daemon dies before to_file (``kill:R``, R = rank, or ``last``): every
+    rank gets an error, nothing is committed, and after that rank remounts the next
+    to_file succeeds."""
+    victim = NRANKS - 1 if arg == "last" else int(arg)
+    name = f"kill{victim}.h5"
+    p = os.path.join(MNT, name)
+    bp = os.path.join(BACKING, name)
+    old = _array((37, 23), "float64", k=1)
+    ours.to_file(array=old, path=p, dataset_name="/k")
+    res = {"victim": victim}
+    if RANK == victim:
+        mounted = _kill_own_daemon()
+    new = _array((37, 23), "float64", k=2)
+    try:
+        ours.to_file(array=new, path=p, dataset_name="/k")
+        res["error"] = None
+    except Exception as e:
+        res["error"] = _err(e)
+    # nothing of the failed write committed: the old file or none
+    if os.path.exists(bp):
+        res["after_failure"] = "old" if _h5_equal(bp, "k", np.asarray(old)) is True else "other"
+    else:
+        res["after_failure"] = "absent"
+    if RANK == victim:
+        _remount(*mounted)
+    third = _array((37, 23), "float64", k=3)
+    try:
+        ours.to_file(array=third, path=p, dataset_name="/k")
+        res["retry_error"] = None
+        res["retry_h5py"] = _h5_equal(bp, "k", np.asarray(third))
+        res["retry_read"] = _eq(ours.from_file(p, dataset_name="/k"), third)
+    except Exception as e:
+        res["retry_error"] = _err(e)
+    return res
+
+
+SCENARIOS = {f.__name__: f for f in (repro, ours_writes, overwrite, legate_writes, batched, errors, kill)}
+
+
+def main():
+    dump_after = float(os.environ.get("H5T_MR_DUMP_AFTER", "60"))
+    out = open(os.path.join(os.environ["H5T_MR_OUT"], f"rank{RANK}.jsonl"), "a")
+    for spec in sys.argv[1:]:
+        name, _, arg = spec.partition(":")
+        # a scenario that hangs tells where each rank waits (stderr is in the launch output)
+        faulthandler.dump_traceback_later(dump_after, repeat=True)
+        t0 = time.monotonic()
+        rec = {"scenario": spec, "rank": RANK, "nranks": NRANKS}
+        try:
+            rec["result"] = SCENARIOS[name](arg)
+            rec["ok"] = True
+        except Exception as e:
+            rec["ok"] = False
+            rec["error"] = _err(e)
+            rec["traceback"] = traceback.format_exc()[-3000:]
+        rec["seconds"] = round(time.monotonic() - t0, 2)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    faulthandler.cancel_dump_traceback_later()
+    out.write(json.dumps({"scenario": "_done", "rank": RANK, "t": time.time()}) + "\n")
+    out.flush()
+
+
+if __name__ == "__main__":
+    main()
