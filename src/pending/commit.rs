@@ -93,6 +93,9 @@ pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path)
     let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
 }
 
+/// Age after which a trash directory is taken as left by a daemon that died.
+const STALE_TRASH: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl Pending {
     /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
     /// Takes the file's lock in the backing directory (the one commit takes), waiting
@@ -287,12 +290,34 @@ impl Pending {
         // Committed. The pending state (range logs: one per daemon) and older
         // generations of replaced datasets go: renamed out of the way now, so a dataset
         // created again at once starts clean, and deleted in the background.
-        let trash = stage.join(format!("trash.{}", self.writer_id));
+        // A trash directory of its own per commit: an earlier commit's may still be
+        // being deleted in the background, and a rename onto one of its names fails.
+        let trash = stage.join(format!(
+            "trash.{}.{}",
+            self.writer_id,
+            crate::durable::unique()
+        ));
         let _ = std::fs::create_dir_all(&trash);
         let mut k = 0;
+        // What moves to the trash must be gone from where it was: a committed
+        // dataset's node left behind would read as pending, and removing that
+        // "pending" dataset would delete the sources the committed file maps.
         let mut to_trash = |p: &Path| {
             k += 1;
-            let _ = std::fs::rename(p, trash.join(format!("{k}")));
+            match std::fs::rename(p, trash.join(format!("{k}"))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e,
+                        "moving committed pending state to the trash failed; deleting it in place");
+                    if let Err(e) = std::fs::remove_dir_all(p) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            tracing::error!(path = %p.display(), error = %e,
+                                "committed pending state could not be removed: remove it by hand");
+                        }
+                    }
+                }
+            }
         };
         for n in &nodes {
             let gen = self.gen(file_rel, &n.path).ok();
@@ -313,8 +338,25 @@ impl Pending {
             }
         }
         let _ = std::fs::remove_dir(stage.join("nodes"));
+        let stage_dir = stage.to_path_buf();
         std::thread::spawn(move || {
             let _ = std::fs::remove_dir_all(trash);
+            // Trash a daemon left when it died mid-delete: old enough that no live
+            // daemon is still deleting it.
+            let Ok(rd) = std::fs::read_dir(&stage_dir) else {
+                return;
+            };
+            for e in rd.flatten() {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > STALE_TRASH);
+                if old && e.file_name().to_string_lossy().starts_with("trash.") {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
         });
         let synced_before = sources.len() - to_sync.len();
         let committed: std::collections::HashSet<PathBuf> = sources.into_iter().collect();

@@ -216,6 +216,47 @@ mod tests {
         assert_eq!(a.status(file).unwrap()["last_commit"]["ok"], true);
     }
 
+    /// A commit moves the committed datasets' pending state out of the way, and an
+    /// earlier commit's trash may still be being deleted in the background. The state
+    /// of a committed dataset must leave the pending set all the same: were it left
+    /// behind, a later `rmdir` of the "pending" dataset would delete the tile sources
+    /// the committed file maps (seen as wrong bytes after commit racing rmdir).
+    #[test]
+    fn commit_clears_pending_state_while_old_trash_remains() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("x.h5");
+        let p = Pending::new(dir.path());
+        let m = meta();
+        for (round, ds) in ["/fields/u", "/fields/v"].into_iter().enumerate() {
+            if round == 0 {
+                p.create_file(file).unwrap();
+            }
+            p.accept_meta(file, ds, &m).unwrap();
+            for idx in m.grid().indices() {
+                let n = m.tile_bytes(&idx).unwrap() as usize;
+                p.write_tile(file, ds, &m, &idx, 0, &vec![round as u8; n])
+                    .unwrap();
+            }
+            p.flush_ranges(file, ds).unwrap();
+            // What an earlier commit's unfinished background delete leaves: the names
+            // a commit of this daemon would pick, still there and not empty.
+            let stage = p.stage_dir(file).unwrap();
+            for k in 1..=4 {
+                let d = stage
+                    .join(format!("trash.{}", p.writer_id))
+                    .join(k.to_string());
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("leftover"), b"x").unwrap();
+            }
+            p.commit(file).unwrap();
+            assert!(
+                p.nodes(file).unwrap().is_empty(),
+                "round {round}: committed dataset still pending"
+            );
+            assert!(!p.is_pending(file), "round {round}");
+        }
+    }
+
     /// A second writer that finds meta.json (and returns early) must find the
     /// generation its tiles go to: `gen` is published before meta.json. Before, a
     /// writer polling for meta.json could write its tile while `gen` did not exist.
