@@ -240,13 +240,30 @@ pub type Previous = (Stamp, (i64, i64));
 
 impl FileLock {
     fn open(path: &Path) -> Result<std::fs::File> {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io(format!("opening lock {}", path.display())))
+        let open = |create: bool| {
+            std::fs::OpenOptions::new()
+                .create(create)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(path)
+        };
+        // GlusterFS answers an O_CREAT open (without O_EXCL) with EEXIST when another
+        // client creates the same name at that moment; the file is there, so open it
+        // (and if it reads as missing for a moment, create it again).
+        let mut r = open(true);
+        for _ in 0..20 {
+            match &r {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    r = retry_missing(|| open(false));
+                    if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                        r = open(true);
+                    }
+                }
+                _ => break,
+            }
+        }
+        r.map_err(io(format!("opening lock {}", path.display())))
     }
 
     /// The transition number the lock file suggests: a hint only (a client may show
