@@ -115,8 +115,8 @@ LEGATE_MR_STAMP := $(LEGATE_MR_VENV)/.requirements.stamp
 MPI_PKGS        := openmpi-bin libopenmpi-dev
 UCX_SHIM        := build/ucx_ib_shim.so
 CUDA_STUB_MR    := build/cuda-stub-26.1/libcuda.so.1
-# 1: also run the scenarios over GlusterFS (tests/legate_mr/test_gluster.py; opt-in)
-H5T_MR_GLUSTER  ?=
+# 1: also run the scenarios over GlusterFS (tests/legate_mr/test_gluster.py); empty: leave them out
+H5T_MR_GLUSTER  ?= 1
 
 mpi-apt:
 	@if ! dpkg -s $(MPI_PKGS) >/dev/null 2>&1; then \
@@ -147,6 +147,7 @@ test-legate-mr: build
 	  echo "test-legate-mr: SKIPPED: each rank's private mount namespace (unshare -m) needs root"; \
 	else \
 	  $(MAKE) --no-print-directory mpi-apt $(LEGATE_MR_STAMP) $(UCX_SHIM) && \
+	  if [ "$(H5T_MR_GLUSTER)" = 1 ]; then $(MAKE) --no-print-directory gluster-apt; fi && \
 	  site="$$($(LEGATE_MR_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
 	  libs="$$site/nvidia/cuda_runtime/lib" && \
 	  if ! ldconfig -p | grep -q 'libcuda.so.1 '; then \

@@ -3,9 +3,8 @@ tests/cluster/h5t_cluster.py, each over its own GlusterFS client of one volume a
 own daemon (the cross-node case: attributes seen by the other client lag up to 1 s).
 Needs root and FUSE; starts its own glusterd on 127.0.0.1:24007 (one user at a time).
 
-Not yet part of `make test`: runs only with H5T_MR_GLUSTER=1 (`make test-legate-mr
-H5T_MR_GLUSTER=1`). It passed once here, 9 tests in 62 s with the cluster's setup,
-too few runs to put it in CI's path yet."""
+Part of `make test`: the Makefile sets H5T_MR_GLUSTER=1 (`make test-legate-mr
+H5T_MR_GLUSTER=` leaves it out); about 65 s with the cluster's setup."""
 import os
 import sys
 
@@ -31,7 +30,7 @@ from h5t_cluster import Cluster, fuse_available  # noqa: E402
 @pytest.fixture(scope="module")
 def run():
     if os.environ.get("H5T_MR_GLUSTER") != "1":
-        pytest.skip("set H5T_MR_GLUSTER=1 to run the multi-rank scenarios over GlusterFS")
+        pytest.skip("H5T_MR_GLUSTER is not 1 (make test sets it): the multi-rank scenarios over GlusterFS are left out")
     ok, why = fuse_available()
     if not ok:
         pytest.skip(f"needs FUSE: {why}")
