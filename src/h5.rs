@@ -165,6 +165,59 @@ fn order_char(t: hid_t, size: usize) -> char {
     }
 }
 
+/// Whether a float type has the bit layout numpy's `f<size>` has: IEEE half, single
+/// and double, and for 16 bytes x87 extended precision (numpy's `f16` on x86-64). Other
+/// layouts of the same size (IEEE binary128, bfloat16, VAX) would read as wrong
+/// values, so they are named instead.
+///
+/// # Safety
+/// `id` must be a valid float datatype id, and the HDF5 lock held.
+unsafe fn float_layout(id: hdf5_sys::h5i::hid_t, size: usize) -> std::result::Result<(), String> {
+    use hdf5_sys::h5t::{self, H5T_norm_t};
+    let (mut spos, mut epos, mut esize, mut mpos, mut msize) = (0, 0, 0, 0, 0);
+    // SAFETY: the caller passes a valid float type; the out pointers are locals.
+    let fields =
+        unsafe { h5t::H5Tget_fields(id, &mut spos, &mut epos, &mut esize, &mut mpos, &mut msize) };
+    // SAFETY: as above.
+    let (bias, norm, precision, offset) = unsafe {
+        (
+            h5t::H5Tget_ebias(id),
+            h5t::H5Tget_norm(id),
+            h5t::H5Tget_precision(id),
+            h5t::H5Tget_offset(id),
+        )
+    };
+    if fields < 0 {
+        return Err(format!(
+            "float of {size} bytes whose layout HDF5 cannot tell"
+        ));
+    }
+    let got = (spos, epos, esize, mpos, msize, bias, precision, offset);
+    let implied = norm == H5T_norm_t::H5T_NORM_IMPLIED;
+    let ok = match size {
+        2 => implied && got == (15, 10, 5, 0, 10, 15, 16, 0),
+        4 => implied && got == (31, 23, 8, 0, 23, 127, 32, 0),
+        8 => implied && got == (63, 52, 11, 0, 52, 1023, 64, 0),
+        16 => norm == H5T_norm_t::H5T_NORM_NONE && got == (79, 64, 15, 0, 64, 16383, 80, 0),
+        _ => return Err(format!("float of {size} bytes")),
+    };
+    if ok {
+        return Ok(());
+    }
+    if size == 16 && implied && got == (127, 112, 15, 0, 112, 16383, 128, 0) {
+        return Err(
+            "IEEE binary128 float (quadruple precision): numpy has no such dtype \
+                    (its f16 is x87 extended precision, which would read wrong values)"
+                .into(),
+        );
+    }
+    Err(format!(
+        "float of {size} bytes with a layout numpy's f{size} does not have (sign bit \
+         {spos}, exponent {esize} bits at {epos} with bias {bias}, mantissa {msize} bits at \
+         {mpos}, precision {precision}, offset {offset})"
+    ))
+}
+
 /// Maps an HDF5 datatype to its NumPy dtype string, as h5py would read it.
 pub fn numpy_dtype(t: &Hid) -> DType {
     sync(|| {
@@ -193,15 +246,13 @@ pub fn numpy_dtype(t: &Hid) -> DType {
                         itemsize: size as u64,
                     }
                 }
-                H5T_class_t::H5T_FLOAT => {
-                    if ![2, 4, 8, 16].contains(&size) {
-                        return unsupported(&format!("float of {size} bytes"));
-                    }
-                    DType::Numeric {
+                H5T_class_t::H5T_FLOAT => match float_layout(id, size) {
+                    Ok(()) => DType::Numeric {
                         descr: format!("{}f{}", order_char(id, size), size),
                         itemsize: size as u64,
-                    }
-                }
+                    },
+                    Err(reason) => unsupported(&reason),
+                },
                 H5T_class_t::H5T_ENUM => {
                     let base = hdf5_sys::h5t::H5Tget_super(id);
                     if base < 0 {
