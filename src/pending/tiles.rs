@@ -373,9 +373,27 @@ impl Pending {
             };
             match made {
                 Ok(f) => {
-                    if let Err(e) = init_source(&f, &tpl) {
-                        // a half-made source (disk full) must not hold space
-                        let _ = std::fs::remove_file(&path);
+                    // GlusterFS can answer for a moment as if a file another call just
+                    // made were missing: retry those answers briefly.
+                    let mut made = init_source(&f, &tpl);
+                    for _ in 0..5 {
+                        match &made {
+                            Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
+                                std::thread::sleep(std::time::Duration::from_millis(20));
+                                made = init_source(&f, &tpl);
+                            }
+                            _ => break,
+                        }
+                    }
+                    if let Err(e) = made {
+                        // A half-made source (disk full) must not hold space. Otherwise it
+                        // stays: another daemon may already have opened it after losing
+                        // the O_EXCL race, and finishes a header still zero (see
+                        // `adopted_offset`); removing it would leave that daemon
+                        // writing into a deleted file.
+                        if e.errno == libc::ENOSPC || e.errno == libc::EDQUOT {
+                            let _ = std::fs::remove_file(&path);
+                        }
                         return Err(e);
                     }
                     let off = data_offset(&tpl);
