@@ -1937,13 +1937,7 @@ impl Fs {
         let m = match tile {
             None => DatasetModel::pending_written(path, meta, &targets, &written),
             Some(idx) => {
-                let mut sub = meta.clone();
-                sub.shape = meta
-                    .grid()
-                    .tile_slab(idx)
-                    .ok_or_else(|| Error::not_found("no such tile"))?
-                    .counts();
-                sub.tile_shape = sub.shape.clone();
+                let sub = tile_meta(meta, idx)?;
                 let t = targets.first().and_then(|(_, t)| t.clone());
                 let zero = [(vec![0; sub.shape.len()], t)];
                 DatasetModel::pending_written(path, &sub, &zero, &written)
@@ -1951,6 +1945,18 @@ impl Fs {
         };
         Ok(Arc::new(m))
     }
+}
+
+/// One tile of a pending dataset described as an array of its own (one tile wide).
+fn tile_meta(meta: &PendingMeta, idx: &[u64]) -> Result<PendingMeta> {
+    let mut sub = meta.clone();
+    sub.shape = meta
+        .grid()
+        .tile_slab(idx)
+        .ok_or_else(|| Error::not_found("no such tile"))?
+        .counts();
+    sub.tile_shape = sub.shape.clone();
+    Ok(sub)
 }
 
 /// The model of a pending handle's view (`tile`: one tile of the dataset, as its own
@@ -1970,13 +1976,7 @@ fn pending_model(
     let model = match tile {
         None => DatasetModel::pending(path, meta, targets),
         Some(idx) => {
-            let mut sub = meta.clone();
-            sub.shape = meta
-                .grid()
-                .tile_slab(idx)
-                .ok_or_else(|| Error::not_found("no such tile"))?
-                .counts();
-            sub.tile_shape = sub.shape.clone();
+            let sub = tile_meta(meta, idx)?;
             let t = targets.first().and_then(|(_, t)| t.clone());
             DatasetModel::pending(path, &sub, &[(vec![0; sub.shape.len()], t)])
         }
