@@ -53,15 +53,21 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 
 /// `create_dir_all` that survives other nodes making the same directories at once. On
 /// GlusterFS two clients' concurrent `mkdir` of one name is not atomic: both can get
-/// EEXIST while no directory exists yet (measured: 2 of 62 tries); retry until the
-/// directory is there.
+/// EEXIST while no directory exists yet (measured: 2 of 62 tries), or ESTALE; retry
+/// until the directory is there. Directories several nodes need are made once, under
+/// the file's lock, where the design allows (see `Pending::accept_meta`).
 pub fn create_dir_all(dir: &Path) -> Result<()> {
     let mut wait = Duration::from_millis(1);
     for _ in 0..12 {
         match std::fs::create_dir_all(dir) {
             Ok(()) => return Ok(()),
             Err(_) if dir.is_dir() => return Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EEXIST) | Some(libc::ENOENT) | Some(libc::ESTALE)
+                ) =>
+            {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_millis(100));
             }

@@ -53,9 +53,9 @@ impl Call<'_> {
             .stats
             .record(self.op, self.start.elapsed(), false, 0);
         // Misses and unknown ioctls are routine (shells probe names, tools probe ioctls);
-        // a write that finds something missing is not.
-        let routine =
-            (e.errno == libc::ENOENT && !matches!(self.op, Op::Write)) || e.errno == libc::ENOTTY;
+        // a write or an open (of a name just looked up) that finds something missing is not.
+        let routine = (e.errno == libc::ENOENT && !matches!(self.op, Op::Write | Op::Open))
+            || e.errno == libc::ENOTTY;
         if routine {
             tracing::debug!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         } else {

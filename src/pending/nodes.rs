@@ -73,7 +73,9 @@ impl Pending {
     fn create_node_locked(&self, file_rel: &Path, h5path: &str) -> Result<()> {
         self.make_nodes_dir(file_rel)?;
         let d = self.node_dir(file_rel, h5path)?;
-        crate::durable::create_dir_all(&d)?;
+        // `ranges/` too: every daemon's range log goes there, and a directory made by
+        // two nodes at once is what GlusterFS gets wrong (see `accept_meta_locked`).
+        crate::durable::create_dir_all(&d.join("ranges"))?;
         write_atomic(&d.join("path"), h5path.as_bytes())
     }
 
@@ -248,6 +250,12 @@ impl Pending {
         // (and returns early above) always finds the generation its tiles go to. The
         // first writer of `gen` wins; others adopt it.
         create_exclusive(&d.join("gen"), new_gen(&self.writer_id).as_bytes())?;
+        // The generation's source directory exists before meta.json does, so writers
+        // never make it: on GlusterFS two clients' concurrent `mkdir` of one name can
+        // leave one of them holding a directory the server does not know (measured:
+        // ESTALE or EIO on the first tile create in about one round in six).
+        let gen = self.gen(file_rel, h5path)?;
+        crate::durable::create_dir_all(&self.sources_dir(file_rel, h5path, &gen)?)?;
         write_atomic(&d.join("meta.json"), &stored)
     }
 
