@@ -309,7 +309,10 @@ def control_stats(env):
 
 def test_unchanged_file_rereads_from_page_cache(env):
     """keep_cache while the version is unchanged: a second open of `data` and of a
-    tile is served from the kernel's page cache (no read request reaches the daemon)."""
+    tile is served from the kernel's page cache (no read request reaches the daemon).
+    Up to 3 attempts, each after reading both again: memory pressure from other work on
+    the machine can evict a page now and then (seen once in CI while 11 GB were being
+    copied); without keep_cache every attempt fails."""
     a = values(30)
     make_file(env.b("f.h5"), a)
     env.mount("--tile-bytes", str(48 * 1024))
@@ -318,13 +321,20 @@ def test_unchanged_file_rereads_from_page_cache(env):
     assert rb(os.path.join(x, "data")) == a.tobytes()
     first = rb(tpath)
     time.sleep(1.2)                           # attributes revalidated: same version
-    # reading the control file counts its own read requests: measure them
-    r0 = control_stats(env)["read_requests"]
-    r1 = control_stats(env)["read_requests"]
-    assert rb(os.path.join(x, "data")) == a.tobytes()
-    assert rb(tpath) == first
-    r2 = control_stats(env)["read_requests"]
-    assert r2 - r1 == r1 - r0, f"{r2 - r1 - (r1 - r0)} reads reached the daemon"
+    extra = []
+    for _ in range(3):
+        assert rb(os.path.join(x, "data")) == a.tobytes()
+        assert rb(tpath) == first
+        # reading the control file counts its own read requests: measure them
+        r0 = control_stats(env)["read_requests"]
+        r1 = control_stats(env)["read_requests"]
+        assert rb(os.path.join(x, "data")) == a.tobytes()
+        assert rb(tpath) == first
+        r2 = control_stats(env)["read_requests"]
+        extra.append(r2 - r1 - (r1 - r0))
+        if extra[-1] == 0:
+            return
+    pytest.fail(f"reads reached the daemon on every attempt: {extra}")
 
 
 @pytest.mark.parametrize("rows", [64, 16], ids=["larger", "smaller"])
