@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Where the read path's time goes: one run comparing, on the same bytes,
+
+  * a direct pread of the dataset's bytes in the backing file (the reference),
+  * `data` through an h5tilefs mount,
+  * the same size read from the FUSE floor (target/release/h5tilefs-floor: a FUSE file
+    system that answers reads from memory with the same kernel settings), which is the
+    fastest any FUSE daemon can be on this kernel,
+  * every tile of the dataset read one after another, and numpy.fromfile of one tile,
+
+cold (page cache dropped before each read) in 16 MiB blocks, median of --reps; then the
+median latency of 4 KiB reads at random offsets (POSIX_FADV_RANDOM, so no readahead)
+through the mount (backing bytes warm: the daemon's own cost) and the floor.
+
+    read_path_bench.py [--mib 512] [--reps 3] [--dir DIR] [--bin PATH] [--json FILE]
+
+A benchmark, not a test: it prints a table and exits 0. Root is needed to drop caches.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from benchlib import drop_caches  # noqa: E402
+
+BLOCK = 16 << 20
+
+
+def seq_read(path, offset=0, length=None, direct=False):
+    """Seconds to read LENGTH bytes (all when None) of PATH from OFFSET in BLOCK reads."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = os.fstat(fd).st_size if length is None else offset + length
+        t = time.perf_counter()
+        pos = offset
+        while pos < end:
+            n = len(os.pread(fd, min(BLOCK, end - pos), pos))
+            if n == 0:
+                break
+            pos += n
+        return time.perf_counter() - t, pos - offset
+    finally:
+        os.close(fd)
+
+
+def rand_latency(path, size, n=2000, seed=7):
+    """Median and p99 microseconds of 4 KiB preads at random 4 KiB-aligned offsets."""
+    rng = random.Random(seed)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        lat = []
+        for _ in range(n):
+            off = rng.randrange(0, size // 4096) * 4096
+            t = time.perf_counter()
+            os.pread(fd, 4096, off)
+            lat.append((time.perf_counter() - t) * 1e6)
+        lat.sort()
+        return statistics.median(lat), lat[int(0.99 * len(lat))]
+    finally:
+        os.close(fd)
+
+
+def mount(cmd, mnt, probe):
+    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if os.path.exists(probe):
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"mount at {mnt} did not come up: {cmd}")
+
+
+def unmount(mnt):
+    subprocess.run(["fusermount3", "-u", mnt], check=False)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tile-mib", type=int, default=64)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "h5tilefs-readpath"))
+    ap.add_argument("--bin", default=os.path.join(REPO, "target/release/h5tilefs"))
+    ap.add_argument("--floor", default=os.path.join(REPO, "target/release/h5tilefs-floor"))
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    backing, mnt, fmnt = (os.path.join(a.dir, x) for x in ("backing", "mnt", "floor"))
+    for d in (backing, mnt, fmnt):
+        os.makedirs(d, exist_ok=True)
+    cols = 4096
+    rows = (a.mib << 20) // (cols * 4)
+    f5 = os.path.join(backing, "c.h5")
+    if not os.path.exists(f5):
+        with h5py.File(f5, "w") as f:
+            d = f.create_dataset("x", (rows, cols), "<f4")
+            step = max(1, (64 << 20) // (cols * 4))
+            for r in range(0, rows, step):
+                n = min(step, rows - r)
+                d[r:r + n] = np.arange(r * cols, (r + n) * cols, dtype="<f4").reshape(n, cols)
+    with h5py.File(f5, "r") as f:
+        off, nbytes = f["x"].id.get_offset(), f["x"].id.get_storage_size()
+    tile_rows = max(1, (a.tile_mib << 20) // (cols * 4))
+    mount([a.bin, "mount", backing, mnt, "--tile-bytes", str(a.tile_mib << 20), "--gpu", "off"],
+          mnt, os.path.join(mnt, "c.h5"))
+    mount([a.floor, fmnt, str(nbytes)], fmnt, os.path.join(fmnt, "data"))
+    data = os.path.join(mnt, "c.h5", "x", "data")
+    tiles = sorted(os.listdir(os.path.join(mnt, "c.h5", "x", "tiles")),
+                   key=lambda s: tuple(int(p) for p in s.split(".")))
+    rows_out = {}
+    try:
+        cases = {
+            "direct pread of the backing bytes": lambda: seq_read(f5, off, nbytes),
+            "mount: data": lambda: seq_read(data),
+            "FUSE floor (memory)": lambda: seq_read(os.path.join(fmnt, "data")),
+            "mount: every tile, one after another": lambda: tuple(
+                map(sum, zip(*[seq_read(os.path.join(mnt, "c.h5", "x", "tiles", t)) for t in tiles]))),
+            "direct: numpy.fromfile of tile 0's bytes": lambda: _fromfile(f5, off, tile_rows * cols),
+            "mount: numpy.fromfile of tile 0": lambda: _fromfile(
+                os.path.join(mnt, "c.h5", "x", "tiles", tiles[0]), 0, tile_rows * cols),
+        }
+        for name, fn in cases.items():
+            secs = []
+            for _ in range(a.reps):
+                drop_caches()
+                s, n = fn()
+                secs.append(s)
+            med = statistics.median(secs)
+            rows_out[name] = {"seconds": secs, "median_s": med, "bytes": n, "gbps": n / med / 1e9}
+        seq_read(f5, off, nbytes)                   # backing bytes warm for the latency
+        lat = {"mount: 4 KiB random pread": rand_latency(data, nbytes),
+               "FUSE floor: 4 KiB random pread": rand_latency(os.path.join(fmnt, "data"), nbytes),
+               "direct: 4 KiB random pread (warm)": rand_latency(f5, nbytes)}
+    finally:
+        unmount(mnt)
+        unmount(fmnt)
+    ref = rows_out["direct pread of the backing bytes"]["gbps"]
+    print(f"# read path, {a.mib} MiB contiguous <f4, {a.tile_mib} MiB tiles, cold, median of {a.reps}; "
+          f"{platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print("| read | GB/s | ratio to direct |")
+    print("|---|---:|---:|")
+    for name, r in rows_out.items():
+        ref_ = rows_out["direct: numpy.fromfile of tile 0's bytes"]["gbps"] if "fromfile" in name else ref
+        print(f"| {name} | {r['gbps']:.2f} | {r['gbps'] / ref_:.2f}× |")
+    print("| 4 KiB random reads | median µs | p99 µs |")
+    print("|---|---:|---:|")
+    for name, (m, p) in lat.items():
+        print(f"| {name} | {m:.0f} | {p:.0f} |")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"seq": rows_out, "latency_us": lat}, fh, indent=1)
+    return 0
+
+
+def _fromfile(path, offset, count):
+    t = time.perf_counter()
+    x = np.fromfile(path, dtype="<f4", count=count, offset=offset)
+    return time.perf_counter() - t, x.nbytes
+
+
+if __name__ == "__main__":
+    sys.exit(main())
