@@ -127,6 +127,9 @@ enum Resolved {
     Group { file: Option<Arc<H5File>> },
     /// A dataset of the committed file: nodes showing it are bound to `file.ident`.
     Dataset { file: Arc<H5File> },
+    /// A group of the committed file shown at its first path `target` instead (see
+    /// `ChildKind::Link`): a symbolic link.
+    Link { file: Arc<H5File>, target: String },
 }
 
 /// Tells the kernel to drop what it caches of an inode (pages, attributes) or of a
@@ -143,6 +146,7 @@ pub trait Invalidator: Send + Sync {
 pub enum Kind {
     Dir,
     File,
+    Symlink,
 }
 
 /// File attributes, fuser-free.
@@ -852,6 +856,7 @@ impl Fs {
             Kind::Dir => dir_perm(m.mode()),
             Kind::File if ro => (m.mode() & 0o444) as u16,
             Kind::File => (m.mode() & 0o666) as u16,
+            Kind::Symlink => 0o777,
         };
         Attr {
             ino,
@@ -951,6 +956,7 @@ impl Fs {
         Ok(match f.kind_of(path) {
             Ok(ChildKind::Group) => Resolved::Group { file: Some(f) },
             Ok(ChildKind::Dataset) => Resolved::Dataset { file: f },
+            Ok(ChildKind::Link(target)) => Resolved::Link { file: f, target },
             Err(e) => return implied(e),
         })
     }
@@ -1034,6 +1040,12 @@ impl Fs {
             }
             (Node::Object { .. }, Resolved::Group { file: Some(f) }) => {
                 self.file_attr(ino, Kind::Dir, 0, &f.meta, ro)
+            }
+            (Node::Object { path, .. }, Resolved::Link { file: f, target }) => {
+                let len = link_target(path, target).len() as u64;
+                let mut a = self.file_attr(ino, Kind::Symlink, len, &f.meta, true);
+                a.perm = 0o777;
+                a
             }
             (
                 Node::Object { file, .. },
@@ -1291,6 +1303,17 @@ impl Fs {
         r
     }
 
+    /// The target of symbolic link `ino`: a group shown at its first path.
+    pub fn readlink(&self, ino: u64) -> Result<String> {
+        let node = self.inodes.node(ino)?;
+        match (&node, self.resolve(&node)?) {
+            (Node::Object { path, .. }, Resolved::Link { target, .. }) => {
+                Ok(link_target(path, &target))
+            }
+            _ => Err(Error::new(libc::EINVAL, "not a symbolic link")),
+        }
+    }
+
     /// Every entry of directory `ino` (without `.` and `..`).
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
         let node = self.inodes.node(ino)?;
@@ -1438,8 +1461,12 @@ impl Fs {
                             file: file.clone(),
                             path: join(path, name),
                         };
-                        let v = (*k == ChildKind::Dataset).then_some(f.ident);
-                        add(n, v, Kind::Dir, name.clone());
+                        let v = (*k != ChildKind::Group).then_some(f.ident);
+                        let kind = match k {
+                            ChildKind::Link(_) => Kind::Symlink,
+                            _ => Kind::Dir,
+                        };
+                        add(n, v, kind, name.clone());
                     }
                 }
                 for name in implied {
@@ -2082,11 +2109,39 @@ fn meta_bytes(m: &PendingMeta) -> Vec<u8> {
     v
 }
 
+/// The relative target of a link at HDF5 path `at` to the group at `target`, both in
+/// the same file: as many `..` as `at` has parents below the file's directory, then
+/// `target`'s components (`.` for the file's root group seen from its root).
+fn link_target(at: &str, target: &str) -> String {
+    let depth = at
+        .trim_matches('/')
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .count();
+    let ups = depth.saturating_sub(1);
+    let mut parts: Vec<&str> = std::iter::repeat_n("..", ups).collect();
+    parts.extend(target.split('/').filter(|c| !c.is_empty()));
+    if parts.is_empty() {
+        ".".to_string()
+    } else {
+        parts.join("/")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sync::Shuttle;
     use std::collections::{BTreeMap, HashMap};
+
+    #[test]
+    fn link_targets_are_relative_to_the_link() {
+        assert_eq!(link_target("/a/b/up", "/a"), "../../a");
+        assert_eq!(link_target("/a/b/root", "/"), "../..");
+        assert_eq!(link_target("/alias", "/a/b"), "a/b");
+        assert_eq!(link_target("/loop", "/"), ".");
+        assert_eq!(link_target("/z/self", "/z"), "../z");
+    }
 
     fn ident(v: u64) -> Ident {
         Ident {

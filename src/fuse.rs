@@ -151,6 +151,7 @@ fn to_attr(a: &Attr) -> FileAttr {
     let (kind, nlink) = match a.kind {
         Kind::Dir => (FileType::Directory, 2),
         Kind::File => (FileType::RegularFile, 1),
+        Kind::Symlink => (FileType::Symlink, 1),
     };
     FileAttr {
         ino: INodeNo(a.ino),
@@ -271,6 +272,12 @@ impl Filesystem for FuseFs {
         reply.ok();
     }
 
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let c = call!(self, req, Op::Getattr, "readlink", ino = ino.0);
+        done!(c, reply, self.core.readlink(ino.0), |t| reply
+            .data(t.as_bytes()))
+    }
+
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let c = call!(self, req, Op::Opendir, "opendir", ino = ino.0);
         done!(c, reply, self.core.opendir(ino.0), |()| reply
@@ -299,6 +306,7 @@ impl Filesystem for FuseFs {
             let t = match e.kind {
                 Kind::Dir => FileType::Directory,
                 Kind::File => FileType::RegularFile,
+                Kind::Symlink => FileType::Symlink,
             };
             (e.ino, t, e.name)
         }));

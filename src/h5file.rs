@@ -34,11 +34,22 @@ impl Ident {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChildKind {
     Group,
     Dataset,
+    /// A group shown elsewhere: reached again through a hard link (a second parent, or
+    /// a cycle back to an ancestor) or through a soft link. Shown as a symbolic link to
+    /// the group's first path (`target`, absolute in the file), so that walks end.
+    Link(String),
 }
+
+/// An object's identity in its file: HDF5's object token (its header's address).
+type Token = [u8; hdf5_sys::h5o::H5O_MAX_TOKEN_SIZE];
+
+/// Most groups whose first paths are remembered per file: a crafted file with more
+/// keeps memory bounded (groups past the cap are shown where they are found).
+const MAX_GROUPS: usize = 1 << 20;
 
 /// The members of one group that the read view shows.
 pub struct Listing {
@@ -48,7 +59,7 @@ pub struct Listing {
 
 impl Listing {
     pub fn get(&self, name: &str) -> Option<ChildKind> {
-        self.index.get(name).copied()
+        self.index.get(name).cloned()
     }
 }
 
@@ -60,6 +71,9 @@ pub struct H5File {
     pub backing: Arc<BackingFile>,
     models: DashMap<String, Arc<DatasetModel>>,
     listings: DashMap<String, Arc<Listing>>,
+    /// Each group's first path (token -> path), in the order h5py's `visititems` visits
+    /// them (HDF5's `H5Ovisit`, names in increasing order): computed once per version.
+    first_paths: std::sync::OnceLock<Arc<HashMap<Token, String>>>,
 }
 
 /// Opens virtual sources directly, without a cache (lazy sources resolving).
@@ -159,11 +173,13 @@ impl H5File {
             }),
             models: DashMap::new(),
             listings: DashMap::new(),
+            first_paths: std::sync::OnceLock::new(),
         })
     }
 
     /// Members of group `path` that are groups or datasets (hard and soft links;
-    /// external links and dangling soft links are left out).
+    /// external links and dangling soft links are left out). A group that is not at its
+    /// first path here (see [`ChildKind::Link`]) is listed as a link to it.
     pub fn listing(&self, path: &str) -> Result<Arc<Listing>> {
         if let Some(l) = self.listings.get(path) {
             return Ok(l.clone());
@@ -175,16 +191,27 @@ impl H5File {
         let mut names = Vec::new();
         g.iter_visit_default(|name, info| {
             if info.link_type != hdf5::LinkType::External {
-                names.push(name.to_string());
+                names.push((name.to_string(), info.link_type == hdf5::LinkType::Hard));
             }
             Ok(())
         })
         .map_err(|e| Error::from_h5(format!("listing {path}"), e))?;
+        let first = self.first_paths();
         let mut children = Vec::with_capacity(names.len());
-        for n in names {
-            match g.loc_type_by_name(&n) {
-                Ok(hdf5::LocationType::Group) => children.push((n, ChildKind::Group)),
-                Ok(hdf5::LocationType::Dataset) => children.push((n, ChildKind::Dataset)),
+        for (n, hard) in names {
+            match object_info(g.id(), &n) {
+                Ok((hdf5_sys::h5o::H5O_type_t::H5O_TYPE_GROUP, token)) => {
+                    let here = join(path, &n);
+                    match first.get(&token) {
+                        Some(p) if !hard || *p != here => {
+                            children.push((n, ChildKind::Link(p.clone())))
+                        }
+                        _ => children.push((n, ChildKind::Group)),
+                    }
+                }
+                Ok((hdf5_sys::h5o::H5O_type_t::H5O_TYPE_DATASET, _)) => {
+                    children.push((n, ChildKind::Dataset))
+                }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(group = path, name = %n, error = %e, "link skipped"),
             }
@@ -193,6 +220,21 @@ impl H5File {
         let l = Arc::new(Listing { children, index });
         self.listings.insert(path.to_string(), l.clone());
         Ok(l)
+    }
+
+    /// See `first_paths` on the struct. A file HDF5 cannot walk gets an empty map:
+    /// every group is then shown where it is found, as before.
+    fn first_paths(&self) -> Arc<HashMap<Token, String>> {
+        self.first_paths
+            .get_or_init(|| match visit_groups(self.hfile.id()) {
+                Ok(m) => Arc::new(m),
+                Err(e) => {
+                    tracing::warn!(file = %self.abs.display(), error = %e,
+                        "cannot walk the file's groups; hard-linked groups are shown twice");
+                    Arc::new(HashMap::new())
+                }
+            })
+            .clone()
     }
 
     /// What `path` is (following soft links), or ENOENT.
@@ -205,6 +247,7 @@ impl H5File {
             Some(i) => (&path[..i], &path[i + 1..]),
             None => return Err(Error::not_found(format!("bad path {path}"))),
         };
+        // a path through a link is not ours to answer: the kernel follows the link
         if self.kind_of(parent)? != ChildKind::Group {
             return Err(Error::not_found(format!("{parent} is not a group")));
         }
@@ -239,4 +282,98 @@ impl H5File {
         self.models.insert(path.to_string(), m.clone());
         Ok(m)
     }
+}
+
+/// The type and token of the object `name` names in group `loc` (soft links followed).
+fn object_info(
+    loc: hdf5_sys::h5i::hid_t,
+    name: &str,
+) -> Result<(hdf5_sys::h5o::H5O_type_t, Token)> {
+    let c = std::ffi::CString::new(name).map_err(|_| Error::not_found("name holds a NUL"))?;
+    hdf5::sync::sync(|| {
+        // SAFETY: an all-zero H5O_info2_t is a valid value of this plain C struct.
+        let mut info: hdf5_sys::h5o::H5O_info2_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is NUL-terminated and `info` is ours to write.
+        let r = unsafe {
+            hdf5_sys::h5o::H5Oget_info_by_name3(
+                loc,
+                c.as_ptr(),
+                &mut info,
+                hdf5_sys::h5o::H5O_INFO_BASIC,
+                hdf5_sys::h5p::H5P_DEFAULT,
+            )
+        };
+        if r < 0 {
+            return Err(Error::not_found(format!("no object at {name}")));
+        }
+        Ok((info.type_, token_bytes(&info.token)))
+    })
+}
+
+fn token_bytes(t: &hdf5_sys::h5o::H5O_token_t) -> Token {
+    // SAFETY: H5O_token_t is a repr(C) struct of exactly one [u8; H5O_MAX_TOKEN_SIZE].
+    unsafe { std::mem::transmute_copy(t) }
+}
+
+struct Visit {
+    map: HashMap<Token, String>,
+}
+
+extern "C" fn visit_group(
+    _obj: hdf5_sys::h5i::hid_t,
+    name: *const std::ffi::c_char,
+    info: *const hdf5_sys::h5o::H5O_info2_t,
+    data: *mut std::ffi::c_void,
+) -> hdf5_sys::h5::herr_t {
+    if name.is_null() || info.is_null() || data.is_null() {
+        return -1;
+    }
+    // SAFETY: HDF5 passes the `Visit` given to H5Ovisit3 (below), a valid info and a
+    // NUL-terminated name, all alive for this call.
+    let (v, info, name) = unsafe {
+        (
+            &mut *(data as *mut Visit),
+            &*info,
+            std::ffi::CStr::from_ptr(name),
+        )
+    };
+    if info.type_ != hdf5_sys::h5o::H5O_type_t::H5O_TYPE_GROUP {
+        return 0;
+    }
+    if v.map.len() >= MAX_GROUPS {
+        return 1; // stop: bounded memory
+    }
+    let name = name.to_string_lossy();
+    let path = if name == "." {
+        "/".to_string()
+    } else {
+        format!("/{name}")
+    };
+    v.map.entry(token_bytes(&info.token)).or_insert(path);
+    0
+}
+
+/// Every group of the file reachable through hard links, with the path at which
+/// `H5Ovisit` (h5py's `visititems`) first reaches it.
+fn visit_groups(file: hdf5_sys::h5i::hid_t) -> Result<HashMap<Token, String>> {
+    let mut v = Visit {
+        map: HashMap::new(),
+    };
+    let r = hdf5::sync::sync(|| {
+        // SAFETY: `visit_group` matches H5O_iterate2_t and reads `v` only during the call.
+        unsafe {
+            hdf5_sys::h5o::H5Ovisit3(
+                file,
+                hdf5_sys::h5::H5_index_t::H5_INDEX_NAME,
+                hdf5_sys::h5::H5_iter_order_t::H5_ITER_INC,
+                Some(visit_group),
+                &mut v as *mut Visit as *mut std::ffi::c_void,
+                hdf5_sys::h5o::H5O_INFO_BASIC,
+            )
+        }
+    });
+    if r < 0 {
+        return Err(Error::io("H5Ovisit failed"));
+    }
+    Ok(v.map)
 }

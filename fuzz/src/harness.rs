@@ -314,6 +314,10 @@ fn walk(fs: &Fs, ino: u64, depth: usize, budget: &mut usize) {
             continue;
         };
         match (a.kind, e.name.as_str()) {
+            // a link to a group shown at its first path: read it, do not walk it
+            (Kind::Symlink, _) => {
+                let _ = fs.readlink(a.ino);
+            }
             (Kind::File, name) => {
                 let meta = read_file(fs, a.ino, a.size);
                 if is_dataset && name == "meta.json" {
