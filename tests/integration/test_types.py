@@ -279,3 +279,96 @@ def test_attributes_kept_whole(view):
     assert g["DIMENSION_LIST"] == [["/x"], ["/y"]]
     x = _meta(os.path.join(mnt, "x"))["attrs"]
     assert x["REFERENCE_LIST"] == [{"dataset": "/grid", "dimension": 0}], x
+
+
+# ----------------------------------------------------------------------------- writers
+def _gen_writers(b):
+    """Files as PyTables, pandas and netCDF4 write them (each skipped when absent)."""
+    made = []
+    try:
+        import tables
+    except ImportError:
+        tables = None
+    if tables is not None:
+        with tables.open_file(os.path.join(b, "pt.h5"), "w") as f:
+            class Row(tables.IsDescription):
+                i = tables.Int32Col()
+                x = tables.Float64Col()
+                name = tables.StringCol(8)
+                ok = tables.BoolCol()
+                v = tables.Float32Col(shape=(3,))
+            t = f.create_table("/", "tab", Row, chunkshape=(16,))
+            r = t.row
+            for k in range(N):
+                r["i"], r["x"], r["name"], r["ok"], r["v"] = k, k / 3, b"n%d" % k, k % 2 == 0, [k, k + 1, k + 2]
+                r.append()
+            t.flush()
+            f.create_array("/", "barr", np.arange(N) % 3 == 0)
+            f.create_carray("/", "bcarr", obj=np.arange(N) % 2 == 0, chunkshape=(10,),
+                            filters=tables.Filters(complevel=5, complib="zlib"))
+            f.root.barr.attrs.flag = True
+        made += [("pt.h5", n) for n in ("tab", "barr", "bcarr")]
+        try:
+            import pandas as pd
+            df = pd.DataFrame({"a": np.arange(N), "b": np.arange(N) / 2, "s": [f"s{k}" for k in range(N)]})
+            df.to_hdf(os.path.join(b, "pd.h5"), key="df", format="table")
+            made.append(("pd.h5", "df/table"))
+        except ImportError:
+            pass
+    try:
+        import netCDF4
+    except ImportError:
+        netCDF4 = None
+    if netCDF4 is not None:
+        nc = netCDF4.Dataset(os.path.join(b, "nc.nc"), "w")
+        nc.createDimension("t", N)
+        nc.createDimension("c", 4)
+        v = nc.createVariable("chars", "S1", ("t", "c"))
+        v[:] = netCDF4.stringtochar(_words(4))
+        s = nc.createVariable("strs", str, ("t",))
+        s[:] = np.array([("a", "bb", "", "dddd", "é")[k % 5] for k in range(N)], dtype=object)
+        x = nc.createVariable("t", "f8", ("t",))
+        x[:] = np.arange(N)
+        d = nc.createVariable("data", "f4", ("t", "c"))
+        d[:] = np.ones((N, 4))
+        nc.close()
+        made += [("nc.nc", n) for n in ("chars", "strs", "data")]
+    return made
+
+
+@pytest.fixture(scope="module")
+def writers():
+    root = tempfile.mkdtemp(prefix="h5tilefs-writers-")
+    b, m = os.path.join(root, "b"), os.path.join(root, "m")
+    os.makedirs(b)
+    os.makedirs(m)
+    made = _gen_writers(b)
+    if not made:
+        pytest.skip("neither PyTables nor netCDF4 is installed (tests/requirements.txt)")
+    mount(b, m, "--tile-bytes", "256")
+    try:
+        yield b, m, made
+    finally:
+        unmount(m)
+
+
+def test_writers_files_are_served_as_h5py_reads_them(writers):
+    b, m, made = writers
+    for rel, name in made:
+        with h5py.File(os.path.join(b, rel), "r") as f:
+            ds = f[name]
+            p = os.path.join(m, rel, name)
+            meta = _meta(p)
+            assert "unsupported" not in meta, (rel, name, meta)
+            if h5py.check_string_dtype(ds.dtype) is not None and ds.dtype.kind == "O":
+                vals = list(np.asarray(ds[()], dtype=object).ravel())
+                width = max([1] + [len(v) for v in vals])
+                want = np.array(vals, dtype=f"S{width}").reshape(ds.shape)
+            else:
+                assert _np_dtype(meta["dtype"]) == ds.dtype, (rel, name, meta["dtype"], ds.dtype)
+                want = ds[()]
+            _check_bytes(m, os.path.join(rel, name), want)
+    if ("pt.h5", "barr") in made:
+        assert _meta(os.path.join(m, "pt.h5", "barr"))["attrs"]["flag"] is True
+    if ("nc.nc", "data") in made:
+        assert _meta(os.path.join(m, "nc.nc", "data"))["attrs"]["DIMENSION_LIST"] == [["/t"], ["/c"]]
