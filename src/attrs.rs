@@ -244,4 +244,38 @@ mod tests {
         assert!(t0.elapsed().as_secs() < 2);
         assert_eq!(read_attr(&ds, "small"), Some(json!([[], []])));
     }
+
+    /// A compound stored with its members out of order and a space-padded string:
+    /// numpy's dict form keeps the offsets, the string makes reads convert, and the
+    /// JSON of an element names every member.
+    #[test]
+    fn compound_with_spacepad_string() {
+        use hdf5_sys::h5t;
+        // SAFETY: types built here and closed by their guards.
+        let (t, s) = hdf5::sync::sync(|| unsafe {
+            let s = h5::Hid::from_raw(h5t::H5Tcopy(*h5t::H5T_C_S1), h5t::H5Tclose);
+            h5t::H5Tset_size(s.id(), 4);
+            h5t::H5Tset_strpad(s.id(), h5t::H5T_str_t::H5T_STR_SPACEPAD);
+            let t = h5::Hid::from_raw(
+                h5t::H5Tcreate(hdf5_sys::h5t::H5T_class_t::H5T_COMPOUND, 16),
+                h5t::H5Tclose,
+            );
+            h5t::H5Tinsert(t.id(), c"n".as_ptr(), 8, *h5t::H5T_STD_I32BE);
+            h5t::H5Tinsert(t.id(), c"s".as_ptr(), 0, s.id());
+            (t, s)
+        });
+        let ty = h5::describe_type(&t).unwrap();
+        assert_eq!(
+            ty.numpy(0),
+            json!({"names": ["n", "s"], "formats": [">i4", "|S4"], "offsets": [8, 0], "itemsize": 16})
+        );
+        assert!(ty.converts());
+        assert_eq!(ty.itemsize(), 16);
+        let mut b = vec![0u8; 16];
+        b[..4].copy_from_slice(b"a\0  ");
+        b[8..12].copy_from_slice(&(-3i32).to_be_bytes());
+        assert_eq!(value_json(&ty, &b, None), json!({"n": -3, "s": "a\u{0}"}));
+        let st = h5::describe_type(&s).unwrap();
+        assert_eq!(st.numpy(0), json!("|S4"));
+    }
 }
