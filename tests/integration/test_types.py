@@ -372,3 +372,17 @@ def test_writers_files_are_served_as_h5py_reads_them(writers):
         assert _meta(os.path.join(m, "pt.h5", "barr"))["attrs"]["flag"] is True
     if ("nc.nc", "data") in made:
         assert _meta(os.path.join(m, "nc.nc", "data"))["attrs"]["DIMENSION_LIST"] == [["/t"], ["/c"]]
+
+
+@pytest.mark.parametrize("name", ["cmp_spread", "cmp_nested", "str_spacepad", "bits16be", "enum_be"])
+def test_python_client_reads_typed_datasets(view, name):
+    """h5tilefs.numpy.read takes meta.json's dtype as is: values equal h5py's."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+    from h5tilefs import numpy as hnp
+    mnt, f = view
+    got = hnp.read(mnt, name)
+    want = f[name][()]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    _same(got.tobytes(), want, name)
+    _same(hnp.read(mnt, name, np.s_[3:9]).tobytes(), want[3:9], name)
