@@ -436,7 +436,7 @@ fn describe(id: hid_t, depth: usize) -> std::result::Result<Ty, String> {
                 if n <= 0 {
                     return Err("compound type without members".into());
                 }
-                let mut fields = Vec::with_capacity(n as usize);
+                let mut fields = Vec::with_capacity((n as usize).min(1024));
                 for i in 0..n as u32 {
                     let name = member_name(id, i).ok_or("compound member without a name")?;
                     let mt = Hid::new(
@@ -665,7 +665,12 @@ unsafe fn mem_type_raw(id: hid_t, depth: usize) -> hid_t {
                 if name.is_null() {
                     return -1;
                 }
-                let ft = Hid::from_raw(h5t::H5Tget_member_type(id, i), h5t::H5Tclose);
+                let ft = h5t::H5Tget_member_type(id, i);
+                if ft < 0 {
+                    hdf5_sys::h5::H5free_memory(name.cast());
+                    return -1;
+                }
+                let ft = Hid::from_raw(ft, h5t::H5Tclose);
                 let mt = mem_type_raw(ft.id(), depth + 1);
                 let r = if mt >= 0 {
                     let r = h5t::H5Tinsert(t.id(), name, h5t::H5Tget_member_offset(id, i), mt);
@@ -679,6 +684,7 @@ unsafe fn mem_type_raw(id: hid_t, depth: usize) -> hid_t {
                     return -1;
                 }
             }
+            // Ownership passes to the caller (who wraps it in a guard): no close here.
             let id = t.id();
             std::mem::forget(t);
             id
@@ -692,7 +698,11 @@ unsafe fn mem_type_raw(id: hid_t, depth: usize) -> hid_t {
             if h5t::H5Tget_array_dims2(id, dims.as_mut_ptr()) < 0 {
                 return -1;
             }
-            let base = Hid::from_raw(h5t::H5Tget_super(id), h5t::H5Tclose);
+            let base = h5t::H5Tget_super(id);
+            if base < 0 {
+                return -1;
+            }
+            let base = Hid::from_raw(base, h5t::H5Tclose);
             let mb = mem_type_raw(base.id(), depth + 1);
             if mb < 0 {
                 return -1;
