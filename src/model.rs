@@ -405,7 +405,20 @@ impl DatasetModel {
         let storage = if matches!(dtype, DType::Unsupported { .. }) {
             Storage::None
         } else if converts {
-            hdf_cells(ds.clone())
+            // Chunked: one cell per chunk (and tiles on chunks, as for other chunked
+            // datasets), so that no chunk is decompressed for two cells.
+            match chunks.clone() {
+                Some(c)
+                    if c.len() == rank
+                        && !c.contains(&0)
+                        && crate::geometry::checked_bytes(&c, elem.max(1))
+                            .is_some_and(|b| b <= HDF_CELL_BYTES) =>
+                {
+                    tile_shape = c.clone();
+                    Storage::Cells(Arc::new(HdfCells::new(ds.clone(), shape.clone(), c, elem)))
+                }
+                _ => hdf_cells(ds.clone()),
+            }
         } else {
             match layout {
                 Layout::Contiguous if external.is_some() => match external.take() {
