@@ -16,6 +16,8 @@ use std::sync::{Arc, OnceLock};
 
 /// Cells read through HDF5 (compact, external, unmapped VDS) are at most this big.
 const HDF_CELL_BYTES: u64 = 4 << 20;
+/// Widest variable-length string served (fixed width, every string padded to it).
+const MAX_VSTR_WIDTH: u64 = 1 << 20;
 /// Virtual datasets may point at virtual datasets; stop following after this many hops.
 const MAX_VDS_DEPTH: usize = 4;
 
@@ -297,6 +299,13 @@ impl DatasetModel {
         let vstr = matches!(ty.as_deref(), Some(h5::Ty::VStr { .. }));
         if vstr {
             dtype = match h5::vstr_width(id, &ftype, &shape) {
+                Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
+                    reason: format!(
+                        "variable-length strings whose longest is {w} bytes: served fixed \
+                         width, every string would take that much; read them with h5py"
+                    ),
+                    itemsize: 0,
+                },
                 Ok(w) => DType::Numeric {
                     descr: format!("|S{w}"),
                     itemsize: w,

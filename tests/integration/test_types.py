@@ -112,6 +112,7 @@ def _gen(path):
         # unsupported
         f.create_dataset("ref", data=[f["bool"].ref, f["enum"].ref], dtype=h5py.ref_dtype)
         f.create_dataset("opaque", data=np.zeros(4, "V3"))
+        f.create_dataset("vstr_huge", data=["a", "b" * (1 << 20 | 1)], dtype=h5py.string_dtype())
         f.create_dataset("vlen_int", data=np.array([np.arange(i) for i in range(1, 4)], dtype=object),
                          dtype=h5py.vlen_dtype("i4"))
         # attributes
@@ -253,7 +254,8 @@ def test_variable_length_strings_fixed_width(view, name):
     _check_bytes(mnt, name, want)
 
 
-@pytest.mark.parametrize("name,word", [("ref", "reference"), ("opaque", "opaque"), ("vlen_int", "variable-length")])
+@pytest.mark.parametrize("name,word", [("ref", "reference"), ("opaque", "opaque"), ("vlen_int", "variable-length"),
+                                       ("vstr_huge", "longest")])
 def test_unsupported_types_are_named(view, name, word):
     mnt, _ = view
     meta = _meta(os.path.join(mnt, name))
