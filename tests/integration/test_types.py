@@ -376,7 +376,7 @@ def test_writers_files_are_served_as_h5py_reads_them(writers):
         assert _meta(os.path.join(m, "nc.nc", "data"))["attrs"]["DIMENSION_LIST"] == [["/t"], ["/c"]]
 
 
-@pytest.mark.parametrize("name", ["cmp_spread", "cmp_nested", "str_spacepad", "bits16be", "enum_be"])
+@pytest.mark.parametrize("name", ["cmp_spread", "cmp_nested", "str_spacepad", "bits16be", "enum_be", "array_type"])
 def test_python_client_reads_typed_datasets(view, name):
     """h5tilefs.numpy.read takes meta.json's dtype as is: values equal h5py's."""
     import sys
