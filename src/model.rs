@@ -297,7 +297,23 @@ impl DatasetModel {
             _ => None,
         };
         let vstr = matches!(ty.as_deref(), Some(h5::Ty::VStr { .. }));
-        if vstr {
+        // Converted types are read through HDF5 (a virtual one too, without mapping it
+        // ourselves): HDF5 must not be sent to a source outside the backing directory.
+        if layout == Layout::Virtual && ty.as_deref().is_some_and(h5::Ty::converts) {
+            let escaping = match h5::virtual_mappings(&dcpl) {
+                Ok(maps) => escaping_source(&maps, file.abs(), &opts.root)
+                    .map(|src| format!("virtual source {src} lies outside the backing directory")),
+                Err(e) => Some(e.message),
+            };
+            if let Some(reason) = escaping {
+                tracing::warn!(dataset = name, %reason, "not served");
+                dtype = DType::Unsupported {
+                    reason,
+                    itemsize: 0,
+                };
+            }
+        }
+        if vstr && matches!(dtype, DType::Numeric { .. }) {
             dtype = match h5::vstr_width(id, &ftype, &shape) {
                 Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
                     reason: format!(

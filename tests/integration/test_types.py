@@ -388,3 +388,35 @@ def test_python_client_reads_typed_datasets(view, name):
     assert got.dtype == want.dtype and got.shape == want.shape
     _same(got.tobytes(), want, name)
     _same(hnp.read(mnt, name, np.s_[3:9]).tobytes(), want[3:9], name)
+
+
+def test_converted_virtual_datasets_stay_inside_the_backing_dir():
+    """A virtual dataset of a type read through HDF5 (variable-length strings) is served
+    when its sources lie inside the backing directory, and refused (meta.json says why,
+    HDF5 never reads the source) when one lies outside."""
+    root = tempfile.mkdtemp(prefix="h5tilefs-types-vds-")
+    b, m, out = (os.path.join(root, d) for d in ("b", "m", "out"))
+    for d in (b, m, out):
+        os.makedirs(d)
+    strs = np.array(["a", "bcd", "", "é"], dtype=object)
+    dt = h5py.string_dtype()
+    for d in (b, out):
+        with h5py.File(os.path.join(d, "src.h5"), "w") as f:
+            f.create_dataset("s", data=strs, dtype=dt)
+    for name, src in (("inside.h5", "src.h5"), ("outside.h5", os.path.join(out, "src.h5"))):
+        lay = h5py.VirtualLayout(shape=(4,), dtype=dt)
+        lay[:] = h5py.VirtualSource(src, "s", shape=(4,))
+        with h5py.File(os.path.join(b, name), "w") as f:
+            f.create_virtual_dataset("v", lay)
+    mount(b, m)
+    try:
+        meta = _meta(os.path.join(m, "inside.h5", "v"))
+        assert meta["dtype"] == "|S3", meta
+        with h5py.File(os.path.join(b, "inside.h5"), "r") as f:
+            want = np.array(list(f["v"][()]), dtype="S3").tobytes()
+        assert _read(os.path.join(m, "inside.h5", "v", "data")) == want
+        meta = _meta(os.path.join(m, "outside.h5", "v"))
+        assert "outside the backing directory" in meta.get("unsupported", ""), meta
+        assert not os.path.exists(os.path.join(m, "outside.h5", "v", "data"))
+    finally:
+        unmount(m)
