@@ -313,6 +313,13 @@ impl DatasetModel {
                 };
             }
         }
+        // The width scan reads the strings before external storage is checked below.
+        if vstr && layout == Layout::Contiguous && !h5::external_segments(&dcpl)?.is_empty() {
+            dtype = DType::Unsupported {
+                reason: "variable-length strings in external storage; read them with h5py".into(),
+                itemsize: 0,
+            };
+        }
         if vstr && matches!(dtype, DType::Numeric { .. }) {
             dtype = match h5::vstr_width(id, &ftype, &shape) {
                 Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
