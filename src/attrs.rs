@@ -1,6 +1,6 @@
 //! Dataset attributes and fill values as JSON, for meta.json.
 
-use crate::h5::{self, DType};
+use crate::h5::{self, StrPad, Ty};
 use serde_json::{json, Map, Value};
 
 /// Every attribute that maps to JSON (numbers, bools, complex, strings, arrays of them).
@@ -30,6 +30,8 @@ fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
     let shape = attr.shape();
     let scalar = attr.is_scalar();
     let (t, bytes, n) = h5::read_attr_raw(attr.id()).ok()?;
+    let loc = ds.id();
+    let refname = |r: &[u8]| h5::ref_name(loc, r).map_or(Value::Null, Value::String);
     let values: Vec<Value> = match h5::string_kind(&t) {
         Some(true) => {
             if let Ok(v) = attr.read_raw::<hdf5::types::VarLenUnicode>() {
@@ -42,30 +44,23 @@ fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
                     .collect()
             }
         }
-        Some(false) => {
-            let size = bytes.len().checked_div(n).unwrap_or(0);
-            if size == 0 {
-                vec![]
-            } else {
-                bytes
-                    .chunks(size)
-                    .map(|c| {
-                        let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
-                        json!(String::from_utf8_lossy(&c[..end]))
-                    })
-                    .collect()
-            }
+        _ if h5::is_vlen_of_refs(&t) => {
+            // netCDF's DIMENSION_LIST: per dimension, the dimension scales' paths.
+            h5::read_attr_vlen_refs(attr.id())
+                .ok()?
+                .iter()
+                .map(|refs| Value::Array(refs.iter().map(|r| refname(r)).collect()))
+                .collect()
         }
-        None => {
-            let DType::Numeric { descr, itemsize } = h5::numpy_dtype(&t) else {
-                return None;
-            };
-            if itemsize == 0 {
+        _ => {
+            let ty = h5::describe_type(&t).ok()?;
+            let size = ty.itemsize() as usize;
+            if size == 0 {
                 return None;
             }
             bytes
-                .chunks(itemsize as usize)
-                .map(|c| scalar_json(&descr, c))
+                .chunks(size)
+                .map(|c| value_json(&ty, c, Some(&refname)))
                 .collect()
         }
     };
@@ -85,6 +80,50 @@ fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
         return None;
     }
     Some(nest(&values, &shape))
+}
+
+/// Resolves an object reference's bytes to the referenced object's path.
+pub type RefName<'a> = &'a dyn Fn(&[u8]) -> Value;
+
+/// One element of type `ty` (its file bytes) as JSON: numbers, true/false for bools
+/// and 1-byte bitfields, strings (padding removed, embedded NULs kept), compounds as
+/// objects, arrays as lists, enums as their integer value, object references as the
+/// referenced object's path (through `refname`, null without it).
+pub fn value_json(ty: &Ty, b: &[u8], refname: Option<RefName>) -> Value {
+    match ty {
+        // PyTables stores bools as 1-byte bitfields.
+        Ty::Bitfield(d) if d == "|u1" => json!(b.first().is_some_and(|&c| c != 0)),
+        Ty::Scalar(d) | Ty::Bitfield(d) | Ty::Enum { base: d, .. } => scalar_json(d, b),
+        Ty::Str { size, pad, .. } => {
+            let s = &b[..(*size as usize).min(b.len())];
+            let strip = if *pad == StrPad::SpacePad { b' ' } else { 0 };
+            let end = s.iter().rposition(|&c| c != strip).map_or(0, |p| p + 1);
+            json!(String::from_utf8_lossy(&s[..end]))
+        }
+        Ty::VStr { .. } => Value::Null,
+        Ty::ObjRef => refname.map_or(Value::Null, |f| f(b)),
+        Ty::Compound { fields, .. } => {
+            let mut m = Map::new();
+            for (name, off, ft) in fields {
+                let off = *off as usize;
+                let end = off.saturating_add(ft.itemsize() as usize);
+                let v = b
+                    .get(off..end)
+                    .map_or(Value::Null, |c| value_json(ft, c, refname));
+                m.insert(name.clone(), v);
+            }
+            Value::Object(m)
+        }
+        Ty::Array { dims, base } => {
+            let es = base.itemsize() as usize;
+            if es == 0 {
+                return Value::Null;
+            }
+            let vals: Vec<Value> = b.chunks(es).map(|c| value_json(base, c, refname)).collect();
+            let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+            nest(&vals, &shape)
+        }
+    }
 }
 
 /// Most nested lists one attribute's JSON may have.
@@ -204,5 +243,39 @@ mod tests {
         assert_eq!(read_attr(&ds, "huge"), None);
         assert!(t0.elapsed().as_secs() < 2);
         assert_eq!(read_attr(&ds, "small"), Some(json!([[], []])));
+    }
+
+    /// A compound stored with its members out of order and a space-padded string:
+    /// numpy's dict form keeps the offsets, the string makes reads convert, and the
+    /// JSON of an element names every member.
+    #[test]
+    fn compound_with_spacepad_string() {
+        use hdf5_sys::h5t;
+        // SAFETY: types built here and closed by their guards.
+        let (t, s) = hdf5::sync::sync(|| unsafe {
+            let s = h5::Hid::from_raw(h5t::H5Tcopy(*h5t::H5T_C_S1), h5t::H5Tclose);
+            h5t::H5Tset_size(s.id(), 4);
+            h5t::H5Tset_strpad(s.id(), h5t::H5T_str_t::H5T_STR_SPACEPAD);
+            let t = h5::Hid::from_raw(
+                h5t::H5Tcreate(hdf5_sys::h5t::H5T_class_t::H5T_COMPOUND, 16),
+                h5t::H5Tclose,
+            );
+            h5t::H5Tinsert(t.id(), c"n".as_ptr(), 8, *h5t::H5T_STD_I32BE);
+            h5t::H5Tinsert(t.id(), c"s".as_ptr(), 0, s.id());
+            (t, s)
+        });
+        let ty = h5::describe_type(&t).unwrap();
+        assert_eq!(
+            ty.numpy(0),
+            json!({"names": ["n", "s"], "formats": [">i4", "|S4"], "offsets": [8, 0], "itemsize": 16})
+        );
+        assert!(ty.converts());
+        assert_eq!(ty.itemsize(), 16);
+        let mut b = vec![0u8; 16];
+        b[..4].copy_from_slice(b"a\0  ");
+        b[8..12].copy_from_slice(&(-3i32).to_be_bytes());
+        assert_eq!(value_json(&ty, &b, None), json!({"n": -3, "s": "a\u{0}"}));
+        let st = h5::describe_type(&s).unwrap();
+        assert_eq!(st.numpy(0), json!("|S4"));
     }
 }

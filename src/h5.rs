@@ -12,6 +12,7 @@ use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5s::H5S_sel_type;
 use hdf5_sys::h5t::{H5T_class_t, H5T_order_t, H5T_sign_t};
 use std::ffi::{c_char, c_uint, CStr};
+use std::sync::Arc;
 
 /// The largest cell (decoded chunk, or block read through HDF5) the daemon allocates.
 /// HDF5 allows chunks up to 4 GiB; a tiny crafted file can declare one, and every
@@ -143,15 +144,146 @@ pub fn space_dims(space: &Hid) -> Result<Option<Dims>> {
 /// What the bytes of one element are, in NumPy terms.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DType {
-    /// A NumPy `dtype.str` and the element size in bytes.
+    /// A NumPy `dtype.str` (or, for structured types, the compact JSON of the dtype as
+    /// meta.json gives it) and the element size in bytes. `ty` is set for types read
+    /// from a file: it says how elements are laid out and whether HDF5 must convert.
     Numeric {
         descr: String,
         itemsize: u64,
+        ty: Option<Arc<Ty>>,
     },
     Unsupported {
         reason: String,
         itemsize: u64,
     },
+}
+
+/// One HDF5 element type as h5py presents it to numpy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ty {
+    /// A numpy scalar dtype string: `<i4`, `>u2` (bitfield), `|b1` (h5py's bool enum), `<c8`.
+    Scalar(String),
+    /// A bitfield, as h5py reads it: the unsigned integer of its size and order.
+    Bitfield(String),
+    /// An enum: its base integer dtype and its members.
+    Enum {
+        base: String,
+        members: Vec<(String, i64)>,
+    },
+    /// A fixed-length string of `size` bytes as stored (`pad` is the stored padding).
+    Str { size: u64, pad: StrPad, utf8: bool },
+    /// A variable-length string: served as fixed-width `|S<n>`, NUL padded.
+    VStr { utf8: bool },
+    /// A compound: numpy fields (name, byte offset, type) and the element size.
+    Compound {
+        size: u64,
+        fields: Vec<(String, u64, Ty)>,
+    },
+    /// A fixed-size array of `base` (numpy subarray).
+    Array { dims: Vec<u64>, base: Box<Ty> },
+    /// An object reference: only attributes decode it (as the object's path).
+    ObjRef,
+}
+
+/// Stored padding of a fixed-length string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrPad {
+    NullTerm,
+    NullPad,
+    SpacePad,
+}
+
+impl StrPad {
+    pub fn name(self) -> &'static str {
+        match self {
+            StrPad::NullTerm => "nullterm",
+            StrPad::NullPad => "nullpad",
+            StrPad::SpacePad => "spacepad",
+        }
+    }
+}
+
+impl Ty {
+    /// Bytes of one element in the layout h5py returns (0 for a variable-length string,
+    /// whose served width is chosen per dataset).
+    pub fn itemsize(&self) -> u64 {
+        match self {
+            Ty::Scalar(d) | Ty::Bitfield(d) | Ty::Enum { base: d, .. } => descr_size(d),
+            Ty::Str { size, .. } => *size,
+            Ty::VStr { .. } => 0,
+            Ty::Compound { size, .. } => *size,
+            Ty::Array { dims, base } => dims
+                .iter()
+                .try_fold(base.itemsize(), |a, &d| a.checked_mul(d))
+                .unwrap_or(u64::MAX),
+            Ty::ObjRef => 8,
+        }
+    }
+
+    /// The dtype as meta.json gives it: a numpy dtype string, or for a compound
+    /// `{"names", "formats", "offsets", "itemsize"}` (numpy's dict form, which
+    /// `np.dtype()` takes as is and which keeps the offsets HDF5 stored). A subarray is
+    /// `"(3,)<f4"`. `width` is the served width of a variable-length string.
+    pub fn numpy(&self, width: u64) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            Ty::Scalar(d) | Ty::Bitfield(d) | Ty::Enum { base: d, .. } => json!(d),
+            Ty::Str { size, .. } => json!(format!("|S{size}")),
+            Ty::VStr { .. } => json!(format!("|S{width}")),
+            Ty::ObjRef => json!("|O"),
+            Ty::Array { dims, base } => {
+                let shape = if dims.len() == 1 {
+                    format!("({},)", dims[0])
+                } else {
+                    let d: Vec<String> = dims.iter().map(u64::to_string).collect();
+                    format!("({})", d.join(","))
+                };
+                match base.numpy(width) {
+                    serde_json::Value::String(b) => json!(format!("{shape}{b}")),
+                    other => json!([other, dims]),
+                }
+            }
+            Ty::Compound { size, fields } => json!({
+                "names": fields.iter().map(|f| &f.0).collect::<Vec<_>>(),
+                "formats": fields.iter().map(|f| f.2.numpy(width)).collect::<Vec<_>>(),
+                "offsets": fields.iter().map(|f| f.1).collect::<Vec<_>>(),
+                "itemsize": size,
+            }),
+        }
+    }
+
+    /// Whether an object reference is part of the type.
+    pub fn has_ref(&self) -> bool {
+        match self {
+            Ty::ObjRef => true,
+            Ty::Compound { fields, .. } => fields.iter().any(|f| f.2.has_ref()),
+            Ty::Array { base, .. } => base.has_ref(),
+            _ => false,
+        }
+    }
+
+    /// Whether h5py's bytes differ from the stored ones, so reads go through H5Dread
+    /// with [`mem_type`]: strings not NUL padded (h5py reads them NUL padded), at any
+    /// depth, and variable-length strings.
+    pub fn converts(&self) -> bool {
+        match self {
+            Ty::Str { pad, .. } => *pad != StrPad::NullPad,
+            Ty::VStr { .. } => true,
+            Ty::Compound { fields, .. } => fields.iter().any(|f| f.2.converts()),
+            Ty::Array { base, .. } => base.converts(),
+            _ => false,
+        }
+    }
+}
+
+/// Describes type `t` as h5py reads it (attributes: object references allowed).
+pub fn describe_type(t: &Hid) -> std::result::Result<Ty, String> {
+    sync(|| describe(t.id(), 0))
+}
+
+/// The size in a numpy dtype string such as `<f8` or `|S12`.
+fn descr_size(d: &str) -> u64 {
+    d.get(2..).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 fn order_char(t: hid_t, size: usize) -> char {
@@ -218,71 +350,227 @@ unsafe fn float_layout(id: hdf5_sys::h5i::hid_t, size: usize) -> std::result::Re
     ))
 }
 
-/// Maps an HDF5 datatype to its NumPy dtype string, as h5py would read it.
+/// Maps an HDF5 datatype to its NumPy dtype, as h5py would read it.
 pub fn numpy_dtype(t: &Hid) -> DType {
-    sync(|| {
-        // SAFETY: t is a valid datatype id; member ids are closed before returning.
-        unsafe {
-            let id = t.id();
-            let size = hdf5_sys::h5t::H5Tget_size(id);
-            let class = hdf5_sys::h5t::H5Tget_class(id);
-            let unsupported = |r: &str| DType::Unsupported {
-                reason: r.to_string(),
-                itemsize: size as u64,
-            };
-            match class {
-                H5T_class_t::H5T_INTEGER => {
-                    let signed = hdf5_sys::h5t::H5Tget_sign(id) == H5T_sign_t::H5T_SGN_2;
-                    if ![1, 2, 4, 8].contains(&size) {
-                        return unsupported(&format!("integer of {size} bytes"));
-                    }
-                    DType::Numeric {
-                        descr: format!(
-                            "{}{}{}",
-                            order_char(id, size),
-                            if signed { 'i' } else { 'u' },
-                            size
-                        ),
-                        itemsize: size as u64,
-                    }
+    // SAFETY: t is a valid datatype id.
+    let size = sync(|| unsafe { hdf5_sys::h5t::H5Tget_size(t.id()) }) as u64;
+    match sync(|| describe(t.id(), 0)) {
+        Ok(ty) if ty.has_ref() => DType::Unsupported {
+            reason: "object reference type (numpy has no dtype for it; h5py gives \
+                     h5py.Reference objects); read it with h5py"
+                .into(),
+            itemsize: size,
+        },
+        Ok(ty) => DType::Numeric {
+            descr: match ty.numpy(0) {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            },
+            itemsize: ty.itemsize(),
+            ty: Some(Arc::new(ty)),
+        },
+        Err(reason) => DType::Unsupported {
+            reason,
+            itemsize: size,
+        },
+    }
+}
+
+/// Deepest nesting of compound and array types followed.
+const MAX_TYPE_DEPTH: usize = 16;
+
+/// Describes type `id` as h5py reads it, or says why it cannot be served.
+fn describe(id: hid_t, depth: usize) -> std::result::Result<Ty, String> {
+    use hdf5_sys::h5t;
+    if depth > MAX_TYPE_DEPTH {
+        return Err("type nested too deep".into());
+    }
+    // SAFETY (whole body): id is a valid datatype id and the caller holds the library
+    // lock; member and base ids are owned by `Hid` guards; name strings are freed.
+    unsafe {
+        let size = h5t::H5Tget_size(id);
+        let class = h5t::H5Tget_class(id);
+        let read_with = "read it with h5py";
+        match class {
+            H5T_class_t::H5T_INTEGER | H5T_class_t::H5T_BITFIELD => {
+                let signed = class == H5T_class_t::H5T_INTEGER
+                    && h5t::H5Tget_sign(id) == H5T_sign_t::H5T_SGN_2;
+                if ![1, 2, 4, 8].contains(&size) {
+                    return Err(format!("integer of {size} bytes"));
                 }
-                H5T_class_t::H5T_FLOAT => match float_layout(id, size) {
-                    Ok(()) => DType::Numeric {
-                        descr: format!("{}f{}", order_char(id, size), size),
-                        itemsize: size as u64,
-                    },
-                    Err(reason) => unsupported(&reason),
-                },
-                H5T_class_t::H5T_ENUM => {
-                    let base = hdf5_sys::h5t::H5Tget_super(id);
-                    if base < 0 {
-                        return unsupported("enum without base type");
-                    }
-                    let base = Hid {
-                        id: base,
-                        close: hdf5_sys::h5t::H5Tclose,
-                    };
-                    if is_bool_enum(id, size) {
-                        return DType::Numeric {
-                            descr: "|b1".into(),
-                            itemsize: 1,
-                        };
-                    }
-                    numpy_dtype(&base)
-                }
-                H5T_class_t::H5T_COMPOUND => complex_dtype(id, size)
-                    .unwrap_or_else(|| unsupported("compound type other than complex")),
-                H5T_class_t::H5T_STRING => unsupported("string type"),
-                H5T_class_t::H5T_REFERENCE => unsupported("reference type"),
-                H5T_class_t::H5T_VLEN => unsupported("variable-length type"),
-                H5T_class_t::H5T_ARRAY => unsupported("array type"),
-                H5T_class_t::H5T_OPAQUE => unsupported("opaque type"),
-                H5T_class_t::H5T_BITFIELD => unsupported("bitfield type"),
-                H5T_class_t::H5T_TIME => unsupported("time type"),
-                _ => unsupported("unknown type class"),
+                let d = format!(
+                    "{}{}{}",
+                    order_char(id, size),
+                    if signed { 'i' } else { 'u' },
+                    size
+                );
+                Ok(if class == H5T_class_t::H5T_BITFIELD {
+                    Ty::Bitfield(d)
+                } else {
+                    Ty::Scalar(d)
+                })
             }
+            H5T_class_t::H5T_FLOAT => {
+                float_layout(id, size)?;
+                Ok(Ty::Scalar(format!("{}f{}", order_char(id, size), size)))
+            }
+            H5T_class_t::H5T_ENUM => {
+                let base = Hid::new(h5t::H5Tget_super(id), h5t::H5Tclose, "H5Tget_super")
+                    .map_err(|_| "enum without base type".to_string())?;
+                if is_bool_enum(id, size) {
+                    return Ok(Ty::Scalar("|b1".into()));
+                }
+                let Ty::Scalar(base_descr) = describe(base.id(), depth + 1)? else {
+                    return Err("enum of a non-integer base type".into());
+                };
+                Ok(Ty::Enum {
+                    members: enum_members(id, base.id(), size),
+                    base: base_descr,
+                })
+            }
+            H5T_class_t::H5T_COMPOUND => {
+                if let Some(c) = complex_dtype(id, size) {
+                    return Ok(c);
+                }
+                let n = h5t::H5Tget_nmembers(id);
+                if n <= 0 {
+                    return Err("compound type without members".into());
+                }
+                let mut fields = Vec::with_capacity((n as usize).min(1024));
+                for i in 0..n as u32 {
+                    let name = member_name(id, i).ok_or("compound member without a name")?;
+                    let mt = Hid::new(
+                        h5t::H5Tget_member_type(id, i),
+                        h5t::H5Tclose,
+                        "H5Tget_member_type",
+                    )
+                    .map_err(|e| e.message)?;
+                    let ty = describe(mt.id(), depth + 1)
+                        .map_err(|r| format!("compound member {name:?}: {r}"))?;
+                    if matches!(ty, Ty::VStr { .. }) {
+                        return Err(format!(
+                            "compound member {name:?} is a variable-length string, which \
+                             has no fixed-size numpy layout; {read_with}"
+                        ));
+                    }
+                    let off = h5t::H5Tget_member_offset(id, i) as u64;
+                    fields.push((name, off, ty));
+                }
+                Ok(Ty::Compound {
+                    size: size as u64,
+                    fields,
+                })
+            }
+            H5T_class_t::H5T_STRING => {
+                let utf8 = h5t::H5Tget_cset(id) == h5t::H5T_cset_t::H5T_CSET_UTF8;
+                if h5t::H5Tis_variable_str(id) > 0 {
+                    return Ok(Ty::VStr { utf8 });
+                }
+                let pad = match h5t::H5Tget_strpad(id) {
+                    h5t::H5T_str_t::H5T_STR_NULLTERM => StrPad::NullTerm,
+                    h5t::H5T_str_t::H5T_STR_SPACEPAD => StrPad::SpacePad,
+                    _ => StrPad::NullPad,
+                };
+                if size == 0 {
+                    return Err("string of 0 bytes".into());
+                }
+                Ok(Ty::Str {
+                    size: size as u64,
+                    pad,
+                    utf8,
+                })
+            }
+            H5T_class_t::H5T_ARRAY => {
+                let nd = h5t::H5Tget_array_ndims(id);
+                if !(1..=32).contains(&nd) {
+                    return Err("array type without dimensions".into());
+                }
+                let mut dims = vec![0 as hsize_t; nd as usize];
+                if h5t::H5Tget_array_dims2(id, dims.as_mut_ptr()) < 0 {
+                    return Err("array type whose dimensions HDF5 cannot tell".into());
+                }
+                let base = Hid::new(h5t::H5Tget_super(id), h5t::H5Tclose, "H5Tget_super")
+                    .map_err(|e| e.message)?;
+                let bt = describe(base.id(), depth + 1).map_err(|r| format!("array of {r}"))?;
+                if matches!(bt, Ty::VStr { .. } | Ty::ObjRef | Ty::Compound { .. }) {
+                    return Err(format!(
+                        "array of variable-length strings, references or compounds; {read_with}"
+                    ));
+                }
+                Ok(Ty::Array {
+                    dims,
+                    base: Box::new(bt),
+                })
+            }
+            H5T_class_t::H5T_REFERENCE => {
+                if h5t::H5Tequal(id, *h5t::H5T_STD_REF_OBJ) > 0 {
+                    return Ok(Ty::ObjRef);
+                }
+                Err(format!(
+                    "reference type (region or new-style references have no numpy dtype); \
+                     {read_with}"
+                ))
+            }
+            H5T_class_t::H5T_VLEN => Err(format!(
+                "variable-length sequence type (ragged rows have no fixed-size numpy \
+                 layout); {read_with}"
+            )),
+            H5T_class_t::H5T_OPAQUE => Err(format!(
+                "opaque type of {size} bytes (no meaning numpy could give it); {read_with}"
+            )),
+            H5T_class_t::H5T_TIME => {
+                Err("HDF5 time type (h5py cannot read it either); convert the file".into())
+            }
+            _ => Err("unknown type class".into()),
         }
-    })
+    }
+}
+
+/// # Safety
+/// `id` must be a valid compound or enum type with member `i`, and the lock held.
+unsafe fn member_name(id: hid_t, i: u32) -> Option<String> {
+    let name = hdf5_sys::h5t::H5Tget_member_name(id, i);
+    if name.is_null() {
+        return None;
+    }
+    let n = CStr::from_ptr(name).to_string_lossy().into_owned();
+    hdf5_sys::h5::H5free_memory(name.cast());
+    Some(n)
+}
+
+/// An enum's members as (name, value), values read in the base integer type.
+///
+/// # Safety
+/// `id` must be a valid enum type of `size` bytes whose base is `base`, lock held.
+unsafe fn enum_members(id: hid_t, base: hid_t, size: usize) -> Vec<(String, i64)> {
+    let n = hdf5_sys::h5t::H5Tget_nmembers(id).max(0) as u32;
+    let signed = hdf5_sys::h5t::H5Tget_sign(base) == H5T_sign_t::H5T_SGN_2;
+    let mut out = Vec::new();
+    for i in 0..n.min(1 << 16) {
+        let Some(name) = member_name(id, i) else {
+            continue;
+        };
+        // Values come in the enum's own (file) byte order; converted to a native i64.
+        let mut v = [0u8; 8];
+        if size > 8 || hdf5_sys::h5t::H5Tget_member_value(id, i, v.as_mut_ptr().cast()) < 0 {
+            continue;
+        }
+        let mut b = v[..size].to_vec();
+        if hdf5_sys::h5t::H5Tget_order(base) == H5T_order_t::H5T_ORDER_BE {
+            b.reverse();
+        }
+        let mut a = [0u8; 8];
+        a[..size].copy_from_slice(&b);
+        let u = u64::from_le_bytes(a);
+        let shift = 64 - 8 * size as u32;
+        let val = if signed {
+            ((u << shift) as i64) >> shift
+        } else {
+            u as i64
+        };
+        out.push((name, val));
+    }
+    out
 }
 
 /// h5py stores bool as an 8-bit enum {FALSE: 0, TRUE: 1}.
@@ -295,12 +583,9 @@ unsafe fn is_bool_enum(id: hid_t, size: usize) -> bool {
     }
     let mut ok = true;
     for (i, want) in [(0u32, ("FALSE", 0i8)), (1u32, ("TRUE", 1i8))] {
-        let name = hdf5_sys::h5t::H5Tget_member_name(id, i);
-        if name.is_null() {
+        let Some(n) = member_name(id, i) else {
             return false;
-        }
-        let n = CStr::from_ptr(name).to_string_lossy().into_owned();
-        hdf5_sys::h5::H5free_memory(name.cast());
+        };
         let mut v: i8 = -1;
         if hdf5_sys::h5t::H5Tget_member_value(id, i, (&mut v as *mut i8).cast()) < 0 {
             return false;
@@ -310,17 +595,21 @@ unsafe fn is_bool_enum(id: hid_t, size: usize) -> bool {
     ok
 }
 
-/// A compound of two equal floats at offsets 0 and size/2 is NumPy complex.
+/// A compound of two equal floats named `r` and `i` (h5py's default complex names) at
+/// offsets 0 and size/2 is NumPy complex.
 ///
 /// # Safety
 /// `id` must be a valid compound datatype and the library lock held.
-unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<DType> {
+unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<Ty> {
     if hdf5_sys::h5t::H5Tget_nmembers(id) != 2 || (size != 8 && size != 16) {
         return None;
     }
     let half = size / 2;
     let mut order = None;
-    for i in 0..2u32 {
+    for (i, want) in [(0u32, "r"), (1u32, "i")] {
+        if member_name(id, i).as_deref() != Some(want) {
+            return None;
+        }
         let mt = hdf5_sys::h5t::H5Tget_member_type(id, i);
         if mt < 0 {
             return None;
@@ -333,6 +622,7 @@ unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<DType> {
         if hdf5_sys::h5t::H5Tget_class(mt.id()) != H5T_class_t::H5T_FLOAT
             || hdf5_sys::h5t::H5Tget_size(mt.id()) != half
             || off != i as usize * half
+            || float_layout(mt.id(), half).is_err()
         {
             return None;
         }
@@ -342,10 +632,94 @@ unsafe fn complex_dtype(id: hid_t, size: usize) -> Option<DType> {
         }
         order = Some(o);
     }
-    Some(DType::Numeric {
-        descr: format!("{}c{}", order?, size),
-        itemsize: size as u64,
-    })
+    Some(Ty::Scalar(format!("{}c{}", order?, size)))
+}
+
+/// The memory type h5py reads `id` into: the same type with every fixed-length string
+/// NUL padded (h5py's strings), or, for a variable-length string, C `char *`.
+///
+/// # Safety
+/// `id` must be a valid datatype id and the library lock held.
+unsafe fn mem_type_raw(id: hid_t, depth: usize) -> hid_t {
+    use hdf5_sys::h5t;
+    if depth > MAX_TYPE_DEPTH {
+        return -1;
+    }
+    match h5t::H5Tget_class(id) {
+        H5T_class_t::H5T_STRING => {
+            let t = h5t::H5Tcopy(id);
+            if t >= 0 && h5t::H5Tis_variable_str(id) <= 0 {
+                h5t::H5Tset_strpad(t, h5t::H5T_str_t::H5T_STR_NULLPAD);
+            }
+            t
+        }
+        H5T_class_t::H5T_COMPOUND => {
+            let size = h5t::H5Tget_size(id);
+            let t = h5t::H5Tcreate(H5T_class_t::H5T_COMPOUND, size);
+            if t < 0 {
+                return -1;
+            }
+            let t = Hid::from_raw(t, h5t::H5Tclose);
+            for i in 0..h5t::H5Tget_nmembers(id).max(0) as u32 {
+                let name = h5t::H5Tget_member_name(id, i);
+                if name.is_null() {
+                    return -1;
+                }
+                let ft = h5t::H5Tget_member_type(id, i);
+                if ft < 0 {
+                    hdf5_sys::h5::H5free_memory(name.cast());
+                    return -1;
+                }
+                let ft = Hid::from_raw(ft, h5t::H5Tclose);
+                let mt = mem_type_raw(ft.id(), depth + 1);
+                let r = if mt >= 0 {
+                    let r = h5t::H5Tinsert(t.id(), name, h5t::H5Tget_member_offset(id, i), mt);
+                    h5t::H5Tclose(mt);
+                    r
+                } else {
+                    -1
+                };
+                hdf5_sys::h5::H5free_memory(name.cast());
+                if r < 0 {
+                    return -1;
+                }
+            }
+            // Ownership passes to the caller (who wraps it in a guard): no close here.
+            let id = t.id();
+            std::mem::forget(t);
+            id
+        }
+        H5T_class_t::H5T_ARRAY => {
+            let nd = h5t::H5Tget_array_ndims(id);
+            if !(1..=32).contains(&nd) {
+                return -1;
+            }
+            let mut dims = vec![0 as hsize_t; nd as usize];
+            if h5t::H5Tget_array_dims2(id, dims.as_mut_ptr()) < 0 {
+                return -1;
+            }
+            let base = h5t::H5Tget_super(id);
+            if base < 0 {
+                return -1;
+            }
+            let base = Hid::from_raw(base, h5t::H5Tclose);
+            let mb = mem_type_raw(base.id(), depth + 1);
+            if mb < 0 {
+                return -1;
+            }
+            let t = h5t::H5Tarray_create2(mb, nd as c_uint, dims.as_ptr());
+            h5t::H5Tclose(mb);
+            t
+        }
+        _ => h5t::H5Tcopy(id),
+    }
+}
+
+/// The memory type h5py reads file type `t` into (see `mem_type_raw`).
+pub fn mem_type(t: &Hid) -> Result<Hid> {
+    // SAFETY: t is a valid datatype id; the result is owned by the returned guard.
+    let id = sync(|| unsafe { mem_type_raw(t.id(), 0) });
+    Hid::new(id, hdf5_sys::h5t::H5Tclose, "building the memory type")
 }
 
 /// Who decodes a filter, as meta.json reports it.
@@ -776,10 +1150,13 @@ unsafe fn get_string(f: impl Fn(*mut c_char, usize) -> isize) -> Result<String> 
     Ok(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
 }
 
-/// Reads the block `start..start+count` of a dataset through the library, with no type
-/// conversion (the memory type is the file type), into a C-order buffer of `mem_dims`
-/// whose leading corner receives the block. Used for filters we cannot decode, compact
-/// storage and virtual mappings we cannot follow.
+/// Reads the block `start..start+count` of a dataset through the library into a
+/// C-order buffer of `mem_dims` whose leading corner receives the block, in the bytes
+/// h5py returns: the file type itself when that is what h5py reads, else converted by
+/// libhdf5 to h5py's memory type (strings NUL padded), and variable-length strings
+/// copied into NUL-padded slots of `itemsize` bytes (longer ones cut, which the
+/// model's width makes impossible). Used for filters we cannot decode, compact storage,
+/// virtual mappings we cannot follow, and types h5py converts.
 pub fn read_region(
     dset: hid_t,
     ftype: &Hid,
@@ -806,10 +1183,64 @@ pub fn read_region(
     if count.contains(&0) {
         return Ok(buf);
     }
+    let ty = sync(|| describe(ftype.id(), 0)).ok();
+    if matches!(ty, Some(Ty::VStr { .. })) {
+        let w = itemsize;
+        read_vstr(dset, ftype, start, count, mem_dims, |i, s| {
+            let n = s.len().min(w);
+            if let Some(dst) = buf.get_mut(i * w..i * w + n) {
+                dst.copy_from_slice(&s[..n]);
+            }
+        })?;
+        return Ok(buf);
+    }
+    let mtype = if ty.as_ref().is_some_and(Ty::converts) {
+        mem_type(ftype)?
+    } else {
+        Hid::new(
+            // SAFETY: ftype is a valid datatype id; the copy is owned by the guard.
+            sync(|| unsafe { hdf5_sys::h5t::H5Tcopy(ftype.id()) }),
+            hdf5_sys::h5t::H5Tclose,
+            "H5Tcopy",
+        )?
+    };
+    let (fspace, mspace) = region_spaces(dset, start, count, mem_dims)?;
+    sync(|| {
+        // SAFETY: buffer is sized for mem_dims elements of `mtype` (h5py's type has the
+        // file type's size); all ids are valid and closed by their guards.
+        unsafe {
+            if hdf5_sys::h5d::H5Dread(
+                dset,
+                mtype.id(),
+                mspace.id(),
+                fspace.id(),
+                hdf5_sys::h5p::H5P_DEFAULT,
+                buf.as_mut_ptr().cast(),
+            ) < 0
+            {
+                return Err(Error::io(format!(
+                    "H5Dread of block {start:?}+{count:?} failed: {}",
+                    error_stack()
+                )));
+            }
+            Ok(())
+        }
+    })?;
+    Ok(buf)
+}
+
+/// File and memory dataspaces selecting `start..start+count` of the dataset and the
+/// leading corner of a `mem_dims` buffer.
+fn region_spaces(
+    dset: hid_t,
+    start: &[u64],
+    count: &[u64],
+    mem_dims: &[u64],
+) -> Result<(Hid, Hid)> {
     let fspace = dspace(dset)?;
     sync(|| {
-        // SAFETY: buffer is sized for mem_dims elements of the file type; all ids are
-        // valid and closed by their guards.
+        // SAFETY: all ids are valid and closed by their guards; the arrays have one
+        // entry per dimension.
         unsafe {
             let rank = start.len() as i32;
             let mspace = Hid::new(
@@ -843,24 +1274,111 @@ pub fn read_region(
                     return Err(Error::io("H5Sselect_hyperslab failed"));
                 }
             }
-            if hdf5_sys::h5d::H5Dread(
+            Ok((fspace, mspace))
+        }
+    })
+}
+
+/// Reads a block of a variable-length string dataset and calls `f(index in the
+/// mem_dims buffer, bytes)` for each selected string (a NULL string is empty). The
+/// strings libhdf5 allocated are reclaimed before returning.
+fn read_vstr(
+    dset: hid_t,
+    ftype: &Hid,
+    start: &[u64],
+    count: &[u64],
+    mem_dims: &[u64],
+    mut f: impl FnMut(usize, &[u8]),
+) -> Result<()> {
+    let n = mem_dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= MAX_CELL_BYTES / 8)
+        .ok_or_else(|| Error::new(libc::EFBIG, format!("block {mem_dims:?} is too large")))?
+        as usize;
+    let mtype = mem_type(ftype)?;
+    let (fspace, mspace) = region_spaces(dset, start, count, mem_dims)?;
+    let mut ptrs: Vec<*mut c_char> = vec![std::ptr::null_mut(); n];
+    sync(|| {
+        // SAFETY: `ptrs` holds one `char *` per element of mem_dims, which is what a
+        // variable-length string memory type is; libhdf5 fills the selected ones with
+        // strings it allocated, which H5Treclaim frees (also after a failed read, which
+        // may have filled some).
+        unsafe {
+            let r = hdf5_sys::h5d::H5Dread(
                 dset,
-                ftype.id(),
+                mtype.id(),
                 mspace.id(),
                 fspace.id(),
                 hdf5_sys::h5p::H5P_DEFAULT,
-                buf.as_mut_ptr().cast(),
-            ) < 0
-            {
-                return Err(Error::io(format!(
-                    "H5Dread of block {start:?}+{count:?} failed: {}",
-                    error_stack()
-                )));
+                ptrs.as_mut_ptr().cast(),
+            );
+            let err = (r < 0).then(error_stack);
+            if err.is_none() {
+                for (i, p) in ptrs.iter().enumerate() {
+                    if !p.is_null() {
+                        f(i, CStr::from_ptr(*p).to_bytes());
+                    }
+                }
             }
-            Ok(())
+            hdf5_sys::h5t::H5Treclaim(
+                mtype.id(),
+                mspace.id(),
+                hdf5_sys::h5p::H5P_DEFAULT,
+                ptrs.as_mut_ptr().cast(),
+            );
+            match err {
+                Some(e) => Err(Error::io(format!(
+                    "H5Dread of strings {start:?}+{count:?} failed: {e}"
+                ))),
+                None => Ok(()),
+            }
         }
-    })?;
-    Ok(buf)
+    })
+}
+
+/// Most elements of a variable-length string dataset whose width is measured (one
+/// full read, when its model is built); larger ones are not served.
+pub const MAX_VSTR_ELEMENTS: u64 = 1 << 24;
+
+/// The longest string of a variable-length string dataset of `shape`, in bytes
+/// (at least 1: numpy has no `S0`), read in blocks of at most 2^20 strings.
+pub fn vstr_width(dset: hid_t, ftype: &Hid, shape: &[u64]) -> Result<u64> {
+    let total = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    if total.is_none_or(|t| t > MAX_VSTR_ELEMENTS) {
+        return Err(Error::new(
+            libc::EFBIG,
+            format!(
+                "variable-length strings of shape {shape:?}: more than {MAX_VSTR_ELEMENTS} \
+                 are not measured; read them with h5py"
+            ),
+        ));
+    }
+    let mut width = 1u64;
+    if shape.is_empty() {
+        read_vstr(dset, ftype, &[], &[], &[], |_, s| {
+            width = width.max(s.len() as u64)
+        })?;
+        return Ok(width);
+    }
+    if shape.contains(&0) {
+        return Ok(width);
+    }
+    let inner: u64 = shape[1..].iter().product::<u64>().max(1);
+    let rows = ((1u64 << 20) / inner).max(1);
+    let mut r = 0;
+    while r < shape[0] {
+        let k = rows.min(shape[0] - r);
+        let mut start = vec![0; shape.len()];
+        start[0] = r;
+        let mut count = shape.to_vec();
+        count[0] = k;
+        read_vstr(dset, ftype, &start, &count, &count, |_, s| {
+            width = width.max(s.len() as u64)
+        })?;
+        r += k;
+    }
+    Ok(width)
 }
 
 /// Reads an attribute's raw bytes in its file type: (type, bytes, element count).
@@ -911,5 +1429,114 @@ pub fn string_kind(t: &Hid) -> Option<bool> {
             return None;
         }
         Some(hdf5_sys::h5t::H5Tis_variable_str(t.id()) > 0)
+    })
+}
+
+/// Whether `t` is a variable-length sequence of object references (netCDF's and
+/// h5py's `DIMENSION_LIST` attribute).
+pub fn is_vlen_of_refs(t: &Hid) -> bool {
+    // SAFETY: t is a valid datatype id; the base id is closed by its guard.
+    sync(|| unsafe {
+        if hdf5_sys::h5t::H5Tget_class(t.id()) != H5T_class_t::H5T_VLEN {
+            return false;
+        }
+        let base = hdf5_sys::h5t::H5Tget_super(t.id());
+        if base < 0 {
+            return false;
+        }
+        let base = Hid::from_raw(base, hdf5_sys::h5t::H5Tclose);
+        hdf5_sys::h5t::H5Tequal(base.id(), *hdf5_sys::h5t::H5T_STD_REF_OBJ) > 0
+    })
+}
+
+/// Most references one `DIMENSION_LIST` entry may hold.
+const MAX_REFS: usize = 1 << 16;
+
+/// Reads an attribute whose type is a variable-length sequence of object references:
+/// per element, the references' bytes (8 each).
+pub fn read_attr_vlen_refs(attr: hid_t) -> Result<Vec<Vec<[u8; 8]>>> {
+    use hdf5_sys::h5t::hvl_t;
+    sync(|| {
+        // SAFETY: the buffer holds one hvl_t per element of the attribute's dataspace,
+        // which is what a vlen memory type is; libhdf5 allocates the sequences, which
+        // H5Treclaim frees; ids are closed by their guards.
+        unsafe {
+            let space = Hid::new(
+                hdf5_sys::h5a::H5Aget_space(attr),
+                hdf5_sys::h5s::H5Sclose,
+                "H5Aget_space",
+            )?;
+            let n = hdf5_sys::h5s::H5Sget_simple_extent_npoints(space.id());
+            if !(0..=MAX_REFS as i64).contains(&n) {
+                return Err(Error::io("reference list attribute too large"));
+            }
+            let mtype = Hid::new(
+                hdf5_sys::h5t::H5Tvlen_create(*hdf5_sys::h5t::H5T_STD_REF_OBJ),
+                hdf5_sys::h5t::H5Tclose,
+                "H5Tvlen_create",
+            )?;
+            let mut buf: Vec<hvl_t> = (0..n).map(|_| hvl_t::default()).collect();
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            if hdf5_sys::h5a::H5Aread(attr, mtype.id(), buf.as_mut_ptr().cast()) < 0 {
+                return Err(Error::io(format!("H5Aread failed: {}", error_stack())));
+            }
+            let out = buf
+                .iter()
+                .map(|v| {
+                    let k = v.len.min(MAX_REFS);
+                    if v.p.is_null() {
+                        return vec![];
+                    }
+                    // SAFETY: `p` points at `len` hobj_ref_t (8 bytes each) libhdf5 wrote.
+                    std::slice::from_raw_parts(v.p as *const u8, k * 8)
+                        .chunks_exact(8)
+                        .map(|c| {
+                            let mut a = [0u8; 8];
+                            a.copy_from_slice(c);
+                            a
+                        })
+                        .collect()
+                })
+                .collect();
+            hdf5_sys::h5t::H5Treclaim(
+                mtype.id(),
+                space.id(),
+                hdf5_sys::h5p::H5P_DEFAULT,
+                buf.as_mut_ptr().cast(),
+            );
+            Ok(out)
+        }
+    })
+}
+
+/// The path of the object an object reference (`hobj_ref_t`, 8 bytes) points at,
+/// resolved in the file of `loc`; None for a null or dangling reference.
+pub fn ref_name(loc: hid_t, r: &[u8]) -> Option<String> {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(r.get(..8)?);
+    if a == [0; 8] {
+        return None;
+    }
+    sync(|| {
+        // SAFETY: `a` is one hobj_ref_t; the name buffer is sized by a first call.
+        unsafe {
+            #[allow(deprecated)]
+            let r = get_string(|buf, len| {
+                hdf5_sys::h5r::H5Rget_name(
+                    loc,
+                    hdf5_sys::h5r::H5R_type_t::H5R_OBJECT1,
+                    a.as_ptr().cast(),
+                    buf,
+                    len,
+                )
+            });
+            let name = r.ok().filter(|s| !s.is_empty());
+            if name.is_none() {
+                hdf5_sys::h5e::H5Eclear2(hdf5_sys::h5e::H5E_DEFAULT);
+            }
+            name
+        }
     })
 }

@@ -16,6 +16,8 @@ use std::sync::{Arc, OnceLock};
 
 /// Cells read through HDF5 (compact, external, unmapped VDS) are at most this big.
 const HDF_CELL_BYTES: u64 = 4 << 20;
+/// Widest variable-length string served (fixed width, every string padded to it).
+const MAX_VSTR_WIDTH: u64 = 1 << 20;
 /// Virtual datasets may point at virtual datasets; stop following after this many hops.
 const MAX_VDS_DEPTH: usize = 4;
 
@@ -54,6 +56,7 @@ pub struct LazySource {
     pub path: PathBuf,
     pub dset: String,
     pub descr: String,
+    pub itemsize: u64,
     pub count: Vec<u64>,
     pub sstart: Vec<u64>,
     /// The mapping takes the entire source dataset.
@@ -102,11 +105,7 @@ impl LazySource {
     }
 
     fn open(&self) -> std::result::Result<Arc<DatasetModel>, String> {
-        let itemsize: u64 = self
-            .descr
-            .get(2..)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let itemsize = self.itemsize;
         // Our own committed sources: offset and length from the index, checked against
         // the file, no HDF5 call.
         if self.whole && self.dset == crate::writer::SOURCE_DSET {
@@ -291,6 +290,60 @@ impl DatasetModel {
                 (vec![], vec![])
             }
         };
+        // Variable-length strings are served fixed width: the width is the longest
+        // string, measured once per model (that is, per version of the file).
+        let ty = match &dtype {
+            DType::Numeric { ty: Some(ty), .. } => Some(ty.clone()),
+            _ => None,
+        };
+        let vstr = matches!(ty.as_deref(), Some(h5::Ty::VStr { .. }));
+        // Converted types are read through HDF5 (a virtual one too, without mapping it
+        // ourselves): HDF5 must not be sent to a source outside the backing directory.
+        if layout == Layout::Virtual && ty.as_deref().is_some_and(h5::Ty::converts) {
+            let escaping = match h5::virtual_mappings(&dcpl) {
+                Ok(maps) => escaping_source(&maps, file.abs(), &opts.root)
+                    .map(|src| format!("virtual source {src} lies outside the backing directory")),
+                Err(e) => Some(e.message),
+            };
+            if let Some(reason) = escaping {
+                tracing::warn!(dataset = name, %reason, "not served");
+                dtype = DType::Unsupported {
+                    reason,
+                    itemsize: 0,
+                };
+            }
+        }
+        // The width scan reads the strings before external storage is checked below.
+        if vstr && layout == Layout::Contiguous && !h5::external_segments(&dcpl)?.is_empty() {
+            dtype = DType::Unsupported {
+                reason: "variable-length strings in external storage; read them with h5py".into(),
+                itemsize: 0,
+            };
+        }
+        if vstr && matches!(dtype, DType::Numeric { .. }) {
+            dtype = match h5::vstr_width(id, &ftype, &shape) {
+                Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
+                    reason: format!(
+                        "variable-length strings whose longest is {w} bytes: served fixed \
+                         width, every string would take that much; read them with h5py"
+                    ),
+                    itemsize: 0,
+                },
+                Ok(w) => DType::Numeric {
+                    descr: format!("|S{w}"),
+                    itemsize: w,
+                    ty: ty.clone(),
+                },
+                Err(e) => DType::Unsupported {
+                    reason: e.message,
+                    itemsize: 0,
+                },
+            };
+        }
+        // Types h5py converts on read (strings padded other than with NULs, variable-
+        // length strings) are read through HDF5 whatever their layout: the stored
+        // bytes are not the served ones.
+        let converts = ty.as_deref().is_some_and(h5::Ty::converts);
         let elem = match &dtype {
             DType::Numeric { itemsize, .. } | DType::Unsupported { itemsize, .. } => *itemsize,
         };
@@ -329,7 +382,17 @@ impl DatasetModel {
                 };
             }
         }
-        let (fill, fill_defined) = h5::fill_bytes(&dcpl, &ftype, elem as usize);
+        let (fill, fill_defined) = if vstr {
+            // A variable-length string's fill is a pointer: served as the empty string.
+            (vec![0; elem as usize], false)
+        } else if converts {
+            match h5::mem_type(&ftype) {
+                Ok(mt) => h5::fill_bytes(&dcpl, &mt, elem as usize),
+                Err(_) => (vec![0; elem as usize], false),
+            }
+        } else {
+            h5::fill_bytes(&dcpl, &ftype, elem as usize)
+        };
         let fill: Arc<[u8]> = fill.into();
         let attrs = crate::attrs::read_attrs(&ds);
         let row_tile = || {
@@ -373,6 +436,21 @@ impl DatasetModel {
         let mut missing_sources = Vec::new();
         let storage = if matches!(dtype, DType::Unsupported { .. }) {
             Storage::None
+        } else if converts {
+            // Chunked: one cell per chunk (and tiles on chunks, as for other chunked
+            // datasets), so that no chunk is decompressed for two cells.
+            match chunks.clone() {
+                Some(c)
+                    if c.len() == rank
+                        && !c.contains(&0)
+                        && crate::geometry::checked_bytes(&c, elem.max(1))
+                            .is_some_and(|b| b <= HDF_CELL_BYTES) =>
+                {
+                    tile_shape = c.clone();
+                    Storage::Cells(Arc::new(HdfCells::new(ds.clone(), shape.clone(), c, elem)))
+                }
+                _ => hdf_cells(ds.clone()),
+            }
         } else {
             match layout {
                 Layout::Contiguous if external.is_some() => match external.take() {
@@ -454,7 +532,9 @@ impl DatasetModel {
                             DType::Numeric { descr, .. } => descr.clone(),
                             DType::Unsupported { .. } => String::new(),
                         };
-                        match map_virtual(file, &ds, &maps, &shape, &descr, opts, opener, depth) {
+                        match map_virtual(
+                            file, &ds, &maps, &shape, &descr, elem, opts, opener, depth,
+                        ) {
                             Ok((blocks, missing)) => {
                                 missing_sources = missing;
                                 if let Some(t) = regular_grid(&blocks, &shape) {
@@ -679,8 +759,20 @@ impl DatasetModel {
         m.insert("name".into(), json!(self.name));
         m.insert("shape".into(), json!(self.shape));
         match &self.dtype {
-            DType::Numeric { descr, itemsize } => {
-                m.insert("dtype".into(), json!(descr));
+            DType::Numeric {
+                descr,
+                itemsize,
+                ty,
+            } => {
+                match ty {
+                    Some(ty) => {
+                        m.insert("dtype".into(), ty.numpy(*itemsize));
+                        type_meta(ty, &mut m);
+                    }
+                    None => {
+                        m.insert("dtype".into(), json!(descr));
+                    }
+                }
                 m.insert("itemsize".into(), json!(itemsize));
             }
             DType::Unsupported { itemsize, .. } => {
@@ -725,9 +817,48 @@ impl DatasetModel {
     /// The fill value as JSON, decoded from its stored bytes.
     pub fn fill_json(&self) -> Value {
         match &self.dtype {
+            DType::Numeric { ty: Some(ty), .. } if self.fill_defined => {
+                crate::attrs::value_json(ty, &self.fill, None)
+            }
+            DType::Numeric { ty: Some(_), .. } => Value::Null,
             DType::Numeric { descr, .. } => crate::attrs::scalar_json(descr, &self.fill),
             DType::Unsupported { .. } => Value::Null,
         }
+    }
+}
+
+/// What meta.json says about a type beyond its numpy dtype: an enum's members, a
+/// string's stored padding and charset (and whether it was variable-length).
+fn type_meta(ty: &h5::Ty, m: &mut serde_json::Map<String, Value>) {
+    match ty {
+        h5::Ty::Enum { members, .. } => {
+            let map: serde_json::Map<String, Value> =
+                members.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            m.insert("enum".into(), Value::Object(map));
+        }
+        h5::Ty::Str { pad, utf8, .. } => {
+            m.insert(
+                "string".into(),
+                json!({
+                    "padding": pad.name(),
+                    "charset": if *utf8 { "utf-8" } else { "ascii" },
+                    "variable_length": false,
+                    "served": if ty.converts() { "nullpad (converted like h5py)" } else { "as stored" },
+                }),
+            );
+        }
+        h5::Ty::VStr { utf8 } => {
+            m.insert(
+                "string".into(),
+                json!({
+                    "padding": "nullpad",
+                    "charset": if *utf8 { "utf-8" } else { "ascii" },
+                    "variable_length": true,
+                    "served": "fixed width, NUL padded to the longest string",
+                }),
+            );
+        }
+        _ => {}
     }
 }
 
@@ -824,6 +955,7 @@ fn map_virtual(
     maps: &[h5::VirtualMapping],
     shape: &[u64],
     descr: &str,
+    itemsize: u64,
     opts: &ModelOptions,
     opener: &dyn SourceOpener,
     depth: usize,
@@ -834,7 +966,7 @@ fn map_virtual(
     if shape.is_empty() {
         return Err("scalar virtual dataset".into());
     }
-    let itemsize: u64 = descr.get(2..).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let itemsize = itemsize.max(1);
     let dir = file.abs().parent().unwrap_or(Path::new("/"));
     let mut blocks = Vec::with_capacity(maps.len());
     let mut missing = Vec::new();
@@ -923,6 +1055,7 @@ fn map_virtual(
                     path: c,
                     dset: dname,
                     descr: descr.to_string(),
+                    itemsize,
                     count: count.clone(),
                     sstart,
                     whole,
@@ -1228,6 +1361,7 @@ impl DatasetModel {
             dtype: DType::Numeric {
                 descr: dtype.to_string(),
                 itemsize,
+                ty: None,
             },
             layout: Layout::Virtual,
             chunks: None,

@@ -317,12 +317,14 @@ def float_json(v):
 def to_json(x):
     """A value as h5tilefs writes it into meta.json (SKIP when not representable)."""
     if isinstance(x, (bytes, np.bytes_)):
-        return bytes(x).split(b"\0", 1)[0].decode("utf-8", "replace")
+        # padding NULs dropped, embedded ones kept
+        return bytes(x).rstrip(b"\0").decode("utf-8", "replace")
     if isinstance(x, str):
         return x
+    if isinstance(x, np.void) and x.dtype.names:
+        out = {n: to_json(x[n]) for n in x.dtype.names}
+        return SKIP if any(e is SKIP for e in out.values()) else out
     if isinstance(x, np.ndarray):
-        if x.dtype.fields is not None and x.dtype.kind == "V":
-            return SKIP
         if x.ndim == 0:
             return to_json(x[()])
         out = [to_json(e) for e in x]

@@ -61,9 +61,10 @@ def read(path: str, dataset: str, selection=None) -> np.ndarray:
     if selection is None:
         f, out_shape = os.path.join(d, "data"), shape
     else:
-        out_shape = np.broadcast_to(np.empty((), dtype), shape)[selection].shape
+        out_shape = np.broadcast_to(np.empty((), dtype.base), shape)[selection].shape
         f = os.path.join(d, "slice", _selection_name(selection, shape))
-    return np.fromfile(f, dtype=dtype).reshape(out_shape)
+    # an array type (dtype "(3,)<f4") adds its dimensions after the dataset's, as h5py does
+    return np.fromfile(f, dtype=dtype).reshape(out_shape + dtype.shape)
 
 
 def write(array, path: str, dataset: str, tile_shape: Optional[Sequence[int]] = None,
