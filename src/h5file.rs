@@ -155,13 +155,33 @@ impl H5File {
                 abs.display()
             )));
         }
-        let hfile = hdf5::File::open(abs).map_err(|e| {
-            Error::with_source(
-                libc::ENOENT,
-                format!("{}: HDF5 cannot open it", abs.display()),
-                e,
-            )
-        })?;
+        let hfile = match hdf5::File::open(abs) {
+            Ok(f) => f,
+            // A writer holds it open in SWMR mode (superblock flags say "open for
+            // write"): read it as h5py's `swmr=True` does. A writer not in SWMR mode
+            // makes this fail too, and the file stays hidden until it closes the file.
+            Err(e) if e.to_string().contains("already open for write") => {
+                hdf5::File::open_as(abs, hdf5::file::OpenMode::ReadSWMR).map_err(|e2| {
+                    Error::with_source(
+                        libc::ENOENT,
+                        format!(
+                            "{}: HDF5 cannot open it: a writer holds it open, and not in \
+                             SWMR mode (it shows once the writer closes it; writers that \
+                             want readers meanwhile use SWMR)",
+                            abs.display()
+                        ),
+                        e2,
+                    )
+                })?
+            }
+            Err(e) => {
+                return Err(Error::with_source(
+                    libc::ENOENT,
+                    format!("{}: HDF5 cannot open it", abs.display()),
+                    e,
+                ))
+            }
+        };
         Ok(H5File {
             abs: abs.to_path_buf(),
             ident: Ident::of(&meta),

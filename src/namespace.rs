@@ -35,6 +35,8 @@ pub struct Namespace {
     max_open: usize,
     /// Files that are not (readable) HDF5, by identity, so we log and sniff them once.
     rejected: DashMap<PathBuf, Ident>,
+    /// The reason last logged for a skipped file (logged again only when it changes).
+    warned: DashMap<PathBuf, String>,
 }
 
 impl Namespace {
@@ -54,6 +56,7 @@ impl Namespace {
             tick: std::sync::atomic::AtomicU64::new(0),
             max_open: MAX_OPEN_FILES,
             rejected: DashMap::new(),
+            warned: DashMap::new(),
         })
     }
 
@@ -134,6 +137,7 @@ impl Namespace {
             Ok(f) => {
                 let f = Arc::new(f);
                 self.rejected.remove(abs);
+                self.warned.remove(abs);
                 self.files.insert(abs.to_path_buf(), (f.clone(), now));
                 if self.files.len() > self.max_open {
                     self.evict();
@@ -145,8 +149,18 @@ impl Namespace {
                     let sig = std::fs::File::open(abs)
                         .map(|fh| crate::h5file::has_hdf5_signature(&fh, m.len()))
                         .unwrap_or(false);
+                    // Once per file and reason: a file being written changes version
+                    // with every flush, and each version would log again.
+                    let reason = e.to_string();
+                    let new_reason = self.warned.get(abs).is_none_or(|r| *r != reason);
                     if sig {
-                        tracing::warn!(file = %abs.display(), error = %e, "HDF5 file skipped");
+                        if new_reason {
+                            if self.warned.len() >= MAX_REJECTED {
+                                self.warned.clear();
+                            }
+                            self.warned.insert(abs.to_path_buf(), reason);
+                            tracing::warn!(file = %abs.display(), error = %e, "HDF5 file skipped");
+                        }
                     } else {
                         tracing::debug!(file = %abs.display(), "not an HDF5 file");
                     }
