@@ -4,7 +4,7 @@
 use crate::decode::CellCache;
 use crate::error::{Error, Result};
 use crate::geometry::{parse_tile_name, tile_name};
-use crate::h5file::{join, ChildKind, H5File, Ident};
+use crate::h5file::{display_name, join, real_name, ChildKind, H5File, Ident, NAME_MAX};
 use crate::model::{read_selection, DatasetModel, ModelOptions};
 use crate::namespace::{EntryKind, Namespace};
 use crate::pending::Pending;
@@ -1177,6 +1177,9 @@ impl Fs {
             // A group, pending or committed: a pending child first (this or another
             // daemon may have declared it), then the committed one.
             (Node::Object { .. }, r) => {
+                let real = real_name(name)
+                    .ok_or_else(|| Error::not_found(format!("no object is shown as {name:?}")))?;
+                let name = real.as_str();
                 let cpath = join(path, name);
                 if self.pending.node(file, &cpath).is_some() {
                     return Ok((obj(cpath), None));
@@ -1450,11 +1453,16 @@ impl Fs {
                         file: file.clone(),
                         path: n.path.clone(),
                     };
-                    add(n, None, Kind::Dir, rest.to_string());
+                    add(n, None, Kind::Dir, display_name(rest));
                 }
                 if let Resolved::Group { file: Some(f) } = r {
                     for (name, k) in &f.listing(path)?.children {
                         if !seen.insert(name.clone()) {
+                            continue;
+                        }
+                        let shown = display_name(name);
+                        if shown.len() > NAME_MAX {
+                            tracing::debug!(group = %path, name = %name, "name too long to show");
                             continue;
                         }
                         let n = Node::Object {
@@ -1466,7 +1474,7 @@ impl Fs {
                             ChildKind::Link(_) => Kind::Symlink,
                             _ => Kind::Dir,
                         };
-                        add(n, v, kind, name.clone());
+                        add(n, v, kind, shown);
                     }
                 }
                 for name in implied {
@@ -1477,7 +1485,7 @@ impl Fs {
                         file: file.clone(),
                         path: join(path, &name),
                     };
-                    add(n, None, Kind::Dir, name);
+                    add(n, None, Kind::Dir, display_name(&name));
                 }
             }
             (Node::Tiles { file, path }, r) => {
@@ -2119,8 +2127,13 @@ fn link_target(at: &str, target: &str) -> String {
         .filter(|c| !c.is_empty())
         .count();
     let ups = depth.saturating_sub(1);
-    let mut parts: Vec<&str> = std::iter::repeat_n("..", ups).collect();
-    parts.extend(target.split('/').filter(|c| !c.is_empty()));
+    let mut parts: Vec<String> = std::iter::repeat_n("..".to_string(), ups).collect();
+    parts.extend(
+        target
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .map(display_name),
+    );
     if parts.is_empty() {
         ".".to_string()
     } else {
@@ -2141,6 +2154,7 @@ mod tests {
         assert_eq!(link_target("/alias", "/a/b"), "a/b");
         assert_eq!(link_target("/loop", "/"), ".");
         assert_eq!(link_target("/z/self", "/z"), "../z");
+        assert_eq!(link_target("/a/l", "/.commit/g"), "../%2Ecommit/g");
     }
 
     fn ident(v: u64) -> Ident {

@@ -141,6 +141,53 @@ pub fn join(group: &str, name: &str) -> String {
     }
 }
 
+/// Object names that would collide with the mount's own names (`.` and `..`, a file's
+/// control files, the staging area's name): shown with their leading `.` escaped.
+const RESERVED: [&str; 5] = [".", "..", ".commit", ".status", ".h5tilefs"];
+
+/// Longest name a directory entry can have (NAME_MAX): longer object names are left out
+/// of listings (the kernel refuses to look them up).
+pub const NAME_MAX: usize = 255;
+
+/// The name an HDF5 object of name `real` is shown under (docs/namespace.md "Names"):
+/// every `%` as `%25`, and the leading `.` of a reserved name as `%2E`. One name per
+/// object, and [`real_name`] inverts it.
+pub fn display_name(real: &str) -> String {
+    let s = real.replace('%', "%25");
+    if RESERVED.contains(&s.as_str()) {
+        format!("%2E{}", &s[1..])
+    } else {
+        s
+    }
+}
+
+/// The HDF5 name a shown (or typed) name stands for: `%XX` decoded. None when the name
+/// is not the form [`display_name`] gives (a bad escape, or a reserved name, which is
+/// the mount's own), so each object has exactly one name in the mount.
+pub fn real_name(shown: &str) -> Option<String> {
+    if RESERVED.contains(&shown) {
+        return None;
+    }
+    if !shown.contains('%') {
+        return Some(shown.to_string());
+    }
+    let b = shown.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = shown.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let real = String::from_utf8(out).ok()?;
+    (display_name(&real) == shown).then_some(real)
+}
+
 impl H5File {
     /// Opens `abs` if it is an HDF5 file; ENOENT (with the reason) otherwise.
     pub fn open(abs: &Path) -> Result<H5File> {
@@ -396,4 +443,44 @@ fn visit_groups(file: hdf5_sys::h5i::hid_t) -> Result<HashMap<Token, String>> {
         return Err(Error::io("H5Ovisit failed"));
     }
     Ok(v.map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_unique() {
+        for real in [
+            "x",
+            ".commit",
+            ".status",
+            ".",
+            "..",
+            ".h5tilefs",
+            "50%",
+            "%2E",
+            "a%b",
+            "data",
+            "meta.json",
+            ".hidden",
+            "é",
+            "%",
+        ] {
+            let shown = display_name(real);
+            assert_eq!(
+                real_name(&shown).as_deref(),
+                Some(real),
+                "{real} -> {shown}"
+            );
+            assert!(!RESERVED.contains(&shown.as_str()));
+        }
+        assert_eq!(display_name(".commit"), "%2Ecommit");
+        assert_eq!(display_name(".."), "%2E.");
+        assert_eq!(display_name("50%"), "50%25");
+        // not the canonical form of any name: no object
+        for shown in [".commit", "..", "%2ex", "%zz", "%2", "%2Ehidden", "%41"] {
+            assert_eq!(real_name(shown), None, "{shown}");
+        }
+    }
 }

@@ -114,7 +114,14 @@ impl Fs {
                         "names starting with '.' are reserved here",
                     ));
                 }
-                let cpath = join(path, name);
+                // `%2Ecommit` makes an object named `.commit` (docs/namespace.md "Names")
+                let real = crate::h5file::real_name(name).ok_or_else(|| {
+                    Error::new(
+                        libc::EINVAL,
+                        format!("{name:?}: bad escape; write % as %25 (docs/namespace.md)"),
+                    )
+                })?;
+                let cpath = join(path, &real);
                 self.make_ancestors(file, path)?;
                 self.pending.create_node(file, &cpath)?;
                 self.touch(file);

@@ -1,0 +1,84 @@
+"""Object names that collide with the mount's own names are shown escaped, each object
+under exactly one name (docs/namespace.md "Names"). Before: datasets named `.commit`
+and `.status` at a file's root were hidden behind the control files and listed twice,
+and a dataset named `..` was listed as a second `..` and could not be reached."""
+import json
+import os
+import shutil
+import tempfile
+
+import h5py
+import numpy as np
+import pytest
+
+from h5t_helpers import mount, unmount
+
+NAMES = {".commit": "%2Ecommit", ".status": "%2Estatus", "..": "%2E.", ".h5tilefs": "%2Eh5tilefs",
+         "50%": "50%25", "data": "data", "meta.json": "meta.json", "tiles": "tiles",
+         "slice": "slice", ".hidden": ".hidden", "é": "é"}
+
+
+@pytest.fixture
+def env():
+    root = tempfile.mkdtemp(prefix="h5tilefs-names-")
+    b, m = os.path.join(root, "b"), os.path.join(root, "m")
+    os.makedirs(b)
+    os.makedirs(m)
+    with h5py.File(os.path.join(b, "n.h5"), "w") as f:
+        g = f.create_group("g")
+        for k, real in enumerate(NAMES):
+            f.create_dataset(real, data=np.arange(4, dtype="<i4") + 10 * k)
+            g.create_dataset(real, data=np.arange(3, dtype="<i2") + k)
+        f.create_group(".status_group").create_dataset("x", data=np.arange(2, dtype="<u1"))
+    mount(b, m, log=os.path.join(root, "daemon.log"))
+    yield b, m
+    unmount(m)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_every_object_listed_once_and_reachable(env):
+    b, m = env
+    root = os.listdir(os.path.join(m, "n.h5"))
+    assert sorted(root) == sorted(list(NAMES.values()) + [".commit", ".status", "g", ".status_group"])
+    assert len(root) == len(set(root))
+    sub = os.listdir(os.path.join(m, "n.h5", "g"))
+    assert sorted(sub) == sorted(NAMES.values())
+    with h5py.File(os.path.join(b, "n.h5"), "r") as f:
+        for real, shown in NAMES.items():
+            for grp in ("", "g"):
+                d = os.path.join(m, "n.h5", grp, shown)
+                with open(os.path.join(d, "meta.json")) as fh:
+                    meta = json.load(fh)
+                ds = (f[grp] if grp else f)[real]
+                got = open(os.path.join(d, "data"), "rb").read()
+                assert got == ds[()].tobytes(), (grp, real)
+                assert meta["shape"] in ([4], [3]), (grp, real, meta)
+    # the control files are still the control files
+    with open(os.path.join(m, "n.h5", ".status")) as fh:
+        json.load(fh)
+    assert os.path.isdir(os.path.join(m, "n.h5", ".status_group"))
+
+
+def test_unescaped_reserved_names_do_not_reach_objects(env):
+    _, m = env
+    assert not os.path.isdir(os.path.join(m, "n.h5", "g", ".commit"))
+    assert not os.path.exists(os.path.join(m, "n.h5", "%2ecommit"))   # not the canonical form
+    assert not os.path.exists(os.path.join(m, "n.h5", "50%"))
+
+
+def test_escaped_names_round_trip_through_the_write_path(env):
+    b, m = env
+    d = os.path.join(m, "w.h5", "%2Ecommit")
+    os.makedirs(d)
+    with open(os.path.join(d, "meta.json"), "w") as fh:
+        json.dump({"shape": [4], "dtype": "<i4", "tile_shape": [4]}, fh)
+    with open(os.path.join(d, "tiles", "0"), "r+b") as fh:
+        fh.write(np.arange(4, dtype="<i4").tobytes())
+    p = os.path.join(m, "w.h5", "50%25")
+    os.makedirs(p)
+    with open(os.path.join(m, "w.h5", ".commit"), "w") as fh:
+        fh.write("commit\n")
+    with h5py.File(os.path.join(b, "w.h5"), "r") as f:
+        assert np.array_equal(f[".commit"][()], np.arange(4))
+        assert "50%" in f
+    assert sorted(os.listdir(os.path.join(m, "w.h5"))) == sorted([".commit", ".status", "%2Ecommit", "50%25"])
