@@ -167,6 +167,14 @@ pub struct Attr {
     pub version: Option<Ident>,
 }
 
+/// A directory listing held by an open directory handle.
+struct DirSnapshot {
+    ino: u64,
+    entries: parking_lot::Mutex<Arc<Vec<DirEntry>>>,
+    /// Set once a read at offset 0 was answered from `entries`.
+    served: std::sync::atomic::AtomicBool,
+}
+
 #[derive(Clone, Debug)]
 pub struct DirEntry {
     pub ino: u64,
@@ -531,6 +539,9 @@ pub struct Fs {
     inodes: InodeTable,
     /// Open handles; cloned out (`Fs::handle`) so no map guard is held across I/O.
     handles: DashMap<u64, Arc<Handle>>,
+    /// Open directories: the listing taken at `opendir`, paged by `readdir` offsets so
+    /// a directory of n entries costs O(n) however many calls page through it.
+    dirs: DashMap<u64, Arc<DirSnapshot>>,
     next_fh: AtomicU64,
     /// Identity of each backing file when last seen, to notice a new version once
     /// (see `Fs::file`).
@@ -681,6 +692,7 @@ impl Fs {
             model_opts,
             inodes: InodeTable::new(),
             handles: DashMap::new(),
+            dirs: DashMap::new(),
             next_fh: AtomicU64::new(1),
             seen: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
@@ -1512,12 +1524,42 @@ impl Fs {
     }
 
     /// Checks that `ino` is a directory we can list.
-    pub fn opendir(&self, ino: u64) -> Result<()> {
+    /// Opens directory `ino`: takes its listing now (see `dirs`); returns the handle.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
         let a = self.getattr(ino)?;
         if a.kind != Kind::Dir {
             return Err(Error::new(libc::ENOTDIR, "not a directory"));
         }
-        Ok(())
+        let entries = Arc::new(self.readdir(ino)?);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let snap = DirSnapshot {
+            ino,
+            entries: parking_lot::Mutex::new(entries),
+            served: std::sync::atomic::AtomicBool::new(false),
+        };
+        self.dirs.insert(fh, Arc::new(snap));
+        Ok(fh)
+    }
+
+    /// The listing of open directory `fh` for a read at `offset`: the one taken at
+    /// `opendir`, or a new one when a reader that has read it starts over (rewinddir).
+    pub fn readdir_at(&self, fh: u64, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+        let snap = self.dirs.get(&fh).map(|d| d.clone());
+        let Some(snap) = snap.filter(|d| d.ino == ino) else {
+            // not opened through `opendir` (or another directory's handle)
+            return Ok(Arc::new(self.readdir(ino)?));
+        };
+        if offset == 0 && snap.served.swap(true, Ordering::Relaxed) {
+            let fresh = Arc::new(self.readdir(ino)?);
+            *snap.entries.lock() = fresh.clone();
+            return Ok(fresh);
+        }
+        let e = snap.entries.lock().clone();
+        Ok(e)
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.remove(&fh);
     }
 
     /// The view of a pending dataset (`tile`: None) or of one of its tiles; with

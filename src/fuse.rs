@@ -280,20 +280,20 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let c = call!(self, req, Op::Opendir, "opendir", ino = ino.0);
-        done!(c, reply, self.core.opendir(ino.0), |()| reply
-            .opened(FileHandle(0), FopenFlags::empty()))
+        done!(c, reply, self.core.opendir(ino.0), |fh| reply
+            .opened(FileHandle(fh), FopenFlags::empty()))
     }
 
     fn readdir(
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let c = call!(self, req, Op::Readdir, "readdir", ino = ino.0, offset);
-        let entries = match self.core.readdir(ino.0) {
+        let entries = match self.core.readdir_at(fh.0, ino.0, offset) {
             Ok(e) => e,
             Err(e) => return reply.error(c.err(e)),
         };
@@ -302,19 +302,33 @@ impl Filesystem for FuseFs {
             (ino.0, FileType::Directory, ".".to_string()),
             (ROOT_INO, FileType::Directory, "..".to_string()),
         ];
-        let all = dots.into_iter().chain(entries.into_iter().map(|e| {
-            let t = match e.kind {
-                Kind::Dir => FileType::Directory,
-                Kind::File => FileType::RegularFile,
-                Kind::Symlink => FileType::Symlink,
-            };
-            (e.ino, t, e.name)
-        }));
+        let kind = |k: &Kind| match k {
+            Kind::Dir => FileType::Directory,
+            Kind::File => FileType::RegularFile,
+            Kind::Symlink => FileType::Symlink,
+        };
+        let all = dots.iter().map(|(i, k, n)| (*i, *k, n.as_str())).chain(
+            entries
+                .iter()
+                .map(|e| (e.ino, kind(&e.kind), e.name.as_str())),
+        );
         for (i, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(ino), i as u64 + 1, kind, &name) {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.core.releasedir(fh.0);
         reply.ok();
     }
 

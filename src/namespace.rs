@@ -102,6 +102,40 @@ impl Namespace {
         }
     }
 
+    /// What `rel` is shown as in a listing, without opening it with HDF5: a regular file
+    /// with an HDF5 signature is listed unless this version of it was already refused
+    /// (lookup opens it, and one libhdf5 cannot open disappears from later listings).
+    /// Listing a directory of n files thus reads n signatures, not n HDF5 superblocks
+    /// and root groups.
+    fn classify_listed(&self, rel: &Path) -> Result<EntryKind> {
+        let m = self.stat(rel)?;
+        if m.is_dir() {
+            return Ok(EntryKind::Dir);
+        }
+        if !m.is_file() {
+            return Err(Error::not_found(format!("{} is not shown", rel.display())));
+        }
+        let abs = self.abs(rel)?;
+        let ident = Ident::of(&m);
+        if self.files.get(&abs).is_some_and(|e| e.0.ident == ident) {
+            return Ok(EntryKind::H5File);
+        }
+        if self.rejected.get(&abs).is_some_and(|r| *r == ident) {
+            return Err(Error::not_found(format!("{}: refused", abs.display())));
+        }
+        let sig = std::fs::File::open(&abs)
+            .map(|fh| crate::h5file::has_hdf5_signature(&fh, m.len()))
+            .unwrap_or(false);
+        if sig {
+            Ok(EntryKind::H5File)
+        } else {
+            Err(Error::not_found(format!(
+                "{}: not an HDF5 file",
+                abs.display()
+            )))
+        }
+    }
+
     /// The open HDF5 file at `rel`, reopened when its identity changed.
     pub fn file(&self, rel: &Path) -> Result<Arc<H5File>> {
         let m = self.stat(rel)?;
@@ -188,7 +222,7 @@ impl Namespace {
             if name == CONTROL_NAME || name == crate::pending::STAGE_DIR {
                 continue;
             }
-            if let Ok(k) = self.classify(&rel.join(&name)) {
+            if let Ok(k) = self.classify_listed(&rel.join(&name)) {
                 out.push((name, k));
             }
         }

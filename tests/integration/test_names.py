@@ -82,3 +82,23 @@ def test_escaped_names_round_trip_through_the_write_path(env):
         assert np.array_equal(f[".commit"][()], np.arange(4))
         assert "50%" in f
     assert sorted(os.listdir(os.path.join(m, "w.h5"))) == sorted([".commit", ".status", "%2Ecommit", "50%25"])
+
+
+def test_large_group_listed_once_each(tmp_path):
+    """A group of 5 000 members pages through many readdir calls on one open directory
+    (a listing taken at opendir): every member once, in a second pass too."""
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    with h5py.File(b / "big.h5", "w") as f:
+        g = f.create_group("g")
+        for i in range(5000):
+            g.create_group(f"member_{i:05d}")
+    mount(str(b), str(m))
+    try:
+        for _ in range(2):
+            names = [e.name for e in os.scandir(m / "big.h5" / "g")]
+            assert len(names) == 5000 and len(set(names)) == 5000
+            assert sorted(names) == [f"member_{i:05d}" for i in range(5000)]
+    finally:
+        unmount(str(m))

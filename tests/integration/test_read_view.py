@@ -131,10 +131,18 @@ def bad_selections(shape):
 
 # ----------------------------------------------------------------------------- tree
 def test_root_listing(mounted):
+    # A listing reads signatures, not HDF5 superblocks (docs/namespace.md): a file with
+    # an HDF5 signature that libhdf5 cannot open may be listed until it is looked up,
+    # then it is ENOENT and gone from later listings.
+    want = expected_dir_entries(mounted.backing)
     got = set(os.listdir(mounted.mnt)) - {".h5tilefs"}
-    assert got == expected_dir_entries(mounted.backing)
+    assert want <= got
     for name in got:
-        assert stat.S_ISDIR(os.stat(os.path.join(mounted.mnt, name)).st_mode), name
+        try:
+            assert stat.S_ISDIR(os.stat(os.path.join(mounted.mnt, name)).st_mode), name
+        except FileNotFoundError:
+            assert name not in want, name
+    assert set(os.listdir(mounted.mnt)) - {".h5tilefs"} == want
 
 
 @pytest.mark.parametrize("rel", ["sub", "sub/deeper", "vds_legate_vds", "vds_missing_src", "vds_irregular_src"])
