@@ -172,19 +172,25 @@ fn to_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// What the daemon asks of the kernel at FUSE_INIT (also used by the benchmark's FUSE
+/// floor, src/bin/h5tilefs-floor.rs, so that it measures the same settings).
+pub fn configure_kernel(config: &mut KernelConfig) {
+    let _ = config.set_max_background(64);
+    let _ = config.set_congestion_threshold(48);
+    // Ask for the largest readahead the kernel allows; it also raises max_pages.
+    let mut ra = 1u32 << 20;
+    while config.set_max_readahead(ra).is_err() && ra > 4096 {
+        ra /= 2;
+    }
+    let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+    // Direct-I/O writes of a large buffer (tile writes) go out as several requests
+    // at once instead of one 1 MiB request after another.
+    let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        // Ask for the largest readahead the kernel allows; it also raises max_pages.
-        let mut ra = 1u32 << 20;
-        while config.set_max_readahead(ra).is_err() && ra > 4096 {
-            ra /= 2;
-        }
-        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
-        // Direct-I/O writes of a large buffer (tile writes) go out as several requests
-        // at once instead of one 1 MiB request after another.
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        configure_kernel(config);
         Ok(())
     }
 

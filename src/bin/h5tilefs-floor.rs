@@ -54,13 +54,7 @@ const TTL: Duration = Duration::from_secs(1);
 
 impl Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // as src/fuse.rs asks
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        let mut ra = 1u32 << 20;
-        while config.set_max_readahead(ra).is_err() && ra > 4096 {
-            ra /= 2;
-        }
+        h5tilefs::fuse::configure_kernel(config);
         Ok(())
     }
 
