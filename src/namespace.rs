@@ -313,13 +313,21 @@ mod tests {
         std::os::unix::fs::symlink("/etc", dir.path().join("escape")).unwrap();
         std::os::unix::fs::symlink("sub", dir.path().join("inside")).unwrap();
         let ns = Namespace::new(dir.path()).unwrap();
-        let names: Vec<_> = ns
-            .list_dir(Path::new(""))
-            .unwrap()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
-        assert_eq!(names, vec!["inside".to_string(), "sub".to_string()]);
+        let names = |ns: &Namespace| -> Vec<String> {
+            ns.list_dir(Path::new(""))
+                .unwrap()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        // A listing reads signatures only: bad.h5 is listed until it is looked up...
+        assert_eq!(names(&ns), ["bad.h5", "inside", "sub"]);
+        assert_eq!(
+            ns.classify(Path::new("bad.h5")).unwrap_err().errno,
+            libc::ENOENT
+        );
+        // ...then refused, and left out while it stays this version.
+        assert_eq!(names(&ns), ["inside", "sub"]);
         assert!(ns.abs(Path::new("../etc")).is_err());
         assert_eq!(
             ns.classify(Path::new("escape")).unwrap_err().errno,
