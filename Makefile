@@ -9,7 +9,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
-APT_PKGS := fuse3 libhdf5-dev pkg-config hdf5-tools rsync
+APT_PKGS := fuse3 libhdf5-dev pkg-config hdf5-tools rsync libaec-dev
 GLUSTER_PKGS := glusterfs-server glusterfs-client
 PYTHON   ?= python3
 VENV     := .venv

@@ -47,10 +47,15 @@ pub const LZ4: i32 = 32004;
 pub const BITSHUFFLE: i32 = 32008;
 pub const ZSTD: i32 = 32015;
 pub const BZIP2: i32 = 307;
+pub const SZIP: i32 = 4;
+pub const BLOSC2: i32 = 32026;
 
 /// Whether filter `id` is decoded in Rust.
 pub fn builtin(id: i32) -> bool {
-    matches!(id, 1..=3 | LZF | BLOSC | LZ4 | BITSHUFFLE | ZSTD | BZIP2)
+    matches!(
+        id,
+        1..=3 | SZIP | LZF | BLOSC | LZ4 | BITSHUFFLE | ZSTD | BZIP2 | BLOSC2
+    )
 }
 
 /// The name of a registered filter id (The HDF Group's filter registry), for messages
@@ -81,16 +86,9 @@ pub fn registered_name(id: i32) -> Option<&'static str> {
 
 /// Why a filter of this build has no decoder, and what the user can do about it.
 pub fn no_decoder_reason(id: i32, name: &str) -> String {
-    let why = match id {
-        4 => "this build of h5tilefs has no SZIP (libaec) support; \
-               rewrite the file with `h5repack -f GZIP=4`, or set HDF5_PLUGIN_PATH to a \
-               folder holding an SZIP filter plugin before mounting"
-            .to_string(),
-        _ => "install hdf5plugin (`pip install hdf5plugin`) and set \
-              HDF5_PLUGIN_PATH=$(python -c 'import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)') \
-              before mounting"
-            .to_string(),
-    };
+    let why = "install hdf5plugin (`pip install hdf5plugin`) and set \
+               HDF5_PLUGIN_PATH=$(python -c 'import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)') \
+               before mounting";
     format!("filter {id} ({name}) has no decoder: {why}")
 }
 
@@ -105,6 +103,8 @@ pub fn decode(id: i32, cd: &[u32], elem: usize, input: &[u8], cap: usize) -> Out
         BITSHUFFLE => bitshuffle_filter(input, cd, elem, cap),
         ZSTD => zstd_filter(input, cap),
         BZIP2 => bzip2_filter(input, cap),
+        SZIP => crate::ccodecs::szip_filter(input, cd, cap),
+        BLOSC2 => crate::ccodecs::blosc2_filter(input, cap),
         _ => corrupt(format!("filter {id} has no Rust decoder")),
     }
 }

@@ -6,6 +6,7 @@
 //! (backing files), `fs` (the filesystem core, fuser-free) and `fuse` (the adapter).
 
 pub mod attrs;
+pub mod ccodecs;
 pub mod codecs;
 pub mod decode;
 pub mod durable;

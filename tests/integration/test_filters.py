@@ -3,7 +3,7 @@
 Files are written with h5py + hdf5plugin; the daemon runs WITHOUT HDF5_PLUGIN_PATH, so
 every filter it reads is decoded by its own built-in decoders (src/codecs.rs), or by
 libhdf5's own filters (n-bit, scale-offset). `data`, every tile and a slice are compared
-byte for byte with h5py. Filters with no decoder (zfp, sz3, blosc2, szip) are described
+byte for byte with h5py. Filters with no decoder (zfp, sz3) are described
 in meta.json with `unsupported` naming the filter and the fix, and have no `data`. A
 second mount WITH HDF5_PLUGIN_PATH reads those through the plugins (dlopen from the
 statically linked libhdf5).
@@ -59,7 +59,15 @@ def _filters():
         "bitshuffle_lz4_nelems": dict(**hdf5plugin.Bitshuffle(nelems=64, cname="lz4")),
         "blosc_default": dict(**B()),
         "gzip_shuffle_fletcher": dict(compression="gzip", shuffle=True, fletcher32=True),
+        # SZIP through libaec: nearest-neighbour and entropy coding, two block sizes.
+        "szip_nn": dict(compression="szip", compression_opts=("nn", 16)),
+        "szip_ec": dict(compression="szip", compression_opts=("ec", 8)),
     }
+    # Blosc2 through c-blosc2: rank >= 2 chunks are b2nd arrays of N-d blocks.
+    B2 = hdf5plugin.Blosc2
+    for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd"):
+        for fl, fln in ((B2.NOFILTER, "nofilter"), (B2.SHUFFLE, "shuffle"), (B2.BITSHUFFLE, "bitshuffle")):
+            f[f"blosc2_{cname}_{fln}"] = dict(**B2(cname=cname, clevel=5, filters=fl))
     for cname in ("blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy"):
         for sh, shn in ((B.NOSHUFFLE, "noshuffle"), (B.SHUFFLE, "shuffle"), (B.BITSHUFFLE, "bitshuffle")):
             f[f"blosc_{cname}_{shn}"] = dict(**B(cname=cname, clevel=5, shuffle=sh))
@@ -81,8 +89,6 @@ def _libhdf5_cases():
 NO_DECODER = {
     "zfp": (dict(**hdf5plugin.Zfp(rate=16)), 32013, "zfp", "<f4"),
     "sz3": (dict(**hdf5plugin.SZ3(absolute=1e-3)), 32024, "sz3", "<f4"),
-    "blosc2": (dict(**hdf5plugin.Blosc2(cname="lz4", clevel=5)), 32026, "blosc2", "<f4"),
-    "szip": (dict(compression="szip"), 4, "szip", "<i2"),
 }
 
 
@@ -118,6 +124,16 @@ def _write(path):
         f.create_dataset("big/bitshuffle_lz4", data=big, chunks=(100, 1000), **hdf5plugin.Bitshuffle())
         f.create_dataset("big/lz4", data=big, chunks=(100, 1000), **hdf5plugin.LZ4(nbytes=1 << 16))
         f.create_dataset("big/lzf", data=big, chunks=(100, 1000), compression="lzf")
+        f.create_dataset("big/blosc2_zstd", data=big, chunks=(100, 1000), **hdf5plugin.Blosc2(cname="zstd"))
+        f.create_dataset("big/szip", data=big, chunks=(100, 1000), compression="szip")
+        # Rank-1 Blosc2 chunks are plain Blosc2 chunks (no b2nd layer).
+        for cname in ("lz4", "zstd"):
+            f.create_dataset(
+                f"big/blosc2_1d_{cname}",
+                data=big.reshape(-1)[:200_003],
+                chunks=(65536,),
+                **hdf5plugin.Blosc2(cname=cname, filters=hdf5plugin.Blosc2.SHUFFLE),
+            )
         # A chunk never written reads as the fill value.
         d = f.create_dataset("sparse_zstd", shape=(40, 40), dtype="<i2", chunks=(16, 16), fillvalue=-7, **hdf5plugin.Zstd())
         d[0:16, 0:16] = 5
@@ -289,7 +305,7 @@ def test_filter_without_decoder(builtin_mount, name):
     )
 
 
-@pytest.mark.parametrize("name", ["zfp", "sz3", "blosc2", "blosc_lz4_shuffle", "bitshuffle_zstd"])
+@pytest.mark.parametrize("name", ["zfp", "sz3", "blosc2_lz4_shuffle", "blosc_lz4_shuffle", "bitshuffle_zstd"])
 def test_plugins_load_from_hdf5_plugin_path(plugin_mount, name):
     """With HDF5_PLUGIN_PATH, libhdf5 (statically linked) dlopens hdf5plugin's filters;
     filters with a built-in decoder still use it."""
@@ -313,7 +329,7 @@ def _corrupt_read(top, name):
     return e.value.errno
 
 
-@pytest.mark.parametrize("name", ["lz4", "blosc", "zstd"])
+@pytest.mark.parametrize("name", ["lz4", "blosc", "zstd", "blosc2"])
 def test_corrupt_chunk_builtin(builtin_mount, name):
     """A corrupt chunk of a filter decoded here fails with EIO; the log names the file,
     the dataset, the chunk and the filter."""
@@ -325,10 +341,78 @@ def test_corrupt_chunk_builtin(builtin_mount, name):
 
 
 def test_corrupt_chunk_plugin_logs_hdf5_stack(plugin_mount):
-    """A chunk decoded by a plugin that fails: EIO, and the log carries HDF5's error
-    stack next to the file, dataset, chunk and filter."""
+    """A corrupt chunk whose filter libhdf5 also has (as a plugin): our decoder refuses
+    it, libhdf5 then tries and fails too: EIO, and the log carries HDF5's error stack
+    next to the file, dataset, chunk and filter."""
     top, _expect, log = plugin_mount
     assert _corrupt_read(top, "blosc2") == errno.EIO
     hits = [ln for ln in _log_lines(log) if "corrupt.h5" in ln and "dataset /blosc2:" in ln]
     assert hits, "no log line names corrupt.h5 and blosc2"
-    assert any("blosc2 (32026, plugin)" in ln and "HDF5: " in ln and "H5Dread" in ln for ln in hits), hits
+    assert any("blosc2 (32026, built-in)" in ln and "HDF5: " in ln and "H5Dread" in ln for ln in hits), hits
+
+
+# Filters decoded by C libraries (c-blosc2, libaec): their chunks are mutated at random
+# (bytes flipped, truncated, extended) and every read must end in bytes or EIO, with the
+# daemon alive and answering, and never more bytes than the dataset holds.
+FUZZ = {
+    "blosc2_b2nd": (dict(**hdf5plugin.Blosc2(cname="zstd", filters=hdf5plugin.Blosc2.SHUFFLE)), (64, 64)),
+    "blosc2_1d": (dict(**hdf5plugin.Blosc2(cname="lz4", filters=hdf5plugin.Blosc2.BITSHUFFLE)), (4096,)),
+    "szip": (dict(compression="szip", compression_opts=("nn", 8)), (64, 64)),
+}
+
+
+def _mutations(raw, rng, n):
+    out = []
+    for i in range(n):
+        b = bytearray(raw)
+        kind = i % 4
+        if kind == 0:  # flip bytes anywhere
+            for _ in range(1 + int(rng.integers(0, 4))):
+                b[int(rng.integers(0, len(b)))] ^= int(rng.integers(1, 256))
+        elif kind == 1:  # flip bytes of the header
+            for _ in range(1 + int(rng.integers(0, 3))):
+                b[int(rng.integers(0, min(64, len(b))))] ^= int(rng.integers(1, 256))
+        elif kind == 2:  # truncate
+            b = b[: int(rng.integers(0, len(b)))]
+        else:  # append garbage
+            b += bytes(rng.integers(0, 256, size=int(rng.integers(1, 64)), dtype=np.uint8))
+        out.append(bytes(b))
+    return out
+
+
+def test_c_decoders_survive_mutated_chunks(tmp_path):
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    rng = np.random.default_rng(5)
+    per = int(os.environ.get("H5TILEFS_FUZZ_PER", "40"))
+    with h5py.File(backing / "fuzz.h5", "w") as f:
+        for name, (kw, shape) in FUZZ.items():
+            src = f.create_dataset(f"src_{name}", data=_values("<f4", shape, 3), chunks=shape, **kw)
+            raw = src.id.read_direct_chunk((0,) * len(shape))[1]
+            for i, m in enumerate(_mutations(raw, rng, per)):
+                d = f.create_dataset(f"{name}/m{i:03d}", shape=shape, dtype="<f4", chunks=shape, **kw)
+                d.id.write_direct_chunk((0,) * len(shape), m)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = str(tmp_path / "mnt.log")
+    mount(str(backing), str(mnt), log=log)
+    try:
+        top = mnt / "fuzz.h5"
+        outcomes = {"ok": 0, "eio": 0}
+        for name, (_kw, shape) in FUZZ.items():
+            want = int(np.prod(shape)) * 4
+            for i in range(per):
+                try:
+                    got = _read(top / name / f"m{i:03d}" / "data")
+                    assert len(got) == want, (name, i, len(got))
+                    outcomes["ok"] += 1
+                except OSError as e:
+                    assert e.errno == errno.EIO, (name, i, e)
+                    outcomes["eio"] += 1
+            # The daemon still answers, and the intact chunk still reads right.
+            with h5py.File(backing / "fuzz.h5", "r") as f:
+                assert _read(top / f"src_{name}" / "data") == f[f"src_{name}"][()].tobytes()
+        print("outcomes", outcomes)
+        assert outcomes["eio"] > 0, outcomes
+    finally:
+        assert unmount(str(mnt))
