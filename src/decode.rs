@@ -23,15 +23,52 @@ pub fn next_uid() -> u64 {
 }
 
 /// Decoded cells, least recently used evicted first once `cap` bytes are held.
+///
+/// A cell is decoded once however many readers want it: the first claims it (a
+/// `Loading` slot), later ones wait on that slot. The cells one request needs are
+/// decoded in parallel on a pool of `available_parallelism` threads ([`Self::warm`]),
+/// and a sequential reader's next cells are decoded ahead of it ([`Self::prefetch`]).
+/// Lock order: the cache lock, then a slot's lock; neither is held across decoding.
 pub struct CellCache {
     cap: u64,
     inner: Mutex<CacheInner>,
+    pool: DecodePool,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    pub prefetched: AtomicU64,
 }
 
-/// (source uid, cell index) -> (bytes, last use tick).
-type CellMap = HashMap<(u64, u64), (Arc<Vec<u8>>, u64)>;
+/// A decoded cell, or the errno and message of why it could not be decoded.
+type Decoded = std::result::Result<Arc<Vec<u8>>, (i32, String)>;
+
+/// A cell being decoded: waiters sleep on `done` until `result` is set.
+#[derive(Default)]
+struct Loading {
+    result: Mutex<Option<Decoded>>,
+    done: parking_lot::Condvar,
+}
+
+impl Loading {
+    fn wait(&self) -> Result<Arc<Vec<u8>>> {
+        let mut g = self.result.lock();
+        while g.is_none() {
+            self.done.wait(&mut g);
+        }
+        match g.as_ref() {
+            Some(Ok(d)) => Ok(d.clone()),
+            Some(Err((errno, m))) => Err(Error::new(*errno, m.clone())),
+            None => Err(Error::io("cell decode vanished")),
+        }
+    }
+}
+
+enum Slot {
+    Ready(Arc<Vec<u8>>, u64),
+    Loading(Arc<Loading>),
+}
+
+/// (source uid, cell index) -> slot.
+type CellMap = HashMap<(u64, u64), Slot>;
 
 #[derive(Default)]
 struct CacheInner {
@@ -40,13 +77,78 @@ struct CacheInner {
     tick: u64,
 }
 
+/// What a reader found for one cell.
+enum Claim {
+    Hit(Arc<Vec<u8>>),
+    Wait(Arc<Loading>),
+    Mine(Arc<Loading>),
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Worker threads for decoding, started on first use; `queued` bounds prefetch work.
+struct DecodePool {
+    tx: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
+    queued: Arc<AtomicU64>,
+    threads: usize,
+}
+
+impl DecodePool {
+    fn new() -> Self {
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(1, 64);
+        DecodePool {
+            tx: std::sync::OnceLock::new(),
+            queued: Arc::new(AtomicU64::new(0)),
+            threads,
+        }
+    }
+
+    /// Queues `job`; false when no worker could be started (the caller runs it).
+    fn submit(&self, job: Job) -> std::result::Result<(), Job> {
+        let tx = self.tx.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..self.threads {
+                let rx = rx.clone();
+                let queued = self.queued.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("h5t-decode-{i}"))
+                    .spawn(move || loop {
+                        let job = rx.lock().recv();
+                        match job {
+                            Ok(job) => {
+                                queued.fetch_sub(1, Ordering::Relaxed);
+                                job()
+                            }
+                            Err(_) => return,
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "decode thread not started");
+                }
+            }
+            Mutex::new(tx)
+        });
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = tx.lock().send(job);
+        sent.map_err(|e| {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            e.0
+        })
+    }
+}
+
 impl CellCache {
     pub fn new(cap: u64) -> Self {
         CellCache {
             cap,
             inner: Mutex::new(CacheInner::default()),
+            pool: DecodePool::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            prefetched: AtomicU64::new(0),
         }
     }
 
@@ -54,40 +156,139 @@ impl CellCache {
         self.inner.lock().bytes
     }
 
-    /// The decoded bytes of `cell`, decoding it (outside the cache lock) on a miss.
-    pub fn get(&self, cell: &CellRef) -> Result<Arc<Vec<u8>>> {
+    fn claim(&self, cell: &CellRef) -> Claim {
         let key = (cell.source.uid(), cell.index);
+        let mut g = self.inner.lock();
+        g.tick += 1;
+        let t = g.tick;
+        match g.map.get_mut(&key) {
+            Some(Slot::Ready(d, used)) => {
+                *used = t;
+                Claim::Hit(d.clone())
+            }
+            Some(Slot::Loading(l)) => Claim::Wait(l.clone()),
+            None => {
+                let l = Arc::new(Loading::default());
+                g.map.insert(key, Slot::Loading(l.clone()));
+                Claim::Mine(l)
+            }
+        }
+    }
+
+    /// Decodes a claimed cell, publishes it (or its error) and wakes its waiters.
+    fn fill(&self, cell: &CellRef, slot: &Loading) -> Result<Arc<Vec<u8>>> {
+        let key = (cell.source.uid(), cell.index);
+        let res = cell.source.load(cell.index).map(Arc::new);
         {
             let mut g = self.inner.lock();
             g.tick += 1;
             let t = g.tick;
-            if let Some(e) = g.map.get_mut(&key) {
-                e.1 = t;
+            match &res {
+                Ok(d) if (d.len() as u64) <= self.cap => {
+                    g.bytes += d.len() as u64;
+                    g.map.insert(key, Slot::Ready(d.clone(), t));
+                    while g.bytes > self.cap {
+                        let victim = g
+                            .map
+                            .iter()
+                            .filter_map(|(k, v)| match v {
+                                Slot::Ready(_, used) => Some((*k, *used)),
+                                Slot::Loading(_) => None,
+                            })
+                            .min_by_key(|(_, used)| *used)
+                            .map(|(k, _)| k);
+                        let Some(victim) = victim else { break };
+                        if let Some(Slot::Ready(v, _)) = g.map.remove(&victim) {
+                            g.bytes -= v.len() as u64;
+                        }
+                    }
+                }
+                _ => {
+                    g.map.remove(&key);
+                }
+            }
+        }
+        *slot.result.lock() = Some(match &res {
+            Ok(d) => Ok(d.clone()),
+            Err(e) => Err((e.errno, e.message.clone())),
+        });
+        slot.done.notify_all();
+        res
+    }
+
+    /// The decoded bytes of `cell`, decoding it (outside the cache lock) on a miss.
+    pub fn get(&self, cell: &CellRef) -> Result<Arc<Vec<u8>>> {
+        match self.claim(cell) {
+            Claim::Hit(d) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(e.0.clone());
+                Ok(d)
+            }
+            Claim::Wait(l) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                l.wait()
+            }
+            Claim::Mine(l) => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.fill(cell, &l)
             }
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let data = Arc::new(cell.source.load(cell.index)?);
-        let len = data.len() as u64;
-        if len > self.cap {
-            return Ok(data);
+    }
+
+    /// Decodes the cells of one request that are not cached, in parallel: all but one
+    /// on the pool, one on the caller's thread, then waits for all of them. Errors are
+    /// left for the reader's own `get` to report.
+    pub fn warm(self: &Arc<Self>, cells: &[CellRef]) {
+        let mut mine = Vec::new();
+        let mut waits = Vec::new();
+        for c in cells {
+            match self.claim(c) {
+                Claim::Hit(_) => {}
+                Claim::Wait(l) => waits.push(l),
+                Claim::Mine(l) => mine.push((c.clone(), l)),
+            }
         }
-        let mut g = self.inner.lock();
-        g.tick += 1;
-        let t = g.tick;
-        if g.map.insert(key, (data.clone(), t)).is_none() {
-            g.bytes += len;
+        if mine.is_empty() {
+            return;
         }
-        while g.bytes > self.cap {
-            let Some((&victim, _)) = g.map.iter().min_by_key(|(_, v)| v.1) else {
-                break;
+        self.misses.fetch_add(mine.len() as u64, Ordering::Relaxed);
+        let last = mine.pop();
+        for (c, l) in mine {
+            waits.push(l.clone());
+            let me = self.clone();
+            if let Err(job) = self.pool.submit(Box::new(move || {
+                let _ = me.fill(&c, &l);
+            })) {
+                job();
+            }
+        }
+        if let Some((c, l)) = last {
+            let _ = self.fill(&c, &l);
+        }
+        for l in waits {
+            let _ = l.wait();
+        }
+    }
+
+    /// Starts decoding `cells` in the background if they are not cached, as long as
+    /// the pool has less than twice its threads of work queued (read-ahead must not
+    /// crowd out the cells readers wait for).
+    pub fn prefetch(self: &Arc<Self>, cells: &[CellRef]) {
+        for c in cells {
+            if self.pool.queued.load(Ordering::Relaxed) >= 2 * self.pool.threads as u64 {
+                return;
+            }
+            let Claim::Mine(l) = self.claim(c) else {
+                continue;
             };
-            if let Some((v, _)) = g.map.remove(&victim) {
-                g.bytes -= v.len() as u64;
+            self.prefetched.fetch_add(1, Ordering::Relaxed);
+            let me = self.clone();
+            let c = c.clone();
+            if let Err(job) = self.pool.submit(Box::new(move || {
+                let _ = me.fill(&c, &l);
+            })) {
+                job();
             }
         }
-        Ok(data)
     }
 }
 
@@ -713,5 +914,116 @@ mod tests {
             cache.get(&c).unwrap();
         }
         assert!(cache.bytes() <= 250);
+    }
+
+    /// A slow source that records how many loads ran at once; index 7 fails.
+    struct Slow {
+        uid: u64,
+        loads: AtomicU64,
+        running: AtomicU64,
+        peak: AtomicU64,
+    }
+    impl Slow {
+        fn new(uid: u64) -> Arc<Self> {
+            Arc::new(Slow {
+                uid,
+                loads: AtomicU64::new(0),
+                running: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            })
+        }
+    }
+    impl CellSource for Slow {
+        fn uid(&self) -> u64 {
+            self.uid
+        }
+        fn cell_bytes(&self) -> u64 {
+            64
+        }
+        fn load(&self, index: u64) -> Result<Vec<u8>> {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            if index == 7 {
+                return Err(Error::io("cell 7 is corrupt"));
+            }
+            Ok(vec![index as u8; 64])
+        }
+    }
+
+    fn cell(src: &Arc<Slow>, index: u64) -> CellRef {
+        CellRef {
+            source: src.clone(),
+            index,
+        }
+    }
+
+    #[test]
+    fn concurrent_readers_of_one_cell_decode_it_once() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = Slow::new(1_000_001);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| assert_eq!(cache.get(&cell(&src, 3)).unwrap()[0], 3));
+            }
+        });
+        assert_eq!(src.loads.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_failed_decode_reaches_every_waiter_and_is_not_cached() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = Slow::new(1_000_002);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let e = cache.get(&cell(&src, 7)).unwrap_err();
+                    assert!(e.message.contains("cell 7 is corrupt"), "{}", e.message);
+                });
+            }
+        });
+        let before = src.loads.load(Ordering::Relaxed);
+        assert!(cache.get(&cell(&src, 7)).is_err());
+        assert_eq!(
+            src.loads.load(Ordering::Relaxed),
+            before + 1,
+            "errors are retried, not cached"
+        );
+        assert_eq!(cache.bytes(), 0);
+    }
+
+    #[test]
+    fn warm_decodes_a_requests_cells_in_parallel_then_serves_hits() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = Slow::new(1_000_003);
+        let cells: Vec<_> = (0..6).map(|i| cell(&src, i)).collect();
+        cache.warm(&cells);
+        assert_eq!(src.loads.load(Ordering::Relaxed), 6);
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+            assert!(
+                src.peak.load(Ordering::SeqCst) >= 2,
+                "cells decoded one after another"
+            );
+        }
+        for c in &cells {
+            assert_eq!(cache.get(c).unwrap()[0], c.index as u8);
+        }
+        assert_eq!(src.loads.load(Ordering::Relaxed), 6, "warm cells are hits");
+    }
+
+    #[test]
+    fn prefetch_fills_the_cache_in_the_background() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = Slow::new(1_000_004);
+        let cells: Vec<_> = (0..3).map(|i| cell(&src, i)).collect();
+        cache.prefetch(&cells);
+        // A reader arriving while the prefetch runs waits for it instead of decoding.
+        for c in &cells {
+            assert_eq!(cache.get(c).unwrap()[0], c.index as u8);
+        }
+        assert_eq!(src.loads.load(Ordering::Relaxed), 3);
+        assert_eq!(cache.prefetched.load(Ordering::Relaxed), 3);
     }
 }

@@ -223,6 +223,9 @@ enum Handle {
         sel: Hyperslab,
         /// Keeps the file (and its HDF5 handles) alive while open.
         _file: Arc<H5File>,
+        /// Where the last read ended: a read starting there is sequential, and the
+        /// cells after it are decoded ahead (`model::read_ahead`).
+        next: AtomicU64,
     },
     /// A pending node's meta.json being written: bytes gather until they parse.
     MetaWrite {
@@ -549,7 +552,7 @@ pub struct Fs {
     /// Where notifications for the kernel go (none in unit tests and before the session
     /// is made).
     invalidator: std::sync::OnceLock<Arc<dyn Invalidator>>,
-    pub cache: CellCache,
+    pub cache: Arc<CellCache>,
     pub bytes_served: AtomicU64,
     pub read_requests: AtomicU64,
     pub pending: Pending,
@@ -686,7 +689,7 @@ impl Fs {
             root: ns.root.clone(),
         };
         Ok(Fs {
-            cache: CellCache::new(opts.cache_bytes),
+            cache: Arc::new(CellCache::new(opts.cache_bytes)),
             ns,
             opts,
             model_opts,
@@ -1850,6 +1853,7 @@ impl Fs {
                         model: md,
                         sel,
                         _file: f,
+                        next: AtomicU64::new(0),
                     },
                     Some(v),
                 )
@@ -1896,6 +1900,7 @@ impl Fs {
                 model,
                 sel,
                 _file: file,
+                next,
             } => {
                 // Rewritten in place (e.g. h5py mode "w") while open: the old extents
                 // would read the new bytes at old offsets. Replaced or deleted files
@@ -1910,8 +1915,19 @@ impl Fs {
                     ));
                 }
                 let (model, sel) = (model.clone(), sel.clone());
+                let sequential =
+                    next.swap(off.saturating_add(size as u64), Ordering::Relaxed) == off;
                 drop(h);
-                read_selection(&model, &sel, off, size as u64, &self.cache)?
+                let out = read_selection(&model, &sel, off, size as u64, &self.cache)?;
+                if sequential && model.has_cells() {
+                    crate::model::read_ahead(
+                        &model,
+                        &sel,
+                        off.saturating_add(size as u64),
+                        &self.cache,
+                    );
+                }
+                out
             }
             Handle::PendingIo {
                 file,

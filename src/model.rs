@@ -251,6 +251,16 @@ impl DatasetModel {
         !matches!(self.storage, Storage::None)
     }
 
+    /// Whether reads may need decoded cells (filtered chunks, HDF5-read cells, or
+    /// virtual sources that may have either), so read-ahead has something to do.
+    pub fn has_cells(&self) -> bool {
+        match &self.storage {
+            Storage::Chunked(_) => !self.filters.is_empty(),
+            Storage::Cells(_) | Storage::Virtual(_) => true,
+            _ => false,
+        }
+    }
+
     /// Saturating: `build` refuses to serve datasets this large, but still describes them.
     pub fn nbytes(&self) -> u64 {
         self.shape
@@ -1320,13 +1330,49 @@ fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
     })
 }
 
-/// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`.
+/// The distinct cells `extents` read, in order of first use.
+fn cells_of(extents: &[Extent]) -> Vec<CellRef> {
+    let mut seen = std::collections::HashSet::new();
+    extents
+        .iter()
+        .filter_map(|e| match &e.src {
+            Src::Cell { cell, .. } if seen.insert((cell.source.uid(), cell.index)) => {
+                Some(cell.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// How far past a sequential reader's last read its cells are decoded ahead: the
+/// next `READ_AHEAD` bytes of the image, so that with large chunks whose rows span
+/// many requests (an 8192 × 8192 `<f4` in 512 × 512 chunks: 16 MiB per row of chunks)
+/// the next row of chunks is decoding while the reader copies this one. Bounded in
+/// memory by the cell cache and in work by the decode pool's queue.
+pub const READ_AHEAD: u64 = 32 << 20;
+
+/// Starts decoding, in the background, the cells of `[from, from + READ_AHEAD)` of the
+/// image of `sel` (a sequential reader's next bytes).
+pub fn read_ahead(
+    model: &DatasetModel,
+    sel: &Hyperslab,
+    from: u64,
+    cache: &Arc<crate::decode::CellCache>,
+) {
+    let Ok((_, extents)) = model.plan(sel, from, READ_AHEAD) else {
+        return;
+    };
+    cache.prefetch(&cells_of(&extents));
+}
+
+/// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`. The cells
+/// the range needs are decoded in parallel first (`CellCache::warm`).
 pub fn read_selection(
     model: &DatasetModel,
     sel: &Hyperslab,
     off: u64,
     len: u64,
-    cache: &crate::decode::CellCache,
+    cache: &Arc<crate::decode::CellCache>,
 ) -> Result<Vec<u8>> {
     let total = selection_bytes(model, sel)?;
     let end = off.saturating_add(len).min(total);
@@ -1336,6 +1382,10 @@ pub fn read_selection(
     let (base, extents) = model.plan(sel, off, end - off)?;
     let span_end = end.div_ceil(model.itemsize().max(1)) * model.itemsize();
     let mut buf = vec![0u8; (span_end - base) as usize];
+    let cells = cells_of(&extents);
+    if cells.len() > 1 {
+        cache.warm(&cells);
+    }
     execute(&extents, &mut buf, cache)?;
     let head = (off - base) as usize;
     buf.truncate(head + (end - off) as usize);
@@ -1597,7 +1647,7 @@ mod tests {
             &Hyperslab::full(&m.shape),
             0,
             8,
-            &crate::decode::CellCache::new(0),
+            &Arc::new(crate::decode::CellCache::new(0)),
         )
         .unwrap_err();
         assert_eq!(e.errno, libc::EFBIG);

@@ -2775,7 +2775,7 @@ fn extent_map_of_a_pending_dataset_shows_the_fill_value() {
             .flat_map(|v: &i32| v.to_le_bytes())
             .collect()
     };
-    let cache = h5tilefs::decode::CellCache::new(1 << 20);
+    let cache = std::sync::Arc::new(h5tilefs::decode::CellCache::new(1 << 20));
     for target in [vec![f, "d", "data"], vec![f, "d", "tiles", "0"]] {
         let ino = resolve(&a, &target).expect("lookup");
         let (fh, _, _) = a.open(ino, false, &Caller::DAEMON).expect("open");

@@ -381,7 +381,7 @@ mod tests {
         let size = sel.num_elements() * 4;
         assert_eq!(q.next_offset, size);
         assert_eq!(q.nruns, 2); // one run per selected row, the first clipped at byte 3
-        let cache = crate::decode::CellCache::new(1 << 20);
+        let cache = Arc::new(crate::decode::CellCache::new(1 << 20));
         let all = crate::model::read_selection(&m, &sel, 0, size, &cache).unwrap();
         let file = std::fs::File::open(f.path()).unwrap();
         let mut pos = 3;
