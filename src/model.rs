@@ -838,9 +838,24 @@ impl DatasetModel {
 }
 
 /// What meta.json says about a type beyond its numpy dtype: an enum's members, a
-/// string's stored padding and charset (and whether it was variable-length).
+/// string's stored padding and charset (and whether it was variable-length); for a
+/// compound, the same per member under `fields` (an array member says it of its base).
 fn type_meta(ty: &h5::Ty, m: &mut serde_json::Map<String, Value>) {
     match ty {
+        h5::Ty::Array { base, .. } => type_meta(base, m),
+        h5::Ty::Compound { fields, .. } => {
+            let mut per = serde_json::Map::new();
+            for (name, _, fty) in fields {
+                let mut sub = serde_json::Map::new();
+                type_meta(fty, &mut sub);
+                if !sub.is_empty() {
+                    per.insert(name.clone(), Value::Object(sub));
+                }
+            }
+            if !per.is_empty() {
+                m.insert("fields".into(), Value::Object(per));
+            }
+        }
         h5::Ty::Enum { members, .. } => {
             let map: serde_json::Map<String, Value> =
                 members.iter().map(|(k, v)| (k.clone(), json!(v))).collect();

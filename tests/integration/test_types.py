@@ -100,6 +100,12 @@ def _gen(path):
                          dtype=h5py.enum_dtype({"OFF": 0, "ON": 300}, basetype=">i2"))
         _raw(f, "array_type", h5py.h5t.array_create(h5py.h5t.IEEE_F32LE, (3,)),
              np.arange(3 * N, dtype="<f4").reshape(N, 3))
+        # a compound with an enum and a string member
+        ce = np.dtype([("i", "<i4"), ("color", h5py.enum_dtype({"RED": 0, "BLUE": 2}, basetype="i1")),
+                       ("s", "S3")])
+        v = np.zeros(N, ce)
+        v["i"], v["color"], v["s"] = np.arange(N), np.arange(N) % 2 * 2, b"ab"
+        f.create_dataset("cmp_enum", data=v)
         # variable-length strings
         s = [("", "a", "héllo wörld", "x" * 40, "日本")[i % 5] for i in range(N)]
         f.create_dataset("vstr_utf8", data=s, dtype=h5py.string_dtype("utf-8"))
@@ -140,7 +146,7 @@ SUPPORTED = [
     "cmp_packed", "cmp_chunked", "cmp_spread", "cmp_aligned", "cmp_nested", "cmp_spacepad",
     "str_nullpad", "str_nullpad_chunked", "str_nullterm", "str_spacepad", "str_spacepad_chunked",
     "str_utf8", "str_2d", "str_scalar",
-    "bits8", "bits16be", "bits32", "bool", "enum", "enum_be", "array_type",
+    "bits8", "bits16be", "bits32", "bool", "enum", "enum_be", "array_type", "cmp_enum",
 ]
 VSTR = ["vstr_utf8", "vstr_ascii", "vstr_empty", "vstr_scalar", "vstr_2d"]
 
@@ -227,6 +233,10 @@ def test_type_details_in_meta(view):
     m = _meta(os.path.join(mnt, "enum"))
     assert m["enum"] == {"RED": 0, "GREEN": 1, "BLUE": 2}
     assert _meta(os.path.join(mnt, "enum_be"))["enum"] == {"OFF": 0, "ON": 300}
+    fields = _meta(os.path.join(mnt, "cmp_enum"))["fields"]
+    assert fields["color"] == {"enum": {"RED": 0, "BLUE": 2}}, fields
+    assert fields["s"]["string"]["padding"] == "nullpad", fields
+    assert "i" not in fields
     s = _meta(os.path.join(mnt, "str_spacepad"))["string"]
     assert s["padding"] == "spacepad" and s["charset"] == "ascii" and not s["variable_length"]
     assert _meta(os.path.join(mnt, "str_utf8"))["string"]["charset"] == "utf-8"
