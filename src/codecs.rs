@@ -94,7 +94,8 @@ pub fn no_decoder_reason(id: i32, name: &str) -> String {
 
 /// Runs filter `id` backwards over `input`, producing at most `cap` bytes.
 /// `elem` is the dataset's element size. Only ids for which [`builtin`] holds and
-/// that decode.rs does not handle itself.
+/// that decode.rs does not handle itself (deflate, shuffle, Fletcher-32, and the C
+/// decoders of ccodecs.rs).
 pub fn decode(id: i32, cd: &[u32], elem: usize, input: &[u8], cap: usize) -> Out {
     match id {
         LZF => lzf(input, cap),
@@ -103,8 +104,6 @@ pub fn decode(id: i32, cd: &[u32], elem: usize, input: &[u8], cap: usize) -> Out
         BITSHUFFLE => bitshuffle_filter(input, cd, elem, cap),
         ZSTD => zstd_filter(input, cap),
         BZIP2 => bzip2_filter(input, cap),
-        SZIP => crate::ccodecs::szip_filter(input, cd, cap),
-        BLOSC2 => crate::ccodecs::blosc2_filter(input, cap),
         _ => corrupt(format!("filter {id} has no Rust decoder")),
     }
 }

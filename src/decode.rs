@@ -269,6 +269,14 @@ impl CellCache {
         }
     }
 
+    /// Runs `job` on the decode pool (or here, if no worker could be started):
+    /// background work of readers, such as read-ahead of backing files.
+    pub fn background(&self, job: Box<dyn FnOnce() + Send>) {
+        if let Err(job) = self.pool.submit(job) {
+            job();
+        }
+    }
+
     /// Starts decoding `cells` in the background if they are not cached, as long as
     /// the pool has less than twice its threads of work queued (read-ahead must not
     /// crowd out the cells readers wait for).
@@ -399,7 +407,12 @@ pub fn decode_chunk(
                 buf.truncate(n);
                 buf
             }
-            id => codecs::decode(id, &f.cd_values, elem, &buf, cap).map_err(|e| match e {
+            id => match id {
+                codecs::SZIP => crate::ccodecs::szip_filter(&buf, &f.cd_values, cap),
+                codecs::BLOSC2 => crate::ccodecs::blosc2_filter(&buf, cap),
+                _ => codecs::decode(id, &f.cd_values, elem, &buf, cap),
+            }
+            .map_err(|e| match e {
                 Failure::Corrupt(m) => Failure::Corrupt(format!("{} filter: {m}", f.name)),
                 Failure::Refused(m) => Failure::Refused(format!("{} filter: {m}", f.name)),
             })?,

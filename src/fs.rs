@@ -223,9 +223,8 @@ enum Handle {
         sel: Hyperslab,
         /// Keeps the file (and its HDF5 handles) alive while open.
         _file: Arc<H5File>,
-        /// Where the last read ended: a read starting there is sequential, and the
-        /// cells after it are decoded ahead (`model::read_ahead`).
-        next: AtomicU64,
+        /// Read-ahead state of this handle's reader (src/readahead.rs).
+        stream: crate::readahead::Stream,
     },
     /// A pending node's meta.json being written: bytes gather until they parse.
     MetaWrite {
@@ -1853,7 +1852,7 @@ impl Fs {
                         model: md,
                         sel,
                         _file: f,
-                        next: AtomicU64::new(0),
+                        stream: Default::default(),
                     },
                     Some(v),
                 )
@@ -1900,7 +1899,7 @@ impl Fs {
                 model,
                 sel,
                 _file: file,
-                next,
+                stream,
             } => {
                 // Rewritten in place (e.g. h5py mode "w") while open: the old extents
                 // would read the new bytes at old offsets. Replaced or deleted files
@@ -1915,19 +1914,12 @@ impl Fs {
                     ));
                 }
                 let (model, sel) = (model.clone(), sel.clone());
-                let sequential =
-                    next.swap(off.saturating_add(size as u64), Ordering::Relaxed) == off;
+                let ahead = stream.advance(off, size as u64);
                 drop(h);
-                let out = read_selection(&model, &sel, off, size as u64, &self.cache)?;
-                if sequential && model.has_cells() {
-                    crate::model::read_ahead(
-                        &model,
-                        &sel,
-                        off.saturating_add(size as u64),
-                        &self.cache,
-                    );
+                if let Some((from, to)) = ahead {
+                    crate::readahead::prefetch(&model, &sel, from, to, &self.cache);
                 }
-                out
+                read_selection(&model, &sel, off, size as u64, &self.cache)?
             }
             Handle::PendingIo {
                 file,

@@ -22,6 +22,7 @@ pub mod ioctl;
 pub mod model;
 pub mod namespace;
 pub mod pending;
+pub mod readahead;
 pub mod reaper;
 pub mod selection;
 pub mod staging;

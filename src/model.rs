@@ -251,16 +251,6 @@ impl DatasetModel {
         !matches!(self.storage, Storage::None)
     }
 
-    /// Whether reads may need decoded cells (filtered chunks, HDF5-read cells, or
-    /// virtual sources that may have either), so read-ahead has something to do.
-    pub fn has_cells(&self) -> bool {
-        match &self.storage {
-            Storage::Chunked(_) => !self.filters.is_empty(),
-            Storage::Cells(_) | Storage::Virtual(_) => true,
-            _ => false,
-        }
-    }
-
     /// Saturating: `build` refuses to serve datasets this large, but still describes them.
     pub fn nbytes(&self) -> u64 {
         self.shape
@@ -1346,7 +1336,7 @@ fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
 }
 
 /// The distinct cells `extents` read, in order of first use.
-fn cells_of(extents: &[Extent]) -> Vec<CellRef> {
+pub fn cells_of(extents: &[Extent]) -> Vec<CellRef> {
     let mut seen = std::collections::HashSet::new();
     extents
         .iter()
@@ -1357,27 +1347,6 @@ fn cells_of(extents: &[Extent]) -> Vec<CellRef> {
             _ => None,
         })
         .collect()
-}
-
-/// How far past a sequential reader's last read its cells are decoded ahead: the
-/// next `READ_AHEAD` bytes of the image, so that with large chunks whose rows span
-/// many requests (an 8192 × 8192 `<f4` in 512 × 512 chunks: 16 MiB per row of chunks)
-/// the next row of chunks is decoding while the reader copies this one. Bounded in
-/// memory by the cell cache and in work by the decode pool's queue.
-pub const READ_AHEAD: u64 = 32 << 20;
-
-/// Starts decoding, in the background, the cells of `[from, from + READ_AHEAD)` of the
-/// image of `sel` (a sequential reader's next bytes).
-pub fn read_ahead(
-    model: &DatasetModel,
-    sel: &Hyperslab,
-    from: u64,
-    cache: &Arc<crate::decode::CellCache>,
-) {
-    let Ok((_, extents)) = model.plan(sel, from, READ_AHEAD) else {
-        return;
-    };
-    cache.prefetch(&cells_of(&extents));
 }
 
 /// Reads bytes `[off, off + len)` of the C-order image of `sel` of `model`. The cells
