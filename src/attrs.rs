@@ -1,11 +1,11 @@
-//! Dataset attributes and fill values as JSON, for meta.json.
+//! Attributes (of datasets and groups) and fill values as JSON, for meta.json and zarr.json.
 
 use crate::h5::{self, StrPad, Ty};
 use serde_json::{json, Map, Value};
 
 /// Every attribute that maps to JSON (numbers, bools, complex, strings, arrays of them).
 /// Others are left out, with a debug log.
-pub fn read_attrs(ds: &hdf5::Dataset) -> Map<String, Value> {
+pub fn read_attrs(ds: &hdf5::Location) -> Map<String, Value> {
     let mut out = Map::new();
     let names = match ds.attr_names() {
         Ok(n) => n,
@@ -25,7 +25,7 @@ pub fn read_attrs(ds: &hdf5::Dataset) -> Map<String, Value> {
     out
 }
 
-fn read_attr(ds: &hdf5::Dataset, name: &str) -> Option<Value> {
+fn read_attr(ds: &hdf5::Location, name: &str) -> Option<Value> {
     let attr = ds.attr(name).ok()?;
     let shape = attr.shape();
     let scalar = attr.is_scalar();

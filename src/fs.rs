@@ -70,6 +70,24 @@ pub enum Node {
         path: String,
         sel: String,
     },
+    /// `zarr.json` in a group's or dataset's directory (src/zarr.rs).
+    Zarr {
+        file: PathBuf,
+        path: String,
+    },
+    /// `c/` of a dataset's Zarr view and its levels `c/I/...`: `prefix` holds the chunk
+    /// indices of the levels above.
+    ZarrDir {
+        file: PathBuf,
+        path: String,
+        prefix: Vec<u64>,
+    },
+    /// One Zarr chunk file (`c/I/J`; `c` itself for a scalar dataset).
+    ZarrChunk {
+        file: PathBuf,
+        path: String,
+        idx: Vec<u64>,
+    },
     /// `.commit` and `.status` in an HDF5 file's directory.
     Commit {
         file: PathBuf,
@@ -88,7 +106,10 @@ impl Node {
             | Node::Tiles { file, path }
             | Node::Tile { file, path, .. }
             | Node::Slices { file, path }
-            | Node::Slice { file, path, .. } => Some((file, path)),
+            | Node::Slice { file, path, .. }
+            | Node::Zarr { file, path }
+            | Node::ZarrDir { file, path, .. }
+            | Node::ZarrChunk { file, path, .. } => Some((file, path)),
             Node::Commit { file } | Node::Status { file } => Some((file, "/")),
             Node::Dir(_) | Node::Control => None,
         }
@@ -103,6 +124,10 @@ impl Node {
             Node::Slices { .. } => Some("slice".into()),
             Node::Tile { idx, .. } => Some(tile_name(idx)),
             Node::Slice { sel, .. } => Some(sel.clone()),
+            Node::Zarr { .. } => Some("zarr.json".into()),
+            Node::ZarrDir { prefix: i, .. } | Node::ZarrChunk { idx: i, .. } => {
+                Some(i.last().map_or("c".into(), |l| l.to_string()))
+            }
             Node::Commit { .. } => Some(".commit".into()),
             Node::Status { .. } => Some(".status".into()),
             Node::Control => Some(CONTROL_NAME.into()),
@@ -391,8 +416,11 @@ impl<S: Family> InodeTable<S> {
         self.by_ino.entry(ino, |s| {
             s.or_insert_with(|| node.clone());
         });
-        if let (true, Some(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) =
-            (fresh, shown, node)
+        if let (
+            true,
+            Some(a),
+            Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } | Node::ZarrChunk { .. },
+        ) = (fresh, shown, node)
         {
             self.shown.insert(ino, Attr { ino, ..a.clone() });
         }
@@ -860,6 +888,15 @@ impl Fs {
         Ok(m)
     }
 
+    /// The model of a dataset the Zarr view shows (it has a zarr.json), or ENOENT.
+    fn zarr_model(&self, f: &H5File, path: &str) -> Result<Arc<DatasetModel>> {
+        let m = self.model(f, path)?;
+        if let Some(why) = crate::zarr::why_not(&m) {
+            return Err(Error::not_found(format!("{path}: no Zarr view: {why}")));
+        }
+        Ok(m)
+    }
+
     fn file_attr(&self, ino: u64, kind: Kind, size: u64, m: &std::fs::Metadata, ro: bool) -> Attr {
         let t = |s: i64, ns: i64| {
             SystemTime::UNIX_EPOCH
@@ -896,6 +933,11 @@ impl Fs {
                 .tile_slab(idx)
                 .ok_or_else(|| Error::not_found(format!("no tile {}", tile_name(idx)))),
             Node::Slice { sel, .. } => parse_slice(sel, &model.shape),
+            Node::ZarrChunk { idx, .. } => model
+                .grid()
+                .tile_slab(idx)
+                .or_else(|| idx.is_empty().then(|| Hyperslab::full(&model.shape)))
+                .ok_or_else(|| Error::not_found(format!("no chunk {idx:?}"))),
             _ => Err(Error::new(libc::EISDIR, "not a data file")),
         }
     }
@@ -1055,6 +1097,13 @@ impl Fs {
             (Node::Object { .. }, Resolved::Group { file: Some(f) }) => {
                 self.file_attr(ino, Kind::Dir, 0, &f.meta, ro)
             }
+            (Node::Zarr { path, .. }, Resolved::Group { file: Some(f) }) => {
+                let size = f.group_zarr(path)?.len() as u64;
+                Attr {
+                    version: Some(f.ident),
+                    ..self.file_attr(ino, Kind::File, size, &f.meta, true)
+                }
+            }
             (Node::Object { path, .. }, Resolved::Link { file: f, target }) => {
                 let len = link_target(path, target).len() as u64;
                 let mut a = self.file_attr(ino, Kind::Symlink, len, &f.meta, true);
@@ -1095,6 +1144,19 @@ impl Fs {
                     Node::Tiles { .. } | Node::Slices { .. } => {
                         self.supported_model(f, path)?;
                         self.file_attr(ino, Kind::Dir, 0, m, true)
+                    }
+                    Node::Zarr { .. } => {
+                        let z = self.zarr_model(f, path)?.zarr_json().unwrap_or_default();
+                        self.file_attr(ino, Kind::File, z.len() as u64, m, true)
+                    }
+                    Node::ZarrDir { .. } => {
+                        self.zarr_model(f, path)?;
+                        self.file_attr(ino, Kind::Dir, 0, m, true)
+                    }
+                    Node::ZarrChunk { .. } => {
+                        let md = self.zarr_model(f, path)?;
+                        self.selection(node, &md)?;
+                        self.file_attr(ino, Kind::File, crate::zarr::chunk_bytes(&md), m, true)
                     }
                     _ => {
                         let md = self.supported_model(f, path)?;
@@ -1163,7 +1225,8 @@ impl Fs {
             }
             Node::Object { file, path }
             | Node::Tiles { file, path }
-            | Node::Slices { file, path } => (file, path),
+            | Node::Slices { file, path }
+            | Node::ZarrDir { file, path, .. } => (file, path),
             _ => return Err(Error::new(libc::ENOTDIR, "not a directory")),
         };
         let obj = |path: String| Node::Object {
@@ -1181,8 +1244,59 @@ impl Fs {
                     self.supported_model(f, path)?;
                     Ok(dataset_file(name, file, path))
                 }
+                "zarr.json" | "c" => {
+                    let md = self.zarr_model(f, path)?;
+                    Ok(match name {
+                        "zarr.json" => Node::Zarr {
+                            file: file.clone(),
+                            path: path.clone(),
+                        },
+                        _ if md.shape.is_empty() => Node::ZarrChunk {
+                            file: file.clone(),
+                            path: path.clone(),
+                            idx: vec![],
+                        },
+                        _ => Node::ZarrDir {
+                            file: file.clone(),
+                            path: path.clone(),
+                            prefix: vec![],
+                        },
+                    })
+                }
                 _ => Err(Error::not_found(format!("no {name} in a dataset"))),
             },
+            (Node::Object { .. }, Resolved::Group { file: Some(_) }) if name == "zarr.json" => {
+                Ok(Node::Zarr {
+                    file: file.clone(),
+                    path: path.clone(),
+                })
+            }
+            (Node::ZarrDir { prefix, .. }, Resolved::Dataset { file: f }) => {
+                let md = self.zarr_model(f, path)?;
+                let grid = md.grid().grid();
+                let level = prefix.len();
+                let i = grid
+                    .get(level)
+                    .and_then(|&g| crate::zarr::parse_index(name, g))
+                    .ok_or_else(|| {
+                        Error::not_found(format!("{path}: no Zarr chunk key part {name:?}"))
+                    })?;
+                let mut idx = prefix.clone();
+                idx.push(i);
+                Ok(if idx.len() == grid.len() {
+                    Node::ZarrChunk {
+                        file: file.clone(),
+                        path: path.clone(),
+                        idx,
+                    }
+                } else {
+                    Node::ZarrDir {
+                        file: file.clone(),
+                        path: path.clone(),
+                        prefix: idx,
+                    }
+                })
+            }
             (Node::Object { .. }, Resolved::Pending { meta: Some(_) })
                 if matches!(name, "meta.json" | "data" | "tiles") =>
             {
@@ -1306,7 +1420,11 @@ impl Fs {
         let r = self.attr_of(ino, &node);
         // Only against another committed version: a node answered as the pending one
         // that replaces it keeps that answer, for writes.
-        if let (Ok(a), Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. }) = (&r, &node) {
+        if let (
+            Ok(a),
+            Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } | Node::ZarrChunk { .. },
+        ) = (&r, &node)
+        {
             let current = match self.inodes.version(ino, &node) {
                 Ok(v) => v == a.version,
                 Err(()) => false,
@@ -1406,6 +1524,65 @@ impl Fs {
                         Kind::Dir,
                         "slice".into(),
                     );
+                }
+                if md.zarr_json().is_some() {
+                    let (file, path) = (file.clone(), path.clone());
+                    add(
+                        Node::Zarr {
+                            file: file.clone(),
+                            path: path.clone(),
+                        },
+                        v,
+                        Kind::File,
+                        "zarr.json".into(),
+                    );
+                    let (c, kind) = if md.shape.is_empty() {
+                        (
+                            Node::ZarrChunk {
+                                file,
+                                path,
+                                idx: vec![],
+                            },
+                            Kind::File,
+                        )
+                    } else {
+                        (
+                            Node::ZarrDir {
+                                file,
+                                path,
+                                prefix: vec![],
+                            },
+                            Kind::Dir,
+                        )
+                    };
+                    add(c, v, kind, "c".into());
+                }
+            }
+            (Node::ZarrDir { file, path, prefix }, Resolved::Dataset { file: f }) => {
+                let md = self.zarr_model(f, path)?;
+                let grid = md.grid().grid();
+                let v = Some(f.ident);
+                let n = grid.get(prefix.len()).copied().unwrap_or(0);
+                let leaf = prefix.len() + 1 == grid.len();
+                for i in 0..n {
+                    let mut idx = prefix.clone();
+                    idx.push(i);
+                    let (node, kind) = if leaf {
+                        let node = Node::ZarrChunk {
+                            file: file.clone(),
+                            path: path.clone(),
+                            idx,
+                        };
+                        (node, Kind::File)
+                    } else {
+                        let node = Node::ZarrDir {
+                            file: file.clone(),
+                            path: path.clone(),
+                            prefix: idx,
+                        };
+                        (node, Kind::Dir)
+                    };
+                    add(node, v, kind, i.to_string());
                 }
             }
             (Node::Object { file, path }, Resolved::Pending { .. } | Resolved::Group { .. }) => {
@@ -1838,6 +2015,36 @@ impl Fs {
             (Node::Meta { path, .. }, Resolved::Dataset { file: f }) => {
                 let md = self.model(&f, path)?;
                 (Handle::Bytes(md.meta_json()), None)
+            }
+            (Node::Zarr { path, .. }, Resolved::Dataset { file: f }) => {
+                let z = self.zarr_model(&f, path)?.zarr_json().unwrap_or_default();
+                (Handle::Bytes(z), None)
+            }
+            (Node::Zarr { path, .. }, Resolved::Group { file: Some(f) }) => {
+                (Handle::Bytes(f.group_zarr(path)?), None)
+            }
+            // An edge chunk is padded to the full chunk shape: its bytes are made here
+            // (at most one tile's); an inner chunk is its tile, read as it is asked for.
+            (Node::ZarrChunk { path, idx, .. }, Resolved::Dataset { file: f }) => {
+                let md = self.zarr_model(&f, path)?;
+                let sel = self.selection(&node, &md)?;
+                caller.may_read_sources(&md, &f.abs, &self.ns.root)?;
+                if crate::zarr::is_edge(&md, idx) {
+                    let n = sel.num_elements().saturating_mul(md.itemsize());
+                    let clipped = read_selection(&md, &sel, 0, n, &self.cache)?;
+                    let es = md.itemsize() as usize;
+                    let b = crate::zarr::pad(&clipped, &sel.counts(), &md.tile_shape, es, &md.fill);
+                    (Handle::Bytes(Arc::new(b)), None)
+                } else {
+                    let v = f.ident;
+                    let h = Handle::View {
+                        model: md,
+                        sel,
+                        _file: f,
+                        stream: Default::default(),
+                    };
+                    (h, Some(v))
+                }
             }
             (
                 Node::Data { path, .. } | Node::Tile { path, .. } | Node::Slice { path, .. },

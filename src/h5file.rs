@@ -71,6 +71,8 @@ pub struct H5File {
     pub backing: Arc<BackingFile>,
     models: DashMap<String, Arc<DatasetModel>>,
     listings: DashMap<String, Arc<Listing>>,
+    /// Each group's zarr.json, built on first use (src/zarr.rs).
+    group_zarr: DashMap<String, Arc<Vec<u8>>>,
     /// Each group's first path (token -> path), in the order h5py's `visititems` visits
     /// them (HDF5's `H5Ovisit`, names in increasing order): computed once per version.
     first_paths: std::sync::OnceLock<Arc<HashMap<Token, String>>>,
@@ -142,8 +144,9 @@ pub fn join(group: &str, name: &str) -> String {
 }
 
 /// Object names that would collide with the mount's own names (`.` and `..`, a file's
-/// control files, the staging area's name): shown with their leading `.` escaped.
-const RESERVED: [&str; 5] = [".", "..", ".commit", ".status", ".h5tilefs"];
+/// control files, the staging area's name, a group's Zarr metadata): shown with their
+/// first byte escaped.
+const RESERVED: [&str; 6] = [".", "..", ".commit", ".status", ".h5tilefs", "zarr.json"];
 
 /// Longest name a directory entry can have (NAME_MAX): longer object names are left out
 /// of listings (the kernel refuses to look them up).
@@ -155,7 +158,7 @@ pub const NAME_MAX: usize = 255;
 pub fn display_name(real: &str) -> String {
     let s = real.replace('%', "%25");
     if RESERVED.contains(&s.as_str()) {
-        format!("%2E{}", &s[1..])
+        format!("%{:02X}{}", s.as_bytes()[0], &s[1..])
     } else {
         s
     }
@@ -240,6 +243,7 @@ impl H5File {
             }),
             models: DashMap::new(),
             listings: DashMap::new(),
+            group_zarr: DashMap::new(),
             first_paths: std::sync::OnceLock::new(),
         })
     }
@@ -287,6 +291,20 @@ impl H5File {
         let l = Arc::new(Listing { children, index });
         self.listings.insert(path.to_string(), l.clone());
         Ok(l)
+    }
+
+    /// The zarr.json of group `path` (its attributes as Zarr v3 group metadata).
+    pub fn group_zarr(&self, path: &str) -> Result<Arc<Vec<u8>>> {
+        if let Some(z) = self.group_zarr.get(path) {
+            return Ok(z.clone());
+        }
+        let g = self
+            .hfile
+            .group(path)
+            .map_err(|e| Error::with_source(libc::ENOENT, format!("no group {path}"), e))?;
+        let z = Arc::new(crate::zarr::group_json(&crate::attrs::read_attrs(&g)));
+        self.group_zarr.insert(path.to_string(), z.clone());
+        Ok(z)
     }
 
     /// See `first_paths` on the struct. A file HDF5 cannot walk gets an empty map:
@@ -463,6 +481,7 @@ mod tests {
             "a%b",
             "data",
             "meta.json",
+            "zarr.json",
             ".hidden",
             "é",
             "%",

@@ -29,3 +29,4 @@ pub mod staging;
 pub mod stats;
 pub mod sync;
 pub mod writer;
+pub mod zarr;

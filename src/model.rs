@@ -237,6 +237,7 @@ pub struct DatasetModel {
     pub virtual_count: usize,
     pub missing_sources: Vec<String>,
     meta: OnceLock<Arc<Vec<u8>>>,
+    zarr: OnceLock<Option<Arc<Vec<u8>>>>,
 }
 
 impl DatasetModel {
@@ -581,6 +582,7 @@ impl DatasetModel {
             virtual_count,
             missing_sources,
             meta: OnceLock::new(),
+            zarr: OnceLock::new(),
         })
     }
 
@@ -754,6 +756,14 @@ impl DatasetModel {
             .clone()
     }
 
+    /// The dataset's zarr.json, or None when the Zarr view leaves it out
+    /// (`zarr::why_not`, which meta.json's `zarr` says).
+    pub fn zarr_json(&self) -> Option<Arc<Vec<u8>>> {
+        self.zarr
+            .get_or_init(|| crate::zarr::array_json(self).map(Arc::new))
+            .clone()
+    }
+
     pub fn meta_value(&self) -> Value {
         let mut m = serde_json::Map::new();
         m.insert("name".into(), json!(self.name));
@@ -784,6 +794,13 @@ impl DatasetModel {
         m.insert("chunks".into(), json!(self.chunks));
         m.insert("filters".into(), json!(self.filters));
         m.insert("order".into(), json!("C"));
+        m.insert(
+            "zarr".into(),
+            match crate::zarr::why_not(self) {
+                None => json!({"served": true}),
+                Some(why) => json!({"served": false, "why": why}),
+            },
+        );
         if self.supported() {
             let g = self.grid();
             m.insert("tile_shape".into(), json!(self.tile_shape));
@@ -1408,6 +1425,7 @@ impl DatasetModel {
             virtual_count: 0,
             missing_sources: vec![],
             meta: OnceLock::new(),
+            zarr: OnceLock::new(),
         }
     }
 

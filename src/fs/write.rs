@@ -364,7 +364,7 @@ impl Fs {
         let pnode = self.inodes.node(parent)?;
         let node = self.child(&pnode, name)?;
         let r = match &node {
-            Node::Tiles { .. } | Node::Slices { .. } => Ok(()),
+            Node::Tiles { .. } | Node::Slices { .. } | Node::ZarrDir { .. } => Ok(()),
             Node::Dir(rel) => {
                 let abs = self.ns.abs(rel)?;
                 std::fs::remove_dir(&abs)
@@ -403,7 +403,9 @@ impl Fs {
             | Node::Tile { .. }
             | Node::Slice { .. }
             | Node::Commit { .. }
-            | Node::Status { .. } => Ok(()),
+            | Node::Status { .. }
+            | Node::Zarr { .. }
+            | Node::ZarrChunk { .. } => Ok(()),
             _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
         }
     }

@@ -317,11 +317,11 @@ def test_find(tree):
     assert sorted(os.path.relpath(p, root) for p in metas) == sorted(
         f"{n}/meta.json" for n in ("g/chunked", "cont", "g/h/small", "scalar"))
     dirs = sh("find", root, "-mindepth", "1", "-type", "d", "-not", "-path", "*/tiles*",
-              "-not", "-path", "*/slice*").stdout.split()
+              "-not", "-path", "*/slice*", "-not", "-path", "*/c", "-not", "-path", "*/c/*").stdout.split()
     assert sorted(os.path.relpath(p, root) for p in dirs) == sorted(
         ["g", "g/h", "g/chunked", "cont", "g/h/small", "scalar"])
     # -size: only the two data files over 10000 bytes (12600 and 40000)
-    big = sh("find", root, "-type", "f", "-size", "+10000c").stdout.split()
+    big = sh("find", root, "-type", "f", "-size", "+10000c", "-not", "-path", "*/c/*").stdout.split()
     assert sorted(os.path.relpath(p, root) for p in big) == ["cont/data", "g/chunked/data"]
     tiles = sh("find", os.path.join(root, "cont", "tiles"), "-type", "f", "-size", "4096c").stdout.split()
     assert len(tiles) == 9            # 10 row-block tiles of 512 elements, the last one 392
@@ -378,4 +378,14 @@ def test_du(tree):
         data = sum(f[n].nbytes for n in ("g/chunked", "cont", "g/h/small", "scalar"))
     meta = sum(os.stat(tree.m("r.h5", n, "meta.json")).st_size for n in ("g/chunked", "cont", "g/h/small", "scalar"))
     status_size = os.stat(tree.m("r.h5", ".status")).st_size
-    assert total == 2 * data + meta + status_size      # data + tiles + meta.json + .status; dirs are 0
+    # The Zarr view: every zarr.json, and chunk files of the full chunk size.
+    zarr = 0
+    for dp, _dns, fns in os.walk(tree.m("r.h5")):
+        if os.path.basename(dp) in ("tiles", "slice"):
+            continue
+        for fn in fns:
+            p = os.path.join(dp, fn)
+            if fn == "zarr.json" or "/c/" in p + "/" and os.path.basename(os.path.dirname(p)) != "tiles":
+                zarr += os.stat(p).st_size
+    assert zarr > data
+    assert total == 2 * data + meta + status_size + zarr  # data + tiles + meta.json + .status + Zarr view

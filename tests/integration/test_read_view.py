@@ -274,10 +274,12 @@ def test_meta(mounted, dsinfo):
                 vs = meta["virtual_sources"]
                 assert vs["mappings"] == len(virtual_mappings(ds))
                 assert isinstance(vs["missing"], list)
-            assert listing == {"meta.json", "data", "tiles", "slice"}
+            zarr = {"zarr.json", "c"} if meta["zarr"]["served"] else set()
+            assert listing == {"meta.json", "data", "tiles", "slice"} | zarr
         elif served_by_type(ds.dtype):
             # strings, compounds, arrays: their bytes are checked by test_types.py
             assert "unsupported" not in meta, meta
+            assert not meta["zarr"]["served"] and "Zarr v3 has no data type" in meta["zarr"]["why"], meta
             assert listing == {"meta.json", "data", "tiles", "slice"}
         else:
             assert meta.get("unsupported"), "unsupported datasets must say why"

@@ -164,7 +164,7 @@ def test_tile_write_in_dataset_replaced_through_other_mount(two_mounts):
     write_dataset(a_m, "f.h5", "d0", x)
     commit(a_m, "f.h5")
     d_b = os.path.join(b_m, "f.h5", "d0")
-    assert sorted(os.listdir(d_b)) == ["data", "meta.json", "slice", "tiles"]
+    assert sorted(os.listdir(d_b)) == ["c", "data", "meta.json", "slice", "tiles", "zarr.json"]
     os.rmdir(os.path.join(d_b, "slice"))  # a view: drops d0's cached attributes in b
     os.rmdir(os.path.join(a_m, "f.h5", "d0"))  # the load test's replace_ds, through a
     d_a = os.path.join(a_m, "f.h5", "d0")

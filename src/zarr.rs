@@ -1,0 +1,314 @@
+//! The Zarr v3 view of the namespace (docs/namespace.md "Zarr"): a `zarr.json` in every
+//! group and dataset directory and, in a dataset's, chunk files under `c/` in Zarr's
+//! default chunk key encoding, so zarr-python, tensorstore and xarray read an HDF5
+//! file with no HDF5 library. The chunk grid is the dataset's tile grid; a chunk's
+//! bytes are its tile's, in the stored byte order (the `bytes` codec says which), and
+//! an edge chunk is padded to the full chunk shape with the fill value as Zarr requires.
+//! Only v3 metadata is served (see the docs for why not v2).
+
+use crate::h5::DType;
+use crate::model::DatasetModel;
+use serde_json::{json, Map, Value};
+
+/// Attributes HDF5 and netCDF-4 keep for themselves (dimension scales, netCDF's own
+/// bookkeeping): dimension scales become `dimension_names`; the rest is left out, as
+/// netCDF4-python and xarray leave them out.
+const INTERNAL_ATTRS: [&str; 8] = [
+    "CLASS",
+    "NAME",
+    "DIMENSION_LIST",
+    "REFERENCE_LIST",
+    "_Netcdf4Dimid",
+    "_Netcdf4Coordinates",
+    "_NCProperties",
+    "_nc3_strict",
+];
+
+/// netCDF-4 marks a dimension without a coordinate variable with a dataset whose NAME
+/// starts with this; netCDF readers do not show it as a variable, nor does the view.
+const NC_DIM_ONLY: &str = "This is a netCDF dimension but not a netCDF variable";
+
+fn user_attrs(attrs: &Map<String, Value>) -> Map<String, Value> {
+    attrs
+        .iter()
+        .filter(|(k, _)| !INTERNAL_ATTRS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A group's zarr.json.
+pub fn group_json(attrs: &Map<String, Value>) -> Vec<u8> {
+    let v = json!({
+        "zarr_format": 3,
+        "node_type": "group",
+        "attributes": user_attrs(attrs),
+    });
+    let mut b = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
+/// The Zarr v3 data type and byte order (None for one-byte types) of a NumPy dtype
+/// string, or None when Zarr v3 has no data type for it.
+pub fn data_type(descr: &str) -> Option<(&'static str, Option<&'static str>)> {
+    let (order, code) = descr.split_at(1);
+    let endian = match order {
+        "<" => Some("little"),
+        ">" => Some("big"),
+        "|" | "=" => None,
+        _ => return None,
+    };
+    let t = match code {
+        "b1" => "bool",
+        "i1" => "int8",
+        "u1" => "uint8",
+        "i2" => "int16",
+        "u2" => "uint16",
+        "i4" => "int32",
+        "u4" => "uint32",
+        "i8" => "int64",
+        "u8" => "uint64",
+        "f2" => "float16",
+        "f4" => "float32",
+        "f8" => "float64",
+        "c8" => "complex64",
+        "c16" => "complex128",
+        _ => return None,
+    };
+    let one_byte = matches!(t, "bool" | "int8" | "uint8");
+    Some((
+        t,
+        if one_byte {
+            None
+        } else {
+            endian.or(Some("little"))
+        },
+    ))
+}
+
+/// Why a dataset has no zarr.json, or None when it has one.
+pub fn why_not(md: &DatasetModel) -> Option<String> {
+    if !md.supported() {
+        return Some("the dataset is not served (see `unsupported`)".into());
+    }
+    if nc_dimension_only(md) {
+        return Some("a netCDF dimension without a variable".into());
+    }
+    match &md.dtype {
+        DType::Numeric { ty, descr, .. } => {
+            let d = ty
+                .as_ref()
+                .and_then(|t| t.numpy(md.itemsize()).as_str().map(str::to_string))
+                .unwrap_or_else(|| descr.clone());
+            match data_type(&d) {
+                Some(_) => None,
+                None => Some(format!("Zarr v3 has no data type for NumPy dtype {d}")),
+            }
+        }
+        DType::Unsupported { reason, .. } => Some(reason.clone()),
+    }
+}
+
+fn nc_dimension_only(md: &DatasetModel) -> bool {
+    md.attrs
+        .get("NAME")
+        .and_then(Value::as_str)
+        .is_some_and(|n| n.starts_with(NC_DIM_ONLY))
+}
+
+/// The dataset's dimension names: netCDF-4's dimension scales (the last component of
+/// each dimension's first attached scale; a scale names its own dimension).
+fn dimension_names(md: &DatasetModel) -> Option<Vec<Value>> {
+    let rank = md.shape.len();
+    if rank == 0 {
+        return None;
+    }
+    if let Some(Value::Array(dims)) = md.attrs.get("DIMENSION_LIST") {
+        if dims.len() != rank {
+            return None;
+        }
+        let names: Vec<Value> = dims
+            .iter()
+            .map(|d| {
+                d.as_array()
+                    .and_then(|a| a.first())
+                    .and_then(Value::as_str)
+                    .and_then(|p| p.rsplit('/').next())
+                    .map_or(Value::Null, |n| json!(n))
+            })
+            .collect();
+        return Some(names);
+    }
+    let is_scale = md.attrs.get("CLASS").and_then(Value::as_str) == Some("DIMENSION_SCALE");
+    if is_scale && rank == 1 {
+        let own = md.name.rsplit('/').next().unwrap_or(&md.name);
+        return Some(vec![json!(own)]);
+    }
+    None
+}
+
+/// The fill value in Zarr's JSON form (non-finite floats as "NaN", "Infinity",
+/// "-Infinity"); zero of the type when the dataset defines none.
+fn fill_value(md: &DatasetModel, t: &str) -> Value {
+    let f = md.fill_json();
+    let zero = match t {
+        "bool" => json!(false),
+        "float16" | "float32" | "float64" => json!(0.0),
+        "complex64" | "complex128" => json!([0.0, 0.0]),
+        _ => json!(0),
+    };
+    let fix = |v: &Value| match v.as_str() {
+        Some("nan") => json!("NaN"),
+        Some("inf") => json!("Infinity"),
+        Some("-inf") => json!("-Infinity"),
+        _ => v.clone(),
+    };
+    match (&f, t) {
+        (Value::Null, _) => zero,
+        (Value::Array(a), _) => Value::Array(a.iter().map(fix).collect()),
+        (Value::Number(n), "bool") => json!(n.as_u64().unwrap_or(0) != 0),
+        _ => fix(&f),
+    }
+}
+
+/// A dataset's zarr.json, or None when Zarr cannot show it ([`why_not`]).
+pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
+    if why_not(md).is_some() {
+        return None;
+    }
+    let descr = match &md.dtype {
+        DType::Numeric { ty, descr, .. } => ty
+            .as_ref()
+            .and_then(|t| t.numpy(md.itemsize()).as_str().map(str::to_string))
+            .unwrap_or_else(|| descr.clone()),
+        DType::Unsupported { .. } => return None,
+    };
+    let (t, endian) = data_type(&descr)?;
+    let bytes = match endian {
+        Some(e) => json!({"name": "bytes", "configuration": {"endian": e}}),
+        None => json!({"name": "bytes"}),
+    };
+    let mut v = json!({
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": md.shape,
+        "data_type": t,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": md.tile_shape}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill_value(md, t),
+        "codecs": [bytes],
+        "attributes": user_attrs(&md.attrs),
+    });
+    if let (Some(names), Some(o)) = (dimension_names(md), v.as_object_mut()) {
+        o.insert("dimension_names".into(), Value::Array(names));
+    }
+    let mut b = serde_json::to_vec_pretty(&v).ok()?;
+    b.push(b'\n');
+    Some(b)
+}
+
+/// The size of every chunk file: the full chunk (tile) shape times the element size.
+pub fn chunk_bytes(md: &DatasetModel) -> u64 {
+    md.tile_shape
+        .iter()
+        .fold(md.itemsize(), |a, &t| a.saturating_mul(t))
+}
+
+/// Whether tile `idx` is smaller than the chunk shape (an edge chunk Zarr wants padded).
+pub fn is_edge(md: &DatasetModel, idx: &[u64]) -> bool {
+    idx.iter()
+        .zip(md.tile_shape.iter().zip(&md.shape))
+        .any(|(&i, (&t, &n))| i.saturating_add(1).saturating_mul(t) > n)
+}
+
+/// Lays the C-order bytes `clipped` of an edge tile of `count` elements per dimension
+/// into a full chunk of `chunk` elements per dimension, the rest filled with `fill`
+/// (one element's bytes).
+pub fn pad(clipped: &[u8], count: &[u64], chunk: &[u64], es: usize, fill: &[u8]) -> Vec<u8> {
+    let total: usize = chunk.iter().map(|&c| c as usize).product::<usize>() * es;
+    let mut out = vec![0u8; total];
+    if fill.len() == es && fill.iter().any(|&b| b != 0) {
+        for c in out.chunks_exact_mut(es) {
+            c.copy_from_slice(fill);
+        }
+    }
+    let rank = count.len();
+    if rank == 0 {
+        let n = clipped.len().min(out.len());
+        out[..n].copy_from_slice(&clipped[..n]);
+        return out;
+    }
+    let row = count[rank - 1] as usize * es;
+    let rows: usize = count[..rank - 1].iter().map(|&c| c as usize).product();
+    // Strides of the full chunk, in elements.
+    let mut stride = vec![1usize; rank];
+    for d in (0..rank - 1).rev() {
+        stride[d] = stride[d + 1] * chunk[d + 1] as usize;
+    }
+    let mut idx = vec![0usize; rank.saturating_sub(1)];
+    for r in 0..rows {
+        let dst = idx.iter().zip(&stride).map(|(&i, &s)| i * s).sum::<usize>() * es;
+        let src = r * row;
+        if let (Some(d), Some(s)) = (out.get_mut(dst..dst + row), clipped.get(src..src + row)) {
+            d.copy_from_slice(s);
+        }
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < count[d] as usize {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// The chunk index a chunk file name under `c/` stands for, one component per level.
+pub fn parse_index(name: &str, bound: u64) -> Option<u64> {
+    if name.is_empty()
+        || (name.len() > 1 && name.starts_with('0'))
+        || !name.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    name.parse::<u64>().ok().filter(|&i| i < bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_types_and_byte_order() {
+        assert_eq!(data_type("<f4"), Some(("float32", Some("little"))));
+        assert_eq!(data_type(">i2"), Some(("int16", Some("big"))));
+        assert_eq!(data_type("|b1"), Some(("bool", None)));
+        assert_eq!(data_type("|u1"), Some(("uint8", None)));
+        assert_eq!(data_type("<c16"), Some(("complex128", Some("little"))));
+        assert_eq!(data_type("|S4"), None);
+        assert_eq!(data_type("<f16"), None);
+    }
+
+    #[test]
+    fn pad_places_rows_and_fills_the_rest() {
+        // A 2 x 3 tile of u8 in a 3 x 4 chunk, fill 9.
+        let clipped = [1, 2, 3, 4, 5, 6];
+        let out = pad(&clipped, &[2, 3], &[3, 4], 1, &[9]);
+        assert_eq!(out, vec![1, 2, 3, 9, 4, 5, 6, 9, 9, 9, 9, 9]);
+        // 3-d, two-byte elements, zero fill.
+        let clipped: Vec<u8> = (1..=8).collect(); // 1 x 2 x 2 elements of 2 bytes
+        let out = pad(&clipped, &[1, 2, 2], &[2, 2, 3], 2, &[0, 0]);
+        assert_eq!(&out[..12], &[1, 2, 3, 4, 0, 0, 5, 6, 7, 8, 0, 0]);
+        assert!(out[12..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn chunk_index_names() {
+        assert_eq!(parse_index("0", 3), Some(0));
+        assert_eq!(parse_index("2", 3), Some(2));
+        assert_eq!(parse_index("3", 3), None);
+        assert_eq!(parse_index("01", 3), None);
+        assert_eq!(parse_index("", 3), None);
+        assert_eq!(parse_index("-1", 3), None);
+    }
+}
