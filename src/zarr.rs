@@ -36,6 +36,63 @@ fn user_attrs(attrs: &Map<String, Value>) -> Map<String, Value> {
         .collect()
 }
 
+/// The standard base64 of `b` (xarray's encoding of a float `_FillValue`).
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(c.get(1).copied().unwrap_or(0)) << 8)
+            | u32::from(c.get(2).copied().unwrap_or(0));
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if i <= c.len() {
+                out.push(A[(n >> shift) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A float attribute value (JSON number, or our "nan"/"inf"/"-inf").
+fn as_f64(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => match s.as_str() {
+            "nan" => Some(f64::NAN),
+            "inf" => Some(f64::INFINITY),
+            "-inf" => Some(f64::NEG_INFINITY),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// netCDF's `_FillValue` attribute in the form xarray reads from Zarr v3 attributes
+/// (xarray's `FillValueCoder`): floats as the base64 of a little-endian f64, complex as
+/// two of those, integers and bools as JSON; a one-element array as its element. So
+/// `xr.open_zarr` masks fill values as `xr.open_dataset` does on the same file.
+fn xarray_fill(v: &Value, data_type: &str) -> Value {
+    let v = match v {
+        Value::Array(a) if a.len() == 1 => &a[0],
+        _ => v,
+    };
+    let b64 = |x: f64| json!(base64(&x.to_le_bytes()));
+    match data_type {
+        "float16" | "float32" | "float64" => as_f64(v).map_or(v.clone(), b64),
+        "complex64" | "complex128" => match v.as_array().map(|a| a.as_slice()) {
+            Some([re, im]) => match (as_f64(re), as_f64(im)) {
+                (Some(r), Some(i)) => json!([b64(r), b64(i)]),
+                _ => v.clone(),
+            },
+            _ => v.clone(),
+        },
+        "bool" => json!(v.as_bool().unwrap_or_else(|| v.as_i64().unwrap_or(0) != 0)),
+        _ => v.clone(),
+    }
+}
+
 /// A group's zarr.json.
 pub fn group_json(attrs: &Map<String, Value>) -> Vec<u8> {
     let v = json!({
@@ -171,6 +228,14 @@ fn fill_value(md: &DatasetModel, t: &str) -> Value {
     }
 }
 
+fn array_attrs(attrs: &Map<String, Value>, data_type: &str) -> Map<String, Value> {
+    let mut a = user_attrs(attrs);
+    if let Some(v) = a.get_mut("_FillValue") {
+        *v = xarray_fill(v, data_type);
+    }
+    a
+}
+
 /// A dataset's zarr.json, or None when Zarr cannot show it ([`why_not`]).
 pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
     if why_not(md).is_some() {
@@ -197,7 +262,7 @@ pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill_value(md, t),
         "codecs": [bytes],
-        "attributes": user_attrs(&md.attrs),
+        "attributes": array_attrs(&md.attrs, t),
     });
     if let (Some(names), Some(o)) = (dimension_names(md), v.as_object_mut()) {
         o.insert("dimension_names".into(), Value::Array(names));
@@ -300,6 +365,21 @@ mod tests {
         let out = pad(&clipped, &[1, 2, 2], &[2, 2, 3], 2, &[0, 0]);
         assert_eq!(&out[..12], &[1, 2, 3, 4, 0, 0, 5, 6, 7, 8, 0, 0]);
         assert!(out[12..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn base64_and_xarray_fill() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        // struct.pack("<d", -999.0) in Python, base64: "AAAAAAA4j8A="
+        assert_eq!(
+            xarray_fill(&json!([-999.0]), "float32"),
+            json!("AAAAAAA4j8A=")
+        );
+        assert_eq!(xarray_fill(&json!([-32767]), "int16"), json!(-32767));
     }
 
     #[test]
