@@ -206,3 +206,32 @@ def test_xarray_open_zarr_equals_open_dataset(tmp_path):
                     got.close()
     finally:
         assert unmount(str(mnt))
+
+
+def test_mount_store_on_the_cpu(small):
+    """h5tilefs.zarr.MountStore with zarr's CPU buffers: the arrays, and byte ranges."""
+    import asyncio
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+
+    from h5tilefs.zarr import MountStore
+
+    backing, mnt = small
+    u = os.path.join(mnt, "f.h5", "fields", "u")
+    with h5py.File(backing / "f.h5", "r") as f:
+        want = f["fields/u"][()]
+    _same(zarr.open_array(store=MountStore(u), mode="r")[...], want)
+    s = MountStore(u)
+    with open(os.path.join(u, "c", "1", "1"), "rb") as fh:
+        raw = fh.read()
+    proto = default_buffer_prototype()
+    for br, part in [(None, raw), (RangeByteRequest(8, 100), raw[8:100]),
+                     (OffsetByteRequest(1200), raw[1200:]), (SuffixByteRequest(16), raw[-16:])]:
+        got = asyncio.run(s.get("c/1/1", proto, br))
+        assert got.to_bytes() == part, br
+    assert asyncio.run(s.get("c/9/9", proto)) is None
+    with pytest.raises(ValueError):
+        MountStore(u, read_only=False)

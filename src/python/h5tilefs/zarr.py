@@ -1,0 +1,103 @@
+"""A zarr-python 3 store over an h5tilefs mount (docs/namespace.md "Zarr").
+
+    import zarr
+    from h5tilefs.zarr import MountStore
+    a = zarr.open_array(store=MountStore("/mnt/h5/run/out.h5/fields/u"), mode="r")
+    a[:]                                    # NumPy, read through the mount
+
+    zarr.config.enable_gpu()
+    a = zarr.open_array(store=MountStore("/mnt/h5/run/out.h5/fields/u"), mode="r")
+    a[:]                                    # CuPy; chunk bytes go disk -> GPU (READ_TO_GPU)
+
+With zarr's CPU buffers it is zarr's LocalStore. With GPU buffers (``zarr.config.
+enable_gpu()``, or any prototype whose buffer is ``zarr.core.buffer.gpu.Buffer``) each
+chunk file is read with the READ_TO_GPU ioctl into a fresh CuPy buffer: the daemon
+reads the backing bytes with cuFile (verbatim chunks) or stages them (decoded chunks),
+so the chunk's bytes never cross FUSE. A padded edge chunk, which exists only in the
+daemon's memory, is read through the mount and copied to the GPU. Byte-range gets work
+either way. The store is read-only: Zarr writes go through ``zarr.storage.LocalStore``
+on the mount (see the docs).
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.storage import LocalStore
+
+__all__ = ["MountStore"]
+
+
+def _is_gpu(prototype) -> bool:
+    try:
+        from zarr.core.buffer import gpu
+    except ImportError:  # zarr without CuPy
+        return False
+    return prototype is not None and issubclass(prototype.buffer, gpu.Buffer)
+
+
+def _is_chunk(key: str) -> bool:
+    return key == "c" or key.startswith("c/")
+
+
+class MountStore(LocalStore):
+    """A read-only zarr store over a path inside an h5tilefs mount."""
+
+    def __init__(self, root, *, read_only: bool = True):
+        if not read_only:
+            raise ValueError("MountStore is read-only; write with zarr.storage.LocalStore")
+        super().__init__(root, read_only=True)
+        # One registration per mount and process would need a long-lived buffer; chunks
+        # are registered one by one (see _gpu_get).
+        self.gpu_reads = 0
+        self.gpu_fallbacks = 0
+
+    def __repr__(self) -> str:
+        return f"MountStore({str(self.root)!r})"
+
+    async def get(self, key, prototype=None, byte_range=None):
+        if prototype is not None and _is_gpu(prototype) and _is_chunk(key):
+            path = os.path.join(str(self.root), key)
+            return self._gpu_get(path, prototype, byte_range)
+        return await super().get(key, prototype, byte_range)
+
+    def _gpu_get(self, path, prototype, byte_range):
+        import cupy as cp
+
+        from . import gpu
+
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+        start, end = _range(size, byte_range)
+        out = cp.empty(end - start, dtype=cp.uint8)
+        if out.nbytes:
+            try:
+                with gpu.registered(out, path) as buf:
+                    buf.read_into(path, offset=start, length=end - start)
+                self.gpu_reads += 1
+            except OSError as e:
+                # ENOTTY: a padded edge chunk is bytes in the daemon's memory, not a
+                # view of backing bytes; read it through the mount.
+                if e.errno != errno.ENOTTY:
+                    raise
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    out = cp.asarray(bytearray(f.read(end - start)), dtype=cp.uint8)
+                self.gpu_fallbacks += 1
+        return prototype.buffer.from_array_like(out)
+
+
+def _range(size: int, byte_range) -> tuple[int, int]:
+    """[start, end) of a zarr ByteRequest over a file of ``size`` bytes."""
+    if byte_range is None:
+        return 0, size
+    if isinstance(byte_range, RangeByteRequest):
+        return min(byte_range.start, size), min(byte_range.end, size)
+    if isinstance(byte_range, OffsetByteRequest):
+        return min(byte_range.offset, size), size
+    if isinstance(byte_range, SuffixByteRequest):
+        return max(size - byte_range.suffix, 0), size
+    raise TypeError(f"unknown byte range {byte_range!r}")
