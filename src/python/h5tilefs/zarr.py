@@ -20,8 +20,10 @@ on the mount (see the docs).
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import threading
 
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import LocalStore
@@ -48,25 +50,59 @@ class MountStore(LocalStore):
         if not read_only:
             raise ValueError("MountStore is read-only; write with zarr.storage.LocalStore")
         super().__init__(root, read_only=True)
-        # One registration per mount and process would need a long-lived buffer; chunks
-        # are registered one by one (see _gpu_get).
+        # Registrations with the daemon, one per CUDA allocation (CuPy's memory pool
+        # hands chunk buffers out of a few large allocations): registering costs an
+        # IPC handle export here and an import in the daemon, so it is done once per
+        # allocation, and each chunk read names its offset in it.
+        self._regs = {}
+        self._lock = threading.Lock()
         self.gpu_reads = 0
         self.gpu_fallbacks = 0
+
+    def close(self):
+        """Releases the store's GPU registrations (also done when it is collected)."""
+        regs, self._regs = self._regs, {}
+        for b in regs.values():
+            b.close()
+        super().close()
+
+    def __del__(self):
+        try:
+            for b in self._regs.values():
+                b.close()
+        except Exception:
+            pass
+
+    def _registration(self, arr, path):
+        from . import gpu
+
+        base, size = gpu._allocation_of(arr.data.ptr)
+        with self._lock:
+            b = self._regs.get((base, size))
+            if b is None:
+                b = gpu.Buffer.from_pointer(base, size, arr.device.id, path)
+                self._regs[(base, size)] = b
+        return b, arr.data.ptr - base
 
     def __repr__(self) -> str:
         return f"MountStore({str(self.root)!r})"
 
     async def get(self, key, prototype=None, byte_range=None):
         if prototype is not None and _is_gpu(prototype) and _is_chunk(key):
+            import cupy as cp
+
             path = os.path.join(str(self.root), key)
-            return self._gpu_get(path, prototype, byte_range)
+            dev = cp.cuda.runtime.getDevice()
+            # In a thread, as LocalStore reads files: zarr fetches chunks concurrently.
+            return await asyncio.to_thread(self._gpu_get, path, prototype, byte_range, dev)
         return await super().get(key, prototype, byte_range)
 
-    def _gpu_get(self, path, prototype, byte_range):
+    def _gpu_get(self, path, prototype, byte_range, dev):
         import cupy as cp
 
-        from . import gpu
-
+        # The caller's device, made current on this worker thread (the CUDA driver
+        # calls below need its context).
+        cp.cuda.runtime.setDevice(dev)
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:
@@ -75,8 +111,8 @@ class MountStore(LocalStore):
         out = cp.empty(end - start, dtype=cp.uint8)
         if out.nbytes:
             try:
-                with gpu.registered(out, path) as buf:
-                    buf.read_into(path, offset=start, length=end - start)
+                buf, at = self._registration(out, path)
+                buf.read_into(path, offset=start, length=end - start, buf_offset=at)
                 self.gpu_reads += 1
             except OSError as e:
                 # ENOTTY: a padded edge chunk is bytes in the daemon's memory, not a
