@@ -572,6 +572,11 @@ pub struct Fs {
     /// Open directories: the listing taken at `opendir`, paged by `readdir` offsets so
     /// a directory of n entries costs O(n) however many calls page through it.
     dirs: DashMap<u64, Arc<DirSnapshot>>,
+    /// Listings of directories read without `opendir` (the kernel's no-opendir mode:
+    /// readdir comes with handle 0): one per directory inode, taken at offset 0 and
+    /// dropped when a reader reaches the end; cleared whole past `MAX_INO_LISTINGS`
+    /// (listings abandoned half-read).
+    ino_dirs: DashMap<u64, Arc<Vec<DirEntry>>>,
     next_fh: AtomicU64,
     /// Identity of each backing file when last seen, to notice a new version once
     /// (see `Fs::file`).
@@ -723,6 +728,7 @@ impl Fs {
             inodes: InodeTable::new(),
             handles: DashMap::new(),
             dirs: DashMap::new(),
+            ino_dirs: DashMap::new(),
             next_fh: AtomicU64::new(1),
             seen: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
@@ -1600,6 +1606,17 @@ impl Fs {
                         ".status".into(),
                     );
                 }
+                if let Resolved::Group { file: Some(f) } = &r {
+                    add(
+                        Node::Zarr {
+                            file: file.clone(),
+                            path: path.clone(),
+                        },
+                        Some(f.ident),
+                        Kind::File,
+                        "zarr.json".into(),
+                    );
+                }
                 if let Resolved::Pending { meta: Some(_) } = r {
                     add(
                         dataset_file("meta.json", file, path),
@@ -1725,8 +1742,8 @@ impl Fs {
     pub fn readdir_at(&self, fh: u64, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
         let snap = self.dirs.get(&fh).map(|d| d.clone());
         let Some(snap) = snap.filter(|d| d.ino == ino) else {
-            // not opened through `opendir` (or another directory's handle)
-            return Ok(Arc::new(self.readdir(ino)?));
+            // not opened through `opendir`: the listing of the directory inode
+            return self.ino_listing(ino, offset);
         };
         if offset == 0 && snap.served.swap(true, Ordering::Relaxed) {
             let fresh = Arc::new(self.readdir(ino)?);
@@ -1735,6 +1752,32 @@ impl Fs {
         }
         let e = snap.entries.lock().clone();
         Ok(e)
+    }
+
+    /// See `ino_dirs`. Two readers listing one directory at once share its listing, or
+    /// one restarts it: each still sees every entry the directory had at some offset-0
+    /// read, which is what readdir promises while a directory changes.
+    fn ino_listing(&self, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+        const MAX_INO_LISTINGS: usize = 1024;
+        if offset == 0 {
+            let fresh = Arc::new(self.readdir(ino)?);
+            if self.ino_dirs.len() >= MAX_INO_LISTINGS {
+                self.ino_dirs.clear();
+            }
+            self.ino_dirs.insert(ino, fresh.clone());
+            return Ok(fresh);
+        }
+        let snap = self.ino_dirs.get(&ino).map(|d| d.clone());
+        match snap {
+            Some(s) => {
+                // offsets count `.` and `..`: past the last entry, the reader is done
+                if offset >= s.len() as u64 + 2 {
+                    self.ino_dirs.remove(&ino);
+                }
+                Ok(s)
+            }
+            None => Ok(Arc::new(self.readdir(ino)?)),
+        }
     }
 
     pub fn releasedir(&self, fh: u64) {

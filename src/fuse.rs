@@ -7,8 +7,8 @@ use crate::stats::Op;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::{OsStr, OsString};
 use std::sync::mpsc;
@@ -22,6 +22,17 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct FuseFs {
     pub core: Arc<Fs>,
+    /// Whether the kernel agreed to FUSE_NO_OPENDIR_SUPPORT at init.
+    pub no_opendir: std::sync::atomic::AtomicBool,
+}
+
+impl FuseFs {
+    pub fn new(core: Arc<Fs>) -> Self {
+        FuseFs {
+            core,
+            no_opendir: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 /// One request in flight: the kernel's request id (in the span and in every error
@@ -183,6 +194,12 @@ pub fn configure_kernel(config: &mut KernelConfig) {
         ra /= 2;
     }
     let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+    // Listings carry each entry's attributes (READDIRPLUS), so `find` and `ls -l` make
+    // no LOOKUP per entry; see `readdirplus` below. AUTO: the kernel asks for them on
+    // a listing's first page and when lookups followed the last listing, so `ls` of a
+    // 20 000-member group does not look up every member.
+    let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+    let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
     // Direct-I/O writes of a large buffer (tile writes) go out as several requests
     // at once instead of one 1 MiB request after another.
     let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
@@ -191,6 +208,13 @@ pub fn configure_kernel(config: &mut KernelConfig) {
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         configure_kernel(config);
+        // Listings are then kept per directory inode (Fs::readdir_at); a kernel without
+        // the flag keeps sending OPENDIR, answered with a per-handle listing.
+        let no_opendir = config
+            .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
+            .is_ok();
+        self.no_opendir
+            .store(no_opendir, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -286,6 +310,12 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let c = call!(self, req, Op::Opendir, "opendir", ino = ino.0);
+        // The kernel takes ENOSYS as "never send OPENDIR/RELEASEDIR again" when it
+        // agreed to FUSE_NO_OPENDIR_SUPPORT: two round trips fewer per directory.
+        if self.no_opendir.load(std::sync::atomic::Ordering::Relaxed) {
+            c.ok(0);
+            return reply.error(Errno::ENOSYS);
+        }
         done!(c, reply, self.core.opendir(ino.0), |fh| reply
             .opened(FileHandle(fh), FopenFlags::empty()))
     }
@@ -320,6 +350,69 @@ impl Filesystem for FuseFs {
         );
         for (i, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// A listing with each entry's attributes. Every entry but `.` and `..` counts as
+    /// a LOOKUP for the kernel (it sends FORGET for it later), so each is registered
+    /// exactly as `lookup` registers it, and one that does not fit in the reply is
+    /// forgotten again. An entry whose lookup fails (a corrupt file listed by its
+    /// signature) is left out, as its lookup would refuse it.
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let c = call!(self, req, Op::Readdir, "readdirplus", ino = ino.0, offset);
+        let entries = match self.core.readdir_at(fh.0, ino.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(c.err(e)),
+        };
+        c.ok(0);
+        // `.` and `..`: attributes only, no lookup count.
+        for (i, (dino, name)) in [(ino.0, "."), (ROOT_INO, "..")].into_iter().enumerate() {
+            if (i as u64) < offset {
+                continue;
+            }
+            let Ok(a) = self.core.getattr(dino) else {
+                continue;
+            };
+            if reply.add(
+                INodeNo(dino),
+                i as u64 + 1,
+                name,
+                &ttl(&a),
+                &to_attr(&a),
+                Generation(0),
+            ) {
+                return reply.ok();
+            }
+        }
+        let first = offset.saturating_sub(2) as usize;
+        for (k, e) in entries.iter().enumerate().skip(first) {
+            let a = match self.core.lookup(ino.0, &e.name) {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::debug!(parent = ino.0, name = %e.name, error = %err, "entry left out of READDIRPLUS");
+                    continue;
+                }
+            };
+            let next = k as u64 + 3;
+            if reply.add(
+                INodeNo(a.ino),
+                next,
+                &e.name,
+                &ttl(&a),
+                &to_attr(&a),
+                Generation(0),
+            ) {
+                self.core.forget(a.ino, 1);
                 break;
             }
         }

@@ -506,7 +506,7 @@ fn start(
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let core = Arc::new(core);
-    let fs = FuseFs { core: core.clone() };
+    let fs = FuseFs::new(core.clone());
     let session = fuser::Session::new(fs, mnt, &config)
         .map_err(|e| format!("mounting {}: {e}", mnt.display()))?;
     // Inodes of replaced backing versions are invalidated in the kernel through this.

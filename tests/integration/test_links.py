@@ -72,7 +72,7 @@ def test_links_point_at_first_paths(linked):
     # soft links to datasets are shown as datasets; dangling ones not at all
     assert np.array_equal(np.fromfile(os.path.join(f, "soft_ds", "data"), "<i4"), np.arange(6))
     assert "dangling" not in os.listdir(f)
-    assert sorted(os.listdir(os.path.join(f, "a", "b"))) == ["root", "up", "x"]
+    assert sorted(os.listdir(os.path.join(f, "a", "b"))) == ["root", "up", "x", "zarr.json"]
 
 
 def test_du_and_ls_recursive_end(linked):

@@ -208,6 +208,9 @@ def test_groups_listed(mounted):
                 must = {n for n, k in children.items() if k != "dangling"}
                 may = {n for n, k in children.items() if k == "dangling"}
                 got = set(os.listdir(mp))
+                # every committed group holds its Zarr metadata (docs/namespace.md "Zarr")
+                assert "zarr.json" in got, (rel, g, got)
+                got.discard("zarr.json")
                 if g == "/":
                     # the write path's control files live in every file's directory
                     assert {".commit", ".status"} <= got, (rel, got)

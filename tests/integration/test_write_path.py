@@ -501,7 +501,7 @@ def wait_for_listing(d, want, timeout=3.0):
     for the 1 s attribute TTL), or False."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        if set(os.listdir(d)) - {".commit", ".status"} == want:
+        if set(os.listdir(d)) - {".commit", ".status", "zarr.json"} == want:
             return True
         time.sleep(0.1)
     return False
