@@ -830,7 +830,7 @@ mod tests {
     fn bitunshuffle_throughput() {
         let (n, es) = (1usize << 18, 4usize); // 1 MiB
         let data: Vec<u8> = (0..n * es)
-            .map(|i| (i * 2654435761usize >> 7) as u8)
+            .map(|i| ((i * 2654435761usize) >> 7) as u8)
             .collect();
         let sh = bitshuffle_ref(&data, n, es);
         let mut out = vec![0u8; n * es];
