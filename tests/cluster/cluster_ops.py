@@ -139,8 +139,9 @@ def listdir(path):
 
 
 def members(path):
-    """Groups and datasets a file directory lists (not .commit and .status)."""
-    return sorted(n for n in os.listdir(path) if not n.startswith("."))
+    """Groups and datasets a file directory lists (not .commit, .status and the Zarr
+    view's zarr.json)."""
+    return sorted(n for n in os.listdir(path) if not n.startswith(".") and n != "zarr.json")
 
 
 def h5_read(path, ds):
