@@ -897,7 +897,7 @@ impl Fs {
     /// The model of a dataset the Zarr view shows (it has a zarr.json), or ENOENT.
     fn zarr_model(&self, f: &H5File, path: &str) -> Result<Arc<DatasetModel>> {
         let m = self.model(f, path)?;
-        if let Some(why) = crate::zarr::why_not(&m) {
+        if let Some(why) = m.zarr_why_not() {
             return Err(Error::not_found(format!("{path}: no Zarr view: {why}")));
         }
         Ok(m)
@@ -1162,7 +1162,13 @@ impl Fs {
                     Node::ZarrChunk { .. } => {
                         let md = self.zarr_model(f, path)?;
                         self.selection(node, &md)?;
-                        self.file_attr(ino, Kind::File, crate::zarr::chunk_bytes(&md), m, true)
+                        self.file_attr(
+                            ino,
+                            Kind::File,
+                            crate::zarr::chunk_bytes(&md.tile_shape, md.itemsize()),
+                            m,
+                            true,
+                        )
                     }
                     _ => {
                         let md = self.supported_model(f, path)?;
@@ -2072,7 +2078,7 @@ impl Fs {
                 let md = self.zarr_model(&f, path)?;
                 let sel = self.selection(&node, &md)?;
                 caller.may_read_sources(&md, &f.abs, &self.ns.root)?;
-                if crate::zarr::is_edge(&md, idx) {
+                if crate::zarr::is_edge(&md.shape, &md.tile_shape, idx) {
                     let n = sel.num_elements().saturating_mul(md.itemsize());
                     let clipped = read_selection(&md, &sel, 0, n, &self.cache)?;
                     let es = md.itemsize() as usize;

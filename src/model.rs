@@ -756,11 +756,37 @@ impl DatasetModel {
             .clone()
     }
 
+    /// What the Zarr view (src/zarr.rs) needs of this dataset.
+    pub fn zarr_info(&self) -> crate::zarr::ArrayInfo<'_> {
+        let dtype = match &self.dtype {
+            _ if !self.supported() => Err("the dataset is not served (see `unsupported`)".into()),
+            DType::Numeric { ty, descr, .. } => Ok(ty
+                .as_ref()
+                .and_then(|t| t.numpy(self.itemsize()).as_str().map(str::to_string))
+                .unwrap_or_else(|| descr.clone())),
+            DType::Unsupported { reason, .. } => Err(reason.clone()),
+        };
+        crate::zarr::ArrayInfo {
+            name: &self.name,
+            shape: &self.shape,
+            tile_shape: &self.tile_shape,
+            itemsize: self.itemsize(),
+            dtype,
+            attrs: &self.attrs,
+            fill: self.fill_json(),
+        }
+    }
+
+    /// Why the Zarr view leaves this dataset out, or None when it shows it.
+    pub fn zarr_why_not(&self) -> Option<String> {
+        crate::zarr::why_not(&self.zarr_info())
+    }
+
     /// The dataset's zarr.json, or None when the Zarr view leaves it out
-    /// (`zarr::why_not`, which meta.json's `zarr` says).
+    /// ([`Self::zarr_why_not`], which meta.json's `zarr` says).
     pub fn zarr_json(&self) -> Option<Arc<Vec<u8>>> {
         self.zarr
-            .get_or_init(|| crate::zarr::array_json(self).map(Arc::new))
+            .get_or_init(|| crate::zarr::array_json(&self.zarr_info()).map(Arc::new))
             .clone()
     }
 
@@ -796,7 +822,7 @@ impl DatasetModel {
         m.insert("order".into(), json!("C"));
         m.insert(
             "zarr".into(),
-            match crate::zarr::why_not(self) {
+            match self.zarr_why_not() {
                 None => json!({"served": true}),
                 Some(why) => json!({"served": false, "why": why}),
             },

@@ -6,9 +6,22 @@
 //! an edge chunk is padded to the full chunk shape with the fill value as Zarr requires.
 //! Only v3 metadata is served (see the docs for why not v2).
 
-use crate::h5::DType;
-use crate::model::DatasetModel;
 use serde_json::{json, Map, Value};
+
+/// What the view needs to know of a dataset (model.rs builds it; this module knows no
+/// model, so the layers stay acyclic).
+pub struct ArrayInfo<'a> {
+    /// The dataset's HDF5 path.
+    pub name: &'a str,
+    pub shape: &'a [u64],
+    pub tile_shape: &'a [u64],
+    pub itemsize: u64,
+    /// The NumPy dtype string, or why the dataset cannot be served at all.
+    pub dtype: std::result::Result<String, String>,
+    pub attrs: &'a Map<String, Value>,
+    /// The fill value as meta.json gives it (null when the dataset defines none).
+    pub fill: Value,
+}
 
 /// Attributes HDF5 and netCDF-4 keep for themselves (dimension scales, netCDF's own
 /// bookkeeping): dimension scales become `dimension_names`; the rest is left out, as
@@ -144,29 +157,21 @@ pub fn data_type(descr: &str) -> Option<(&'static str, Option<&'static str>)> {
 }
 
 /// Why a dataset has no zarr.json, or None when it has one.
-pub fn why_not(md: &DatasetModel) -> Option<String> {
-    if !md.supported() {
-        return Some("the dataset is not served (see `unsupported`)".into());
-    }
+pub fn why_not(md: &ArrayInfo) -> Option<String> {
+    let d = match &md.dtype {
+        Ok(d) => d,
+        Err(why) => return Some(why.clone()),
+    };
     if nc_dimension_only(md) {
         return Some("a netCDF dimension without a variable".into());
     }
-    match &md.dtype {
-        DType::Numeric { ty, descr, .. } => {
-            let d = ty
-                .as_ref()
-                .and_then(|t| t.numpy(md.itemsize()).as_str().map(str::to_string))
-                .unwrap_or_else(|| descr.clone());
-            match data_type(&d) {
-                Some(_) => None,
-                None => Some(format!("Zarr v3 has no data type for NumPy dtype {d}")),
-            }
-        }
-        DType::Unsupported { reason, .. } => Some(reason.clone()),
+    match data_type(d) {
+        Some(_) => None,
+        None => Some(format!("Zarr v3 has no data type for NumPy dtype {d}")),
     }
 }
 
-fn nc_dimension_only(md: &DatasetModel) -> bool {
+fn nc_dimension_only(md: &ArrayInfo) -> bool {
     md.attrs
         .get("NAME")
         .and_then(Value::as_str)
@@ -175,7 +180,7 @@ fn nc_dimension_only(md: &DatasetModel) -> bool {
 
 /// The dataset's dimension names: netCDF-4's dimension scales (the last component of
 /// each dimension's first attached scale; a scale names its own dimension).
-fn dimension_names(md: &DatasetModel) -> Option<Vec<Value>> {
+fn dimension_names(md: &ArrayInfo) -> Option<Vec<Value>> {
     let rank = md.shape.len();
     if rank == 0 {
         return None;
@@ -198,7 +203,7 @@ fn dimension_names(md: &DatasetModel) -> Option<Vec<Value>> {
     }
     let is_scale = md.attrs.get("CLASS").and_then(Value::as_str) == Some("DIMENSION_SCALE");
     if is_scale && rank == 1 {
-        let own = md.name.rsplit('/').next().unwrap_or(&md.name);
+        let own = md.name.rsplit('/').next().unwrap_or(md.name);
         return Some(vec![json!(own)]);
     }
     None
@@ -206,8 +211,8 @@ fn dimension_names(md: &DatasetModel) -> Option<Vec<Value>> {
 
 /// The fill value in Zarr's JSON form (non-finite floats as "NaN", "Infinity",
 /// "-Infinity"); zero of the type when the dataset defines none.
-fn fill_value(md: &DatasetModel, t: &str) -> Value {
-    let f = md.fill_json();
+fn fill_value(md: &ArrayInfo, t: &str) -> Value {
+    let f = md.fill.clone();
     let zero = match t {
         "bool" => json!(false),
         "float16" | "float32" | "float64" => json!(0.0),
@@ -237,18 +242,12 @@ fn array_attrs(attrs: &Map<String, Value>, data_type: &str) -> Map<String, Value
 }
 
 /// A dataset's zarr.json, or None when Zarr cannot show it ([`why_not`]).
-pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
+pub fn array_json(md: &ArrayInfo) -> Option<Vec<u8>> {
     if why_not(md).is_some() {
         return None;
     }
-    let descr = match &md.dtype {
-        DType::Numeric { ty, descr, .. } => ty
-            .as_ref()
-            .and_then(|t| t.numpy(md.itemsize()).as_str().map(str::to_string))
-            .unwrap_or_else(|| descr.clone()),
-        DType::Unsupported { .. } => return None,
-    };
-    let (t, endian) = data_type(&descr)?;
+    let descr = md.dtype.as_ref().ok()?;
+    let (t, endian) = data_type(descr)?;
     let bytes = match endian {
         Some(e) => json!({"name": "bytes", "configuration": {"endian": e}}),
         None => json!({"name": "bytes"}),
@@ -262,7 +261,7 @@ pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill_value(md, t),
         "codecs": [bytes],
-        "attributes": array_attrs(&md.attrs, t),
+        "attributes": array_attrs(md.attrs, t),
     });
     if let (Some(names), Some(o)) = (dimension_names(md), v.as_object_mut()) {
         o.insert("dimension_names".into(), Value::Array(names));
@@ -273,16 +272,16 @@ pub fn array_json(md: &DatasetModel) -> Option<Vec<u8>> {
 }
 
 /// The size of every chunk file: the full chunk (tile) shape times the element size.
-pub fn chunk_bytes(md: &DatasetModel) -> u64 {
-    md.tile_shape
+pub fn chunk_bytes(tile_shape: &[u64], itemsize: u64) -> u64 {
+    tile_shape
         .iter()
-        .fold(md.itemsize(), |a, &t| a.saturating_mul(t))
+        .fold(itemsize, |a, &t| a.saturating_mul(t))
 }
 
 /// Whether tile `idx` is smaller than the chunk shape (an edge chunk Zarr wants padded).
-pub fn is_edge(md: &DatasetModel, idx: &[u64]) -> bool {
+pub fn is_edge(shape: &[u64], tile_shape: &[u64], idx: &[u64]) -> bool {
     idx.iter()
-        .zip(md.tile_shape.iter().zip(&md.shape))
+        .zip(tile_shape.iter().zip(shape))
         .any(|(&i, (&t, &n))| i.saturating_add(1).saturating_mul(t) > n)
 }
 
