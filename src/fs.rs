@@ -577,6 +577,8 @@ pub struct Fs {
     /// dropped when a reader reaches the end; cleared whole past `MAX_INO_LISTINGS`
     /// (listings abandoned half-read).
     ino_dirs: DashMap<u64, Arc<Vec<DirEntry>>>,
+    /// Entries held in `ino_dirs` (approximately: a clear races with inserts).
+    ino_entries: std::sync::atomic::AtomicUsize,
     next_fh: AtomicU64,
     /// Identity of each backing file when last seen, to notice a new version once
     /// (see `Fs::file`).
@@ -729,6 +731,7 @@ impl Fs {
             handles: DashMap::new(),
             dirs: DashMap::new(),
             ino_dirs: DashMap::new(),
+            ino_entries: std::sync::atomic::AtomicUsize::new(0),
             next_fh: AtomicU64::new(1),
             seen: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
@@ -1764,13 +1767,30 @@ impl Fs {
     /// one restarts it: each still sees every entry the directory had at some offset-0
     /// read, which is what readdir promises while a directory changes.
     fn ino_listing(&self, ino: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+        // Bounds on what abandoned listings can hold: listings and entries in total
+        // (about 100 MB of entries at most, plus the one listing being read).
         const MAX_INO_LISTINGS: usize = 1024;
+        const MAX_INO_ENTRIES: usize = 1 << 20;
+        let sub = |n: usize| {
+            let _ = self
+                .ino_entries
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(n))
+                });
+        };
         if offset == 0 {
             let fresh = Arc::new(self.readdir(ino)?);
-            if self.ino_dirs.len() >= MAX_INO_LISTINGS {
+            let n = fresh.len();
+            if self.ino_dirs.len() >= MAX_INO_LISTINGS
+                || self.ino_entries.load(Ordering::Relaxed).saturating_add(n) > MAX_INO_ENTRIES
+            {
                 self.ino_dirs.clear();
+                self.ino_entries.store(0, Ordering::Relaxed);
             }
-            self.ino_dirs.insert(ino, fresh.clone());
+            if let Some(old) = self.ino_dirs.insert(ino, fresh.clone()) {
+                sub(old.len());
+            }
+            self.ino_entries.fetch_add(n, Ordering::Relaxed);
             return Ok(fresh);
         }
         let snap = self.ino_dirs.get(&ino).map(|d| d.clone());
@@ -1778,12 +1798,23 @@ impl Fs {
             Some(s) => {
                 // offsets count `.` and `..`: past the last entry, the reader is done
                 if offset >= s.len() as u64 + 2 {
-                    self.ino_dirs.remove(&ino);
+                    if let Some((_, old)) = self.ino_dirs.remove(&ino) {
+                        sub(old.len());
+                    }
                 }
                 Ok(s)
             }
             None => Ok(Arc::new(self.readdir(ino)?)),
         }
+    }
+
+    /// Listings held for readers in no-opendir mode, and their entries (for tests and
+    /// the bounds of `ino_listing`).
+    pub fn held_listings(&self) -> (usize, usize) {
+        (
+            self.ino_dirs.len(),
+            self.ino_entries.load(Ordering::Relaxed),
+        )
     }
 
     pub fn releasedir(&self, fh: u64) {
