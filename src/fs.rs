@@ -25,6 +25,7 @@ pub const ROOT_INO: u64 = 1;
 
 mod gpu;
 mod write;
+mod zarr_write;
 
 pub use gpu::{query, validate_read, Registration};
 
@@ -88,6 +89,15 @@ pub enum Node {
         path: String,
         idx: Vec<u64>,
     },
+    /// A Zarr writer's temporary file in a pending dataset (`zarr.<x>.partial`, or a
+    /// chunk's `J.<x>.partial` under `c/prefix`; prefix None: the dataset's own
+    /// directory), renamed onto its final name when written (src/fs/zarr_write.rs).
+    ZarrTemp {
+        file: PathBuf,
+        path: String,
+        prefix: Option<Vec<u64>>,
+        name: String,
+    },
     /// `.commit` and `.status` in an HDF5 file's directory.
     Commit {
         file: PathBuf,
@@ -109,7 +119,8 @@ impl Node {
             | Node::Slice { file, path, .. }
             | Node::Zarr { file, path }
             | Node::ZarrDir { file, path, .. }
-            | Node::ZarrChunk { file, path, .. } => Some((file, path)),
+            | Node::ZarrChunk { file, path, .. }
+            | Node::ZarrTemp { file, path, .. } => Some((file, path)),
             Node::Commit { file } | Node::Status { file } => Some((file, "/")),
             Node::Dir(_) | Node::Control => None,
         }
@@ -128,6 +139,7 @@ impl Node {
             Node::ZarrDir { prefix: i, .. } | Node::ZarrChunk { idx: i, .. } => {
                 Some(i.last().map_or("c".into(), |l| l.to_string()))
             }
+            Node::ZarrTemp { name, .. } => Some(name.clone()),
             Node::Commit { .. } => Some(".commit".into()),
             Node::Status { .. } => Some(".status".into()),
             Node::Control => Some(CONTROL_NAME.into()),
@@ -257,6 +269,16 @@ enum Handle {
         path: String,
         buf: parking_lot::Mutex<Vec<u8>>,
         accepted: std::sync::atomic::AtomicBool,
+        /// The bytes are a Zarr v3 zarr.json, declared as its meta.json equivalent.
+        zarr: bool,
+    },
+    /// A Zarr chunk of a pending dataset opened for writing: bytes land in the chunk's
+    /// tile, the padding of an edge chunk is dropped (src/fs/zarr_write.rs).
+    ZarrChunkWrite {
+        file: PathBuf,
+        path: String,
+        meta: Box<PendingMeta>,
+        idx: Vec<u64>,
     },
     /// A pending tile, or the pending `data`.
     PendingIo {
@@ -599,6 +621,9 @@ pub struct Fs {
     pub stats: crate::stats::Stats,
     /// Pending files this daemon created or wrote, for `status` (pruned when read).
     touched: DashMap<PathBuf, ()>,
+    /// Zarr writers' temporary files in pending datasets, created and not yet renamed
+    /// or unlinked (at most `zarr_write::MAX_TEMPS`).
+    zarr_temps: DashMap<Node, ()>,
     /// Set once SIGTERM started a drain: new writes are refused, reads still served.
     pub draining: std::sync::atomic::AtomicBool,
     /// The backing directory's device, inode and file system type at mount: `status`
@@ -745,6 +770,7 @@ impl Fs {
             started: SystemTime::now(),
             stats: crate::stats::Stats::default(),
             touched: DashMap::new(),
+            zarr_temps: DashMap::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             backing_id: backing_id(&ns_root),
         })
@@ -1139,6 +1165,16 @@ impl Fs {
                     .ok_or_else(|| Error::not_found(format!("no tile {}", tile_name(idx))))?;
                 self.file_attr(ino, Kind::File, size, &self.file_meta(file)?, ro)
             }
+            (
+                Node::Zarr { file, .. }
+                | Node::ZarrDir { file, .. }
+                | Node::ZarrChunk { file, .. }
+                | Node::ZarrTemp { file, .. },
+                Resolved::Pending { meta },
+            ) => {
+                let (kind, size) = self.pending_zarr_attr(node, meta.as_deref())?;
+                self.file_attr(ino, kind, size, &self.file_meta(file)?, ro)
+            }
             (_, Resolved::Pending { .. }) => {
                 return Err(Error::not_found(format!("{path} is not a pending dataset")))
             }
@@ -1311,6 +1347,11 @@ impl Fs {
                         prefix: idx,
                     }
                 })
+            }
+            (Node::Object { .. } | Node::ZarrDir { .. }, Resolved::Pending { meta })
+                if self.is_pending_zarr_name(parent, meta.as_deref(), name) =>
+            {
+                self.pending_zarr_child(parent, meta.as_deref(), name)
             }
             (Node::Object { .. }, Resolved::Pending { meta: Some(_) })
                 if matches!(name, "meta.json" | "data" | "tiles") =>
@@ -2053,6 +2094,7 @@ impl Fs {
                     path: path.clone(),
                     buf: parking_lot::Mutex::new(Vec::new()),
                     accepted: std::sync::atomic::AtomicBool::new(false),
+                    zarr: false,
                 },
                 None,
             ),
@@ -2083,6 +2125,10 @@ impl Fs {
                 };
                 (h, None)
             }
+            (
+                Node::Zarr { .. } | Node::ZarrChunk { .. } | Node::ZarrTemp { .. },
+                Resolved::Pending { meta },
+            ) => (self.open_pending_zarr(&node, meta, write)?, None),
             (Node::Data { .. } | Node::Tile { .. }, Resolved::Pending { .. }) => {
                 return Err(not_pending())
             }
@@ -2215,7 +2261,9 @@ impl Fs {
                 tile,
                 view,
             } => self.pending_read(file, path, meta, tile.as_deref(), view, off, size)?,
-            Handle::MetaWrite { .. } | Handle::Commit { .. } => vec![],
+            Handle::MetaWrite { .. } | Handle::Commit { .. } | Handle::ZarrChunkWrite { .. } => {
+                vec![]
+            }
         };
         self.bytes_served
             .fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -2230,7 +2278,9 @@ impl Fs {
             }
             // flush (close) appended the ranges already; this covers a handle whose
             // flush failed (the periodic flush would retry too)
-            if let Handle::PendingIo { file, path, .. } = &*h {
+            if let Handle::PendingIo { file, path, .. }
+            | Handle::ZarrChunkWrite { file, path, .. } = &*h
+            {
                 if let Err(e) = self.pending.flush_ranges(file, path) {
                     tracing::warn!(file = %file.display(), dataset = path, error = %e, "range log not appended at release");
                 }

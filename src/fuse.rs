@@ -597,6 +597,37 @@ impl Filesystem for FuseFs {
         done!(c, reply, self.core.unlink(parent.0, name), |()| reply.ok())
     }
 
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let c = call!(
+            self,
+            req,
+            Op::Rename,
+            "rename",
+            parent = parent.0,
+            ?name,
+            newparent = newparent.0,
+            ?newname
+        );
+        let (Some(name), Some(newname)) = (name.to_str(), newname.to_str()) else {
+            return reply.error(c.err(Error::not_found("name is not UTF-8")));
+        };
+        done!(
+            c,
+            reply,
+            self.core.rename(parent.0, name, newparent.0, newname),
+            |()| reply.ok()
+        )
+    }
+
     fn ioctl(
         &self,
         req: &Request,

@@ -64,6 +64,21 @@ pub struct PendingMeta {
     pub tile_shape: Vec<u64>,
     pub fill_value: Value,
     pub attrs: Map<String, Value>,
+    /// `"unwritten_tiles": "fill"`: a tile no writer touched reads as the fill value
+    /// after the commit (it gets no VDS mapping) instead of refusing the commit. Zarr
+    /// declarations set it, since Zarr skips chunks equal to the fill value.
+    pub fill_unwritten: bool,
+}
+
+/// A non-finite float as meta.json may give it ("nan", "inf", "-inf", or Zarr's
+/// "NaN", "Infinity", "-Infinity").
+pub fn non_finite(v: &Value) -> Option<f64> {
+    match v.as_str()? {
+        "nan" | "NaN" => Some(f64::NAN),
+        "inf" | "Infinity" => Some(f64::INFINITY),
+        "-inf" | "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
 }
 
 fn u64_list(v: &Value, what: &str) -> Result<Vec<u64>> {
@@ -125,17 +140,29 @@ impl PendingMeta {
             .try_fold(itemsize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| Error::invalid("tile size overflows"))?;
         let fill_value = o.get("fill_value").cloned().unwrap_or(Value::Null);
-        let complex_pair =
-            dtype.as_bytes()[1] == b'c' && fill_value.as_array().is_some_and(|a| a.len() == 2);
-        if !(fill_value.is_null()
-            || fill_value.is_number()
-            || fill_value.is_boolean()
-            || complex_pair)
-        {
+        let kind = dtype.as_bytes()[1];
+        let part = |v: &Value| {
+            v.is_number()
+                || (kind != b'i' && kind != b'u' && kind != b'b' && non_finite(v).is_some())
+        };
+        let complex_pair = kind == b'c'
+            && fill_value
+                .as_array()
+                .is_some_and(|a| a.len() == 2 && a.iter().all(part));
+        if !(fill_value.is_null() || part(&fill_value) || fill_value.is_boolean() || complex_pair) {
             return Err(Error::invalid(
-                "fill_value must be a number, a bool or [re, im]",
+                "fill_value must be a number, \"nan\", \"inf\", \"-inf\", a bool or [re, im]",
             ));
         }
+        let fill_unwritten = match o.get("unwritten_tiles").map(|v| v.as_str()) {
+            None | Some(Some("error")) => false,
+            Some(Some("fill")) => true,
+            Some(_) => {
+                return Err(Error::invalid(
+                    "unwritten_tiles must be \"error\" (a commit needs every tile) or \"fill\" (tiles nobody wrote read as the fill value)",
+                ))
+            }
+        };
         let attrs = match o.get("attrs") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -148,6 +175,7 @@ impl PendingMeta {
             tile_shape,
             fill_value,
             attrs,
+            fill_unwritten,
         })
     }
 
@@ -179,6 +207,7 @@ impl PendingMeta {
             "fill_value": self.fill_value,
             "attrs": self.attrs,
             "order": "C",
+            "unwritten_tiles": if self.fill_unwritten { "fill" } else { "error" },
         })
     }
 }

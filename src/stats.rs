@@ -25,10 +25,11 @@ pub enum Op {
     Ioctl,
     Statfs,
     Fsync,
+    Rename,
 }
 
 impl Op {
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 18] = [
         Op::Lookup,
         Op::Getattr,
         Op::Setattr,
@@ -46,6 +47,7 @@ impl Op {
         Op::Ioctl,
         Op::Statfs,
         Op::Fsync,
+        Op::Rename,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +69,7 @@ impl Op {
             Op::Ioctl => "ioctl",
             Op::Statfs => "statfs",
             Op::Fsync => "fsync",
+            Op::Rename => "rename",
         }
     }
 }

@@ -425,6 +425,8 @@ pub fn fill_bytes(dtype: &str, v: &Value) -> Option<Vec<u8>> {
     }
     let big = dtype.starts_with('>');
     let kind = dtype.as_bytes().get(1).copied()? as char;
+    // numbers, and the non-finite floats meta.json and Zarr spell as strings
+    let float = |v: &Value| v.as_f64().or_else(|| crate::staging::non_finite(v));
     let size: usize = dtype.get(2..)?.parse().ok()?;
     let mut out = match (kind, size) {
         ('b', 1) => vec![u8::from(
@@ -436,17 +438,23 @@ pub fn fill_bytes(dtype: &str, v: &Value) -> Option<Vec<u8>> {
         ('u', n) => {
             (v.as_u64().or_else(|| v.as_f64().map(|f| f as u64))?).to_le_bytes()[..n].to_vec()
         }
-        ('f', 4) => (v.as_f64()? as f32).to_le_bytes().to_vec(),
-        ('f', 8) => v.as_f64()?.to_le_bytes().to_vec(),
-        ('f', 2) => f32_to_f16(v.as_f64()? as f32).to_le_bytes().to_vec(),
+        ('f', 4) => (float(v)? as f32).to_le_bytes().to_vec(),
+        ('f', 8) => float(v)?.to_le_bytes().to_vec(),
+        ('f', 2) => f32_to_f16(float(v)? as f32).to_le_bytes().to_vec(),
         ('c', 8 | 16) => {
             let (re, im) = match v {
-                Value::Array(a) if a.len() == 2 => (a[0].as_f64()?, a[1].as_f64()?),
-                _ => (v.as_f64()?, 0.0),
+                Value::Array(a) if a.len() == 2 => (float(&a[0])?, float(&a[1])?),
+                _ => (float(v)?, 0.0),
             };
             let part = format!("<f{}", size / 2);
-            let mut b = fill_bytes(&part, &Value::from(re))?;
-            b.extend(fill_bytes(&part, &Value::from(im))?);
+            let num = |x: f64| match serde_json::Number::from_f64(x) {
+                Some(n) => Value::Number(n),
+                None if x.is_nan() => Value::from("nan"),
+                None if x > 0.0 => Value::from("inf"),
+                None => Value::from("-inf"),
+            };
+            let mut b = fill_bytes(&part, &num(re))?;
+            b.extend(fill_bytes(&part, &num(im))?);
             if big {
                 let h = size / 2;
                 b[..h].reverse();

@@ -327,6 +327,203 @@ pub fn pad(clipped: &[u8], count: &[u64], chunk: &[u64], es: usize, fill: &[u8])
     out
 }
 
+/// What a Zarr writer must do instead, in every refusal of a zarr.json.
+const WRITE_FIX: &str = "h5tilefs takes Zarr v3 arrays with codecs [bytes] only (zarr-python: \
+    create_array(..., compressors=None, filters=None)), the default chunk key encoding \
+    with separator \"/\" and a numeric or bool data_type; the committed HDF5 file keeps \
+    the tiles uncompressed";
+
+/// The meta.json declaration (see staging.rs) a Zarr v3 array's zarr.json written into
+/// a pending dataset's directory stands for: shape, dtype with the `bytes` codec's byte
+/// order, the chunk shape as tile shape, the fill value, the attributes, and
+/// `unwritten_tiles: fill` (Zarr skips chunks equal to the fill value). Anything the
+/// committed VDS cannot keep as Zarr wrote it (compression, other codecs, storage
+/// transformers, other chunk key encodings) is refused with the fix.
+pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("zarr.json is not valid JSON: {e}"))?;
+    let o = v.as_object().ok_or("zarr.json must be a JSON object")?;
+    if o.get("zarr_format").and_then(Value::as_u64) != Some(3) {
+        return Err(format!("only zarr_format 3 is taken: {WRITE_FIX}"));
+    }
+    match o.get("node_type").and_then(Value::as_str) {
+        Some("array") => {}
+        Some("group") => {
+            return Err(
+                "a Zarr group cannot be written here: open the store at the \
+                dataset's path (MNT/file.h5/group/name) and create an array there; \
+                groups are made by mkdir"
+                    .into(),
+            )
+        }
+        _ => return Err("zarr.json needs node_type \"array\"".into()),
+    }
+    let shape = o.get("shape").cloned().ok_or("zarr.json needs \"shape\"")?;
+    let chunks = o
+        .get("chunk_grid")
+        .filter(|g| g.get("name").and_then(Value::as_str) == Some("regular"))
+        .and_then(|g| g.get("configuration")?.get("chunk_shape"))
+        .cloned()
+        .ok_or_else(|| format!("only a regular chunk grid is taken: {WRITE_FIX}"))?;
+    let enc = o.get("chunk_key_encoding");
+    let enc_ok = enc.is_none_or(|e| {
+        e.get("name").and_then(Value::as_str) == Some("default")
+            && e.get("configuration")
+                .and_then(|c| c.get("separator"))
+                .and_then(Value::as_str)
+                .is_none_or(|s| s == "/")
+    });
+    if !enc_ok {
+        return Err(format!(
+            "chunk key encoding {}: {WRITE_FIX}",
+            enc.map(Value::to_string).unwrap_or_default()
+        ));
+    }
+    if o.get("storage_transformers")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(format!("storage transformers are not taken: {WRITE_FIX}"));
+    }
+    let codecs = o
+        .get("codecs")
+        .and_then(Value::as_array)
+        .ok_or("zarr.json needs \"codecs\"")?;
+    let names: Vec<&str> = codecs
+        .iter()
+        .map(|c| c.get("name").and_then(Value::as_str).unwrap_or("?"))
+        .collect();
+    if names != ["bytes"] {
+        return Err(format!(
+            "codecs {names:?} cannot be written through the mount (compressed or \
+             transformed chunks): {WRITE_FIX}"
+        ));
+    }
+    let endian = codecs[0]
+        .get("configuration")
+        .and_then(|c| c.get("endian"))
+        .and_then(Value::as_str)
+        .unwrap_or("little");
+    let order = match endian {
+        "little" => '<',
+        "big" => '>',
+        e => {
+            return Err(format!(
+                "bytes codec endian {e:?} is neither little nor big"
+            ))
+        }
+    };
+    let t = o.get("data_type").and_then(Value::as_str).unwrap_or("");
+    let code = match t {
+        "bool" => "b1",
+        "int8" => "i1",
+        "uint8" => "u1",
+        "int16" => "i2",
+        "uint16" => "u2",
+        "int32" => "i4",
+        "uint32" => "u4",
+        "int64" => "i8",
+        "uint64" => "u8",
+        "float16" => "f2",
+        "float32" => "f4",
+        "float64" => "f8",
+        "complex64" => "c8",
+        "complex128" => "c16",
+        _ => return Err(format!("data_type {t:?}: {WRITE_FIX}")),
+    };
+    let dtype = if matches!(code, "b1" | "i1" | "u1") {
+        format!("|{code}")
+    } else {
+        format!("{order}{code}")
+    };
+    let fill = match o.get("fill_value") {
+        None | Some(Value::Null) => Value::Null,
+        Some(Value::String(s)) if s.starts_with("0x") => {
+            return Err(format!(
+                "fill_value {s:?} (raw bits) is not taken: give it as a number"
+            ))
+        }
+        Some(f) => f.clone(),
+    };
+    let attrs = match o.get("attributes") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => return Err("zarr.json attributes must be a JSON object".into()),
+    };
+    Ok(json!({
+        "shape": shape,
+        "dtype": dtype,
+        "tile_shape": chunks,
+        "fill_value": fill,
+        "attrs": attrs,
+        "unwritten_tiles": "fill",
+    }))
+}
+
+/// Where the bytes of a chunk file lie in its tile: for the byte range `[off, off +
+/// len)` of a chunk of `chunk` elements per dimension whose tile (clipped at the
+/// array's edge) has `tile` elements per dimension, the runs `(chunk offset, tile
+/// offset, length)` that fall inside the tile; padding falls in none.
+pub fn chunk_runs(
+    chunk: &[u64],
+    tile: &[u64],
+    es: u64,
+    off: u64,
+    len: u64,
+) -> Vec<(u64, u64, u64)> {
+    let end = off.saturating_add(len);
+    let rank = chunk.len();
+    if rank == 0 || chunk == tile {
+        let total = chunk_bytes(tile, es);
+        let e = end.min(total);
+        return if off < e {
+            vec![(off, off, e - off)]
+        } else {
+            vec![]
+        };
+    }
+    let crow = chunk[rank - 1].saturating_mul(es);
+    let trow = tile[rank - 1].saturating_mul(es);
+    let mut out = Vec::new();
+    if crow == 0 {
+        return out;
+    }
+    let mut r = off / crow;
+    loop {
+        let rstart = r.saturating_mul(crow);
+        if rstart >= end {
+            break;
+        }
+        // the row's multi-index over the leading dimensions, in the chunk
+        let mut rem = r;
+        let mut inside = true;
+        let mut lin = 0u64;
+        let mut idx = vec![0u64; rank - 1];
+        for d in (0..rank - 1).rev() {
+            idx[d] = rem % chunk[d];
+            rem /= chunk[d];
+        }
+        if rem > 0 {
+            break;
+        }
+        for d in 0..rank - 1 {
+            if idx[d] >= tile[d] {
+                inside = false;
+                break;
+            }
+            lin = lin * tile[d] + idx[d];
+        }
+        if inside {
+            let (s, e) = (off.max(rstart), end.min(rstart + trow));
+            if s < e {
+                out.push((s, lin * trow + (s - rstart), e - s));
+            }
+        }
+        r += 1;
+    }
+    out
+}
+
 /// The chunk index a chunk file name under `c/` stands for, one component per level.
 pub fn parse_index(name: &str, bound: u64) -> Option<u64> {
     if name.is_empty()
@@ -379,6 +576,62 @@ mod tests {
             json!("AAAAAAA4j8A=")
         );
         assert_eq!(xarray_fill(&json!([-32767]), "int16"), json!(-32767));
+    }
+
+    #[test]
+    fn chunk_runs_drop_the_padding() {
+        // interior chunk: one run
+        assert_eq!(chunk_runs(&[2, 3], &[2, 3], 1, 0, 6), vec![(0, 0, 6)]);
+        assert_eq!(chunk_runs(&[2, 3], &[2, 3], 1, 4, 10), vec![(4, 4, 2)]);
+        // a 2 x 3 tile in a 3 x 4 chunk of u8: rows of 3 at chunk offsets 0 and 4
+        assert_eq!(
+            chunk_runs(&[3, 4], &[2, 3], 1, 0, 12),
+            vec![(0, 0, 3), (4, 3, 3)]
+        );
+        // a write that starts inside a row and stops inside the next
+        assert_eq!(
+            chunk_runs(&[3, 4], &[2, 3], 1, 1, 5),
+            vec![(1, 1, 2), (4, 3, 2)]
+        );
+        // padding only
+        assert!(chunk_runs(&[3, 4], &[2, 3], 1, 8, 4).is_empty());
+        // 3-d with 2-byte elements: tile 1 x 2 x 2 in chunk 2 x 2 x 3
+        assert_eq!(
+            chunk_runs(&[2, 2, 3], &[1, 2, 2], 2, 0, 24),
+            vec![(0, 0, 4), (6, 4, 4)]
+        );
+        // it undoes `pad`
+        let clipped: Vec<u8> = (1..=8).collect();
+        let padded = pad(&clipped, &[1, 2, 2], &[2, 2, 3], 2, &[0, 0]);
+        let mut back = vec![0u8; 8];
+        for (c, t, n) in chunk_runs(&[2, 2, 3], &[1, 2, 2], 2, 0, padded.len() as u64) {
+            back[t as usize..(t + n) as usize]
+                .copy_from_slice(&padded[c as usize..(c + n) as usize]);
+        }
+        assert_eq!(back, clipped);
+    }
+
+    #[test]
+    fn zarr_json_declares_a_dataset() {
+        let z = br#"{"zarr_format":3,"node_type":"array","shape":[5,7],"data_type":"float32",
+            "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2,3]}},
+            "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+            "fill_value":"NaN","codecs":[{"name":"bytes","configuration":{"endian":"big"}}],
+            "attributes":{"units":"m"}}"#;
+        let d = declaration(z).unwrap();
+        assert_eq!(d["dtype"], "<f4".replace('<', ">"));
+        assert_eq!(d["tile_shape"], json!([2, 3]));
+        assert_eq!(d["fill_value"], "NaN");
+        assert_eq!(d["unwritten_tiles"], "fill");
+        let zstd = String::from_utf8_lossy(z).replace(
+            r#"[{"name":"bytes","configuration":{"endian":"big"}}]"#,
+            r#"[{"name":"bytes"},{"name":"zstd","configuration":{"level":0}}]"#,
+        );
+        let e = declaration(zstd.as_bytes()).unwrap_err();
+        assert!(e.contains("compressors=None"), "{e}");
+        let dot = String::from_utf8_lossy(z).replace(r#""separator":"/""#, r#""separator":".""#);
+        assert!(declaration(dot.as_bytes()).is_err());
+        assert!(declaration(br#"{"zarr_format":3,"node_type":"group"}"#).is_err());
     }
 
     #[test]

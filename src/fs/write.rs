@@ -16,7 +16,7 @@ pub fn is_h5_name(name: &str) -> bool {
 }
 
 impl Fs {
-    fn writable(&self) -> Result<()> {
+    pub(super) fn writable(&self) -> Result<()> {
         if self.opts.read_only {
             return Err(Error::new(libc::EROFS, "mounted read-only"));
         }
@@ -48,6 +48,16 @@ impl Fs {
                 }
             };
             self.pending.sync_tiles(file, path, meta, &idxs)?;
+        }
+        if let Handle::ZarrChunkWrite {
+            file,
+            path,
+            meta,
+            idx,
+        } = &*h
+        {
+            self.pending
+                .sync_tiles(file, path, meta, std::slice::from_ref(idx))?;
         }
         Ok(())
     }
@@ -183,10 +193,16 @@ impl Fs {
                 let (fh, _, _) = self.open(a.ino, true, &super::Caller::DAEMON)?;
                 Ok((a, fh))
             }
-            _ => Err(Error::new(
-                libc::EPERM,
-                format!("cannot create {name:?} here: only meta.json of a new dataset"),
-            )),
+            _ => match self.create_zarr(parent, &pnode, name)? {
+                Some(r) => Ok(r),
+                None => Err(Error::new(
+                    libc::EPERM,
+                    format!(
+                        "cannot create {name:?} here: only meta.json of a new dataset, or a \
+                         Zarr array's zarr.json and chunks (docs/namespace.md)"
+                    ),
+                )),
+            },
         }
     }
 
@@ -200,6 +216,7 @@ impl Fs {
                 path,
                 buf,
                 accepted,
+                zarr,
             } => {
                 let mut b = buf.lock();
                 let end = off as usize + data.len();
@@ -214,16 +231,18 @@ impl Fs {
                     Err(e) if e.is_eof() => return Ok(data.len() as u32),
                     _ => {}
                 }
-                match PendingMeta::parse(&b) {
+                match parse_declaration(&b, *zarr) {
                     Ok(m) => {
                         self.pending.accept_meta(file, path, &m)?;
                         accepted.store(true, Ordering::Relaxed);
                         Ok(data.len() as u32)
                     }
                     Err(e) => {
+                        let what = if *zarr { "zarr.json" } else { "meta.json" };
+                        tracing::warn!(file = %file.display(), dataset = path, error = %e.message, "{what} refused");
                         self.pending.record_status(
                             file,
-                            serde_json::json!({"ok": false, "error": format!("{path}/meta.json: {}", e.message)}),
+                            serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
                         );
                         Err(e)
                     }
@@ -280,6 +299,16 @@ impl Fs {
                 }
                 Ok(data.len() as u32)
             }
+            Handle::ZarrChunkWrite {
+                file,
+                path,
+                meta,
+                idx,
+            } => {
+                self.write_zarr_chunk(file, path, meta, idx, off, data)?;
+                self.touch(file);
+                Ok(data.len() as u32)
+            }
             Handle::Commit { file } => {
                 let file = file.clone();
                 drop(h);
@@ -305,7 +334,9 @@ impl Fs {
     /// returns, so a commit through any daemon sees them (durability: docs/namespace.md).
     pub fn flush(&self, fh: u64) -> Result<()> {
         if let Ok(h) = self.handle(fh) {
-            if let Handle::PendingIo { file, path, .. } = &*h {
+            if let Handle::PendingIo { file, path, .. }
+            | Handle::ZarrChunkWrite { file, path, .. } = &*h
+            {
                 let (file, path) = (file.clone(), path.clone());
                 drop(h);
                 return self.pending.flush_ranges(&file, &path);
@@ -315,16 +346,18 @@ impl Fs {
                 path,
                 buf,
                 accepted,
+                zarr,
             } = &*h
             {
                 let b = buf.lock();
                 if !b.is_empty() && !accepted.load(Ordering::Relaxed) {
-                    let e = PendingMeta::parse(&b)
+                    let what = if *zarr { "zarr.json" } else { "meta.json" };
+                    let e = parse_declaration(&b, *zarr)
                         .err()
-                        .unwrap_or_else(|| Error::invalid("meta.json incomplete"));
+                        .unwrap_or_else(|| Error::invalid(format!("{what} incomplete")));
                     self.pending.record_status(
                         file,
-                        serde_json::json!({"ok": false, "error": format!("{path}/meta.json: {}", e.message)}),
+                        serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
                     );
                     return Err(Error::invalid(e.message));
                 }
@@ -350,7 +383,14 @@ impl Fs {
                     )))
                 }
             }
-            (Node::Meta { .. }, Resolved::Pending { .. }) | (Node::Commit { .. }, _) => Ok(a),
+            (
+                Node::Meta { .. }
+                | Node::Zarr { .. }
+                | Node::ZarrChunk { .. }
+                | Node::ZarrTemp { .. },
+                Resolved::Pending { .. },
+            )
+            | (Node::Commit { .. }, _) => Ok(a),
             _ if self.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
             _ => Err(Error::new(libc::EPERM, "committed data is read-only")),
         }
@@ -397,7 +437,11 @@ impl Fs {
     pub fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         self.writable()?;
         let pnode = self.inodes.node(parent)?;
-        match self.child(&pnode, name)? {
+        let node = self.child(&pnode, name)?;
+        if let Some(r) = self.unlink_zarr(&node)? {
+            return Ok(r);
+        }
+        match node {
             Node::Meta { .. }
             | Node::Data { .. }
             | Node::Tile { .. }
@@ -482,4 +526,15 @@ impl Fs {
 
 fn chown(p: &Path, uid: u32, gid: u32) {
     let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
+}
+
+/// A pending dataset's declaration: meta.json as written, or a Zarr v3 zarr.json taken
+/// as its meta.json equivalent (src/zarr.rs `declaration`).
+fn parse_declaration(b: &[u8], zarr: bool) -> Result<PendingMeta> {
+    if !zarr {
+        return PendingMeta::parse(b);
+    }
+    let v = crate::zarr::declaration(b).map_err(Error::invalid)?;
+    let bytes = serde_json::to_vec(&v).map_err(|e| Error::io(e.to_string()))?;
+    PendingMeta::parse(&bytes)
 }

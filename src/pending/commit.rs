@@ -163,7 +163,7 @@ impl Pending {
             let t = std::time::Instant::now();
             let written = self.collect(file_rel, &n.path)?;
             t_ranges += t.elapsed();
-            let miss = ranges::missing_of(&written.ranges, m);
+            let (miss, unwritten) = ranges::incomplete(&written.ranges, m);
             if !miss.is_empty() {
                 let first: Vec<String> = miss
                     .iter()
@@ -191,6 +191,9 @@ impl Pending {
                     what: format!("{} tile geometry", n.path),
                 })?;
                 let tname = tile_name(&idx);
+                if unwritten.contains(&tname) {
+                    continue;
+                }
                 let file_name = format!("{tname}.h5");
                 let src = src_dir.join(&file_name);
                 // a name another client made may be missing from this listing for a

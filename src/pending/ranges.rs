@@ -806,6 +806,28 @@ impl Pending {
     }
 }
 
+/// What keeps a commit of `meta` back: the tiles `written` does not cover (with their
+/// uncovered ranges), and apart from them the tiles nobody wrote, which read as the
+/// fill value when the declaration says `unwritten_tiles: fill` (otherwise they are
+/// among the missing).
+pub(super) fn incomplete(
+    written: &HashMap<String, RangeSet>,
+    meta: &PendingMeta,
+) -> (Vec<MissingTile>, std::collections::HashSet<String>) {
+    let mut miss = missing_of(written, meta);
+    let mut unwritten = std::collections::HashSet::new();
+    if meta.fill_unwritten {
+        miss.retain(|(t, _)| {
+            let touched = written.contains_key(t);
+            if !touched {
+                unwritten.insert(t.clone());
+            }
+            touched
+        });
+    }
+    (miss, unwritten)
+}
+
 /// The tiles of `meta` that `written` does not cover, with their uncovered ranges.
 pub(super) fn missing_of(
     written: &HashMap<String, RangeSet>,

@@ -8,7 +8,8 @@ impl Pending {
         for n in self.nodes(file_rel)? {
             match &n.meta {
                 Some(m) => {
-                    let miss = self.missing(file_rel, &n.path, m)?;
+                    let written = self.written(file_rel, &n.path)?;
+                    let (miss, unwritten) = ranges::incomplete(&written, m);
                     let total = m.grid().num_tiles();
                     let shown: Vec<Value> = miss
                         .iter()
@@ -19,8 +20,11 @@ impl Pending {
                         n.path.clone(),
                         json!({
                             "tiles": total,
-                            "complete": total - miss.len() as u64,
+                            "complete": total - (miss.len() + unwritten.len()) as u64,
                             "missing": miss.len(),
+                            // tiles nobody wrote, read as the fill value after the
+                            // commit (`unwritten_tiles: fill`; 0 otherwise)
+                            "unwritten": unwritten.len(),
                             "missing_detail": shown,
                         }),
                     );
