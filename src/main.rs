@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod filecli;
 mod status;
 
 #[derive(Parser)]
@@ -34,11 +35,26 @@ enum Cmd {
     Mount(MountArgs),
     /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
     Umount { mountpoint: PathBuf },
+    /// Commit FILE (an HDF5 file's directory in a mount, e.g. MNT/run/out.h5): writes
+    /// its .commit and waits, showing progress on a terminal. Exit 0 committed; 3
+    /// refused, tiles missing (listed per dataset); 4 another commit of FILE runs; 5
+    /// the backing file system failed (the old file is untouched); 1 not a file of a
+    /// mount; 2 daemon gone.
+    Commit {
+        file: PathBuf,
+        /// Print the commit's result as JSON (`last_commit` of .status).
+        #[arg(long)]
+        json: bool,
+    },
     /// Health check of the daemon serving MOUNTPOINT: exit 0 when it answers, 1 when
     /// MOUNTPOINT is not an h5tilefs mount, 2 when the daemon is gone, hung or stuck
     /// (unmount and mount again), 3 when the daemon is alive but its backing directory
     /// is unreachable: removed, unmounted from under it, or hanging (restore or remount
     /// the backing file system; leave h5tilefs mounted).
+    ///
+    /// With an HDF5 file's directory instead (MNT/run/out.h5): its pending datasets
+    /// with tiles written and missing, as a table (--json: .status as is); when the
+    /// file cannot be read, the mount's check above says why (exit 2 or 3).
     Status {
         mountpoint: PathBuf,
         /// Print the daemon's full stats JSON instead of the summary.
@@ -177,7 +193,21 @@ fn main() -> ExitCode {
             json,
             timeout,
             stuck_after,
-        } => ExitCode::from(status::run(&mountpoint, json, timeout, stuck_after)),
+        } => {
+            let abs = std::path::absolute(&mountpoint).unwrap_or(mountpoint.clone());
+            let is_mount = status::h5tilefs_mounts()
+                .iter()
+                .any(|m| m.mountpoint == abs || Some(&m.mountpoint) == abs.canonicalize().ok().as_ref());
+            let inside = status::h5tilefs_mounts()
+                .iter()
+                .any(|m| abs.starts_with(&m.mountpoint));
+            if !is_mount && inside {
+                ExitCode::from(filecli::status(&mountpoint, json, timeout))
+            } else {
+                ExitCode::from(status::run(&mountpoint, json, timeout, stuck_after))
+            }
+        }
+        Cmd::Commit { file, json } => ExitCode::from(filecli::commit(&file, json)),
     }
 }
 

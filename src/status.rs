@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// One h5tilefs mount of this node, from /proc/self/mountinfo.
-struct MountEntry {
-    mountpoint: PathBuf,
+pub(crate) struct MountEntry {
+    pub(crate) mountpoint: PathBuf,
     source: String,
 }
 
@@ -28,7 +28,7 @@ fn unescape(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-fn h5tilefs_mounts() -> Vec<MountEntry> {
+pub(crate) fn h5tilefs_mounts() -> Vec<MountEntry> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
@@ -58,7 +58,7 @@ fn h5tilefs_mounts() -> Vec<MountEntry> {
 /// daemon blocked on a hanging backing dir, or a FUSE backing file system such as a
 /// GlusterFS client) waits uninterruptibly, and one stuck thread keeps the process,
 /// and the exit code a script waits for, alive. A stuck child does not.
-fn in_child(timeout: Duration, f: impl FnOnce() -> Vec<u8>) -> Option<Vec<u8>> {
+pub(crate) fn in_child(timeout: Duration, f: impl FnOnce() -> Vec<u8>) -> Option<Vec<u8>> {
     use std::io::Read as _;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let mut fds = [0i32; 2];

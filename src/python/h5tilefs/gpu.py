@@ -139,3 +139,52 @@ def read_into(path: str, array, offset: int = 0):
     """One-shot: registers ``array``, reads ``path`` from ``offset`` into it, releases."""
     with registered(array, path) as b:
         return b.read_into(path, offset=offset)
+
+
+def load(path: str, device: Optional[int] = None):
+    """A dataset (its directory in a mount, MNT/run/out.h5/fields/u) or one of its data
+    files (``data``, ``tiles/I.J``, ``slice/SEL``) as a CuPy array of the right shape
+    and dtype, read with READ_TO_GPU: the daemon reads the backing bytes with cuFile
+    into the array; they do not cross FUSE. CuPy has no big-endian dtypes: a big-endian
+    dataset is byte-swapped on the GPU into the native order."""
+    import cupy as cp
+    import numpy as np
+
+    from .dataset import Dataset, _normalize
+
+    p = os.path.abspath(path)
+    if os.path.isdir(p):
+        ds, f, shape = Dataset(p), os.path.join(p, "data"), None
+    else:
+        parent, name = os.path.split(p)
+        kind = os.path.basename(parent)
+        if kind in ("tiles", "slice"):
+            ds = Dataset(os.path.dirname(parent))
+        elif name == "data":
+            ds = Dataset(parent)
+        else:
+            raise ValueError(f"{path}: name a dataset directory or its data, tiles/ or slice/ file")
+        f = p
+        if kind == "tiles":
+            idx = tuple(int(i) for i in name.split(".")) if ds.shape else ()
+            shape = tuple(min(t, n - i * t) for i, t, n in zip(idx, ds.tile_shape, ds.shape))
+        elif kind == "slice":
+            key = tuple(slice(*[int(x) if x else None for x in part.split(":")]) if ":" in part
+                        else int(part) for part in name.split(",")) if name != "()" else ()
+            shape = _normalize(key, ds.shape)[1]
+        else:
+            shape = None
+    shape = ds.shape if shape is None else shape
+    dt = ds.dtype
+    native = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") and dt.itemsize > 1 else dt
+    with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()):
+        out = cp.empty(shape + dt.shape, dtype=native.base if dt.shape else native)
+        if out.nbytes:
+            read_into(f, out)
+        if native is not dt and np.dtype(dt).byteorder != "=":
+            es = dt.base.itemsize
+            if dt.base.kind == "c":  # real and imaginary parts swap apart
+                es //= 2
+            raw = out.view(cp.uint8).reshape(-1, es)[:, ::-1]
+            out = cp.ascontiguousarray(raw).view(out.dtype).reshape(out.shape)
+    return out

@@ -1,0 +1,151 @@
+"""The write path's CLI verbs (`h5tilefs commit FILE`, `h5tilefs status FILE`) and the
+Python conveniences (`h5tilefs.open`), on real mounts, checked against h5py."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from h5t_helpers import BIN, mount, unmount
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+import h5tilefs  # noqa: E402
+
+
+@pytest.fixture
+def mnt(tmp_path):
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    mount(str(b), str(m))
+    yield str(b), str(m)
+    unmount(str(m))
+
+
+def declare(m, rel, ds, shape, tile, dtype="<f4"):
+    d = os.path.join(m, rel, ds)
+    os.makedirs(d)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"shape": list(shape), "dtype": dtype, "tile_shape": list(tile)}, f)
+    return d
+
+
+def put_tile(d, name, arr):
+    with open(os.path.join(d, "tiles", name), "r+b") as f:
+        f.write(np.ascontiguousarray(arr).tobytes())
+
+
+def run(*args, **kw):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_status_table_and_commit_with_missing_tiles(mnt):
+    backing, m = mnt
+    x = np.arange(4 * 6, dtype="<f4").reshape(4, 6)
+    d = declare(m, "run/out.h5", "fields/u", x.shape, (2, 3))
+    put_tile(d, "0.0", x[:2, :3])
+    p = run("status", os.path.join(m, "run/out.h5"))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].endswith("run/out.h5: pending")
+    row = next(ln for ln in lines if ln.startswith("/fields/u"))
+    assert row.split() == ["/fields/u", "4", "1", "3", "0"], p.stdout
+    assert "/fields/u: 3 of 4 tiles missing: 0.1, 1.0, 1.1" in p.stdout
+    j = run("status", "--json", os.path.join(m, "run/out.h5"))
+    st = json.loads(j.stdout)
+    assert st["datasets"]["/fields/u"]["missing"] == 3 and st["pending"] is True
+    # refused: exit 3, names the dataset and its missing tiles; nothing committed
+    p = run("commit", os.path.join(m, "run/out.h5"))
+    assert p.returncode == 3, (p.returncode, p.stdout, p.stderr)
+    assert "refused" in p.stderr and "/fields/u: 3 of 4 tiles missing: 0.1, 1.0, 1.1" in p.stderr
+    assert not os.path.exists(os.path.join(backing, "run", "out.h5"))
+    put_tile(d, "0.1", x[:2, 3:])
+    put_tile(d, "1.0", x[2:, :3])
+    put_tile(d, "1.1", x[2:, 3:])
+    p = run("commit", os.path.join(m, "run/out.h5"))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "committed" in p.stdout and "/fields/u" in p.stdout and "4 tiles" in p.stdout
+    with h5py.File(os.path.join(backing, "run", "out.h5")) as f:
+        assert np.array_equal(f["fields/u"][()], x)
+    p = run("status", os.path.join(m, "run/out.h5"))
+    assert p.returncode == 0 and "nothing pending" in p.stdout and "last commit: ok" in p.stdout
+
+
+def test_commit_json_and_busy_and_not_a_file(mnt):
+    backing, m = mnt
+    d = declare(m, "a.h5", "v", (4,), (4,), "<i2")
+    put_tile(d, "0", np.arange(4, dtype="<i2"))
+    p = run("commit", "--json", os.path.join(m, "a.h5"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["ok"] is True
+    # a plain directory of the mount, and a path outside any mount
+    os.makedirs(os.path.join(m, "plain"))
+    for verb in ("status", "commit"):
+        p = run(verb, os.path.join(m, "plain"))
+        assert p.returncode == 1 and "not an HDF5 file" in p.stderr, (verb, p.stderr)
+        p = run(verb, backing)
+        assert p.returncode == 1 and "h5tilefs mount" in p.stderr, (verb, p.stderr)
+
+
+def test_status_of_a_file_when_the_daemon_is_gone(mnt):
+    backing, m = mnt
+    d = declare(m, "g.h5", "v", (4,), (2,), "<i2")
+    put_tile(d, "0", np.arange(2, dtype="<i2"))
+    with open(os.path.join(m, ".h5tilefs")) as f:
+        pid = json.load(f)["stats"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    end = time.time() + 20
+    while time.time() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    for verb in ("status", "commit"):
+        p = run(verb, os.path.join(m, "g.h5"))
+        assert p.returncode == 2 and "gone" in p.stderr, (verb, p.returncode, p.stderr)
+    subprocess.run(["umount", "-l", m])
+    mount(backing, m)
+    # the pending state survived the daemon: status shows it again
+    p = run("status", os.path.join(m, "g.h5"))
+    assert p.returncode == 0 and "/v" in p.stdout
+
+
+def test_open_shape_dtype_tiles_and_slicing(mnt):
+    backing, m = mnt
+    x = np.random.default_rng(1).standard_normal((37, 23)).astype(">f8")
+    os.makedirs(os.path.join(backing, "run"))
+    with h5py.File(os.path.join(backing, "run", "in.h5"), "w") as f:
+        f.create_dataset("g/u", data=x, chunks=(8, 5))
+        f["g/u"].attrs["units"] = "m"
+    u = h5tilefs.open(os.path.join(m, "run", "in.h5", "g", "u"))
+    assert u.shape == (37, 23) and u.dtype == np.dtype(">f8") and u.ndim == 2
+    assert u.tile_shape == (8, 5) and u.tile_grid == (5, 5)
+    assert u.attrs["units"] == "m" and len(u) == 37 and u.nbytes == x.nbytes
+    for key in [np.s_[...], np.s_[()], np.s_[3], np.s_[-1], np.s_[2:30:3, ::4],
+                np.s_[..., 7], np.s_[-5:, -3], np.s_[10:5], np.s_[:, 1:2]]:
+        got = u[key]
+        assert got.shape == x[key].shape, key
+        assert np.array_equal(got, x[key]), key
+    assert np.array_equal(np.asarray(u), x)
+    assert np.array_equal(u.tile(4, 4), x[32:, 20:])
+    assert np.array_equal(u.tile((1, 2)), x[8:16, 10:15])
+    with pytest.raises(IndexError):
+        u[37]
+    with pytest.raises(IndexError):
+        u.tile(5, 0)
+    with pytest.raises(ValueError):
+        u[::-1]
+    with pytest.raises(FileNotFoundError, match="not a dataset"):
+        h5tilefs.open(os.path.join(m, "run", "in.h5", "g"))
+    # a pending dataset too: what was written, fill elsewhere
+    d = declare(m, "run/new.h5", "v", (4, 4), (2, 2), "<i4")
+    put_tile(d, "1.1", np.full((2, 2), 5, dtype="<i4"))
+    v = h5tilefs.open(d)
+    assert v.meta["state"] == "pending"
+    assert v[2:, 2:].tolist() == [[5, 5], [5, 5]] and v[0, 0] == 0
