@@ -228,6 +228,7 @@ fn b2nd(sc: Schunk, meta: &[u8], typesize: i32, cap: usize) -> Out {
 }
 
 /// libaec's SZIP-compatible parameters (szlib.h `SZ_com_t`).
+#[cfg(h5tilefs_szip)]
 #[repr(C)]
 struct SzCom {
     options_mask: c_int,
@@ -236,6 +237,7 @@ struct SzCom {
     pixels_per_scanline: c_int,
 }
 
+#[cfg(h5tilefs_szip)]
 extern "C" {
     fn SZ_BufftoBuffDecompress(
         dest: *mut c_void,
@@ -249,6 +251,7 @@ extern "C" {
 /// The SZIP filter (4) through libaec: HDF5 stores the decoded size as a little-endian
 /// u32, then the SZIP stream. cd_values: [0] options mask, [1] pixels per block,
 /// [2] bits per pixel, [3] pixels per scanline (H5Zszip.c's order).
+#[cfg(h5tilefs_szip)]
 pub fn szip_filter(input: &[u8], cd: &[u32], cap: usize) -> Out {
     let [mask, ppb, bpp, pps] = match cd {
         [a, b, c, d, ..] => [*a, *b, *c, *d],

@@ -52,10 +52,12 @@ pub const BLOSC2: i32 = 32026;
 
 /// Whether filter `id` is decoded in Rust.
 pub fn builtin(id: i32) -> bool {
-    matches!(
-        id,
-        1..=3 | SZIP | LZF | BLOSC | LZ4 | BITSHUFFLE | ZSTD | BZIP2 | BLOSC2
-    )
+    // SZIP needs libaec, linked when the build found it (build.rs)
+    (id == SZIP && cfg!(h5tilefs_szip))
+        || matches!(
+            id,
+            1..=3 | LZF | BLOSC | LZ4 | BITSHUFFLE | ZSTD | BZIP2 | BLOSC2
+        )
 }
 
 /// The name of a registered filter id (The HDF Group's filter registry), for messages

@@ -408,6 +408,7 @@ pub fn decode_chunk(
                 buf
             }
             id => match id {
+                #[cfg(h5tilefs_szip)]
                 codecs::SZIP => crate::ccodecs::szip_filter(&buf, &f.cd_values, cap),
                 codecs::BLOSC2 => crate::ccodecs::blosc2_filter(&buf, cap),
                 _ => codecs::decode(id, &f.cd_values, elem, &buf, cap),
