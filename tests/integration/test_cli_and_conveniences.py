@@ -149,3 +149,16 @@ def test_open_shape_dtype_tiles_and_slicing(mnt):
     v = h5tilefs.open(d)
     assert v.meta["state"] == "pending"
     assert v[2:, 2:].tolist() == [[5, 5], [5, 5]] and v[0, 0] == 0
+
+
+def test_demo_runs_read_and_write_path():
+    """`make demo`'s script: the read view, then parallel tile writers, `h5tilefs
+    commit`, and h5py and h5dump checking the committed file."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, H5TILEFS_BIN=BIN, PY=sys.executable)
+    p = subprocess.run(["bash", os.path.join(repo, "tests", "demo.sh")], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    for line in ["tile 1.3 OK", "h5py reads the committed file: every element OK",
+                 "h5dump reads v[1000,500] = 500: OK", "committed ", "demo done"]:
+        assert line in p.stdout, line
