@@ -365,6 +365,9 @@ pub struct Gpu {
     mode: GpuMode,
     /// Threads per transfer for the pieces of a long verbatim run (`--gpu-io-threads`).
     io_threads: usize,
+    /// `H5TILEFS_GPU_DIRECT=0`: verbatim runs take the staged path too (cuFile unused),
+    /// for measurements of one path against the other.
+    direct: bool,
     state: OnceLock<std::result::Result<Loaded, String>>,
 }
 
@@ -373,6 +376,7 @@ impl Gpu {
         Gpu {
             mode,
             io_threads: io_threads.max(1),
+            direct: std::env::var("H5TILEFS_GPU_DIRECT").map_or(true, |v| v != "0"),
             state: OnceLock::new(),
         }
     }
@@ -641,7 +645,7 @@ impl Gpu {
                     continue;
                 }
                 let dev = m.base + buf_offset + (s - w0);
-                let handle = match (&e.src, e.is_contiguous(), l.cufile) {
+                let handle = match (&e.src, e.is_contiguous(), l.cufile && self.direct) {
                     (Src::File { file, .. }, true, true) => {
                         let key = Arc::as_ptr(file);
                         match handles.iter().find(|(k, _)| *k == key) {

@@ -226,6 +226,40 @@ def run_adapter(mnt, backing):
     check("adapter GPU task: committed data back into GPU memory", bool((back == a).all()), **info)
 
 
+def run_load(mnt, backing):
+    """h5tilefs.gpu.load: a dataset, a tile, a slice and a big-endian dataset come back as
+    CuPy arrays of the right shape and dtype, equal to h5py, and the daemon's gpu_bytes
+    grew by what was read."""
+    with h5py.File(os.path.join(backing, "load.h5"), "w") as f:
+        f.create_dataset("be", data=np.arange(300 * 7, dtype=">f8").reshape(300, 7), chunks=(64, 7))
+        f.create_dataset("c", data=(np.arange(40) * (1 + 2j)).astype(">c8"))
+    before = json.load(open(os.path.join(mnt, ".h5tilefs")))["stats"]["gpu_bytes"]
+    with h5py.File(os.path.join(backing, "chunked.h5")) as f:
+        x = f["x"][()]
+    cases = [
+        (os.path.join(mnt, "chunked.h5", "x"), x),
+        (os.path.join(mnt, "chunked.h5", "x", "data"), x),
+        (os.path.join(mnt, "chunked.h5", "x", "tiles", "3.5"), x[768:1024, 2560:3072]),
+        (os.path.join(mnt, "chunked.h5", "x", "slice", "10:500:3,::2"), x[10:500:3, ::2]),
+    ]
+    with h5py.File(os.path.join(backing, "load.h5")) as f:
+        cases += [(os.path.join(mnt, "load.h5", "be"), f["be"][()]),
+                  (os.path.join(mnt, "load.h5", "c"), f["c"][()])]
+    ok, info = True, []
+    nbytes = 0
+    for path, want in cases:
+        got = gpu.load(path)
+        same = (got.shape == want.shape and np.dtype(got.dtype) == want.dtype.newbyteorder("=")
+                and bool((cp.asnumpy(got) == want).all()))
+        ok &= same
+        nbytes += want.nbytes
+        info.append({"path": path.split("/mnt/")[-1], "ok": same, "shape": list(got.shape),
+                     "dtype": str(got.dtype)})
+    grew = json.load(open(os.path.join(mnt, ".h5tilefs")))["stats"]["gpu_bytes"] - before
+    check("gpu.load: dataset, data, tile, slice, big-endian, complex", ok, cases=info)
+    check("gpu.load: gpu_bytes grew by the bytes loaded", grew >= nbytes, grew=grew, loaded=nbytes)
+
+
 def run_big(mnt, backing, nbytes):
     path = os.path.join(backing, "big2g.h5")
     t = time.time()
@@ -465,7 +499,7 @@ def main():
         ctl = json.load(open(os.path.join(mnt, ".h5tilefs")))
         log("control:", json.dumps(ctl["gpu"]))
         if not args.skip_checks:
-            for step in (run_checks, run_vds, run_adapter, run_multi, run_foreign):
+            for step in (run_checks, run_vds, run_adapter, run_load, run_multi, run_foreign):
                 try:
                     step(mnt, backing) if step is not run_foreign else step(mnt)
                 except Exception as e:  # keep going: report every failure

@@ -47,8 +47,11 @@ def drop_caches():
         f.write("3\n")
 
 
+EXTRA_MOUNT_ARGS = []
+
+
 def mount(bin_, backing, mnt, log):
-    subprocess.run([bin_, "mount", backing, mnt, "--log-file", log], check=True)
+    subprocess.run([bin_, "mount", backing, mnt, "--log-file", log, *EXTRA_MOUNT_ARGS], check=True)
 
 
 def umount(bin_, mnt):
@@ -107,7 +110,7 @@ def bench(bin_, mnt, backing, gib, reps, log):
         last = float(f["x"][-1, -1])
     out = {}
     for mode in ("cold", "warm"):
-        for side_name in ("gpu_mountstore", "cpu_zarr_then_cupy"):
+        for side_name in ("gpu_mountstore", "cpu_zarr_then_cupy", "gpu_load_data", "direct_read"):
             best = float("inf")
             for _ in range(reps):
                 if mode == "cold":
@@ -124,6 +127,16 @@ def bench(bin_, mnt, backing, gib, reps, log):
                     finally:
                         zarr.config.set({"buffer": "zarr.buffer.cpu.Buffer",
                                          "ndbuffer": "zarr.buffer.cpu.NDBuffer"})
+                elif side_name == "gpu_load_data":
+                    # one READ_TO_GPU of the whole `data` (h5tilefs.gpu.load)
+                    from h5tilefs import gpu as hgpu
+                    a = hgpu.load(dpath)
+                elif side_name == "direct_read":
+                    # the disk's pace: the backing file read in 16 MiB blocks, no GPU
+                    with open(path, "rb", buffering=0) as fh:
+                        while fh.read(16 << 20):
+                            pass
+                    a = np.array([[last]])
                 else:
                     a = cp.asarray(zarr.open_array(store=dpath, mode="r")[...])
                 cp.cuda.runtime.deviceSynchronize()
@@ -145,8 +158,11 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=0, help="zarr's async.concurrency (0: zarr's default)")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--daemon-args", default="", help="extra `h5tilefs mount` arguments (A/B runs)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    EXTRA_MOUNT_ARGS.extend(a.daemon_args.split())
+    os.makedirs(a.out, exist_ok=True)
     root = tempfile.mkdtemp(prefix="h5tilefs-zarr-gpu-", dir=a.dir)
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
     os.makedirs(backing)

@@ -186,5 +186,5 @@ def load(path: str, device: Optional[int] = None):
             if dt.base.kind == "c":  # real and imaginary parts swap apart
                 es //= 2
             raw = out.view(cp.uint8).reshape(-1, es)[:, ::-1]
-            out = cp.ascontiguousarray(raw).view(out.dtype).reshape(out.shape)
+            out = cp.ascontiguousarray(raw).reshape(-1).view(out.dtype).reshape(out.shape)
     return out
