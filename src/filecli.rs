@@ -142,7 +142,11 @@ fn missing(st: &Value, per: usize) -> String {
                     .collect()
             })
             .unwrap_or_default();
-        let more = if n as usize > tiles.len() { ", ..." } else { "" };
+        let more = if n as usize > tiles.len() {
+            ", ..."
+        } else {
+            ""
+        };
         out.push_str(&format!(
             "  {name}: {n} of {} tiles missing: {}{more}\n",
             u(d, "tiles"),
@@ -222,6 +226,12 @@ pub fn commit(file: &Path, json: bool) -> u8 {
         let _ = tx.send(r);
     });
     let tty = std::io::stderr().is_terminal() && !json;
+    if tty {
+        eprint!(
+            "committing {}: {nds} datasets, {ntiles} tiles ... ",
+            file.display()
+        );
+    }
     let result = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(r) => break r,

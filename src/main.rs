@@ -195,9 +195,9 @@ fn main() -> ExitCode {
             stuck_after,
         } => {
             let abs = std::path::absolute(&mountpoint).unwrap_or(mountpoint.clone());
-            let is_mount = status::h5tilefs_mounts()
-                .iter()
-                .any(|m| m.mountpoint == abs || Some(&m.mountpoint) == abs.canonicalize().ok().as_ref());
+            let is_mount = status::h5tilefs_mounts().iter().any(|m| {
+                m.mountpoint == abs || Some(&m.mountpoint) == abs.canonicalize().ok().as_ref()
+            });
             let inside = status::h5tilefs_mounts()
                 .iter()
                 .any(|m| abs.starts_with(&m.mountpoint));

@@ -162,3 +162,31 @@ def test_demo_runs_read_and_write_path():
     for line in ["tile 1.3 OK", "h5py reads the committed file: every element OK",
                  "h5dump reads v[1000,500] = 500: OK", "committed ", "demo done"]:
         assert line in p.stdout, line
+
+
+def test_commit_shows_progress_on_a_terminal(mnt):
+    """On a terminal `h5tilefs commit` says what it commits while it runs; piped, it
+    prints only the result."""
+    import pty
+    backing, m = mnt
+    d = declare(m, "t.h5", "v", (8, 8), (2, 2), "<i2")
+    for i in range(4):
+        for j in range(4):
+            put_tile(d, f"{i}.{j}", np.full((2, 2), i * 4 + j, dtype="<i2"))
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(BIN, [BIN, "commit", os.path.join(m, "t.h5")])
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "committing " in text and "1 datasets, 16 tiles" in text, text
+    assert "committed " in text, text
