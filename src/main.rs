@@ -96,8 +96,10 @@ struct MountArgs {
     /// Memory for decoded (filtered) chunks, in bytes; accepts K/M/G suffixes.
     #[arg(long, default_value = "256M", value_parser = parse_bytes)]
     cache_bytes: u64,
-    /// GPU support: `auto` loads CUDA and cuFile at run time when present (READ_TO_GPU
-    /// ioctl); `off` never touches them.
+    /// GPU support: `auto` loads CUDA and cuFile at the first GPU request (READ_TO_GPU
+    /// ioctl) when present; `preload` loads them in the background at mount, so the
+    /// first request does not wait for it (each device's context then holds some GPU
+    /// memory for the daemon's life); `off` never touches them.
     #[arg(long, value_enum, default_value = "auto")]
     gpu: h5tilefs::gpu::GpuMode,
     /// Threads that read one large READ_TO_GPU request as parallel cuFile pieces.
@@ -140,6 +142,10 @@ fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
             }
             ("threads", Some(v)) => {
                 args.threads = Some(v.parse().map_err(|_| format!("bad threads={v}"))?)
+            }
+            ("gpu", Some(v)) => {
+                args.gpu = <h5tilefs::gpu::GpuMode as clap::ValueEnum>::from_str(v, true)
+                    .map_err(|_| format!("bad gpu={v} (auto, preload or off)"))?
             }
             ("tile_bytes", Some(v)) => args.tile_bytes = parse_bytes(v)?,
             ("cache_bytes", Some(v)) => args.cache_bytes = parse_bytes(v)?,
@@ -208,6 +214,15 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Commit { file, json } => ExitCode::from(filecli::commit(&file, json)),
+    }
+}
+
+/// `--gpu preload`: CUDA and cuFile loaded on a thread of their own while the mount
+/// already serves requests (a GPU request meanwhile waits for the same load).
+fn preload_gpu(core: &Arc<Fs>) {
+    if core.opts.gpu == h5tilefs::gpu::GpuMode::Preload {
+        let core = core.clone();
+        std::thread::spawn(move || core.gpu.preload());
     }
 }
 
@@ -344,6 +359,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         let (mut session, core) = start(&backing, &mnt, opts)?;
         tune_readahead(&mnt, readahead_kb);
         tracing::info!(mountpoint = %mnt.display(), "mounted");
+        preload_gpu(&core);
         shutdown_on_signal(core, session.unmount_callable(), &mnt, args.shutdown_grace);
         return session.run().map_err(|e| format!("FUSE session: {e}"));
     }
@@ -393,6 +409,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         Ok((mut session, core)) => {
             tune_readahead(&mnt, readahead_kb);
             tracing::info!(mountpoint = %mnt.display(), "mounted");
+            preload_gpu(&core);
             shutdown_on_signal(core, session.unmount_callable(), &mnt, args.shutdown_grace);
             let _ = wr.write_all(b"OK");
             drop(wr);

@@ -190,3 +190,29 @@ def test_commit_shows_progress_on_a_terminal(mnt):
     assert os.waitstatus_to_exitcode(status) == 0, text
     assert "committing " in text and "1 datasets, 16 tiles" in text, text
     assert "committed " in text, text
+
+
+def test_gpu_preload_mounts_without_a_gpu(tmp_path):
+    """`--gpu preload` (`-o gpu=preload`) loads CUDA in the background at mount; on a
+    machine without a GPU the mount works, says so in the control file, and serves
+    reads; a bad value is refused before mounting."""
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    with h5py.File(b / "a.h5", "w") as f:
+        f["x"] = np.arange(10, dtype="<i4")
+    bad = run("mount", str(b), str(m), "-o", "gpu=sometimes")
+    assert bad.returncode != 0 and "gpu=sometimes" in bad.stderr
+    mount(str(b), str(m), "-o", "gpu=preload")
+    try:
+        end = time.time() + 10
+        while True:
+            with open(m / ".h5tilefs") as f:
+                g = json.load(f)["gpu"]
+            if "loaded" in g and (g.get("loaded") or g.get("error") or time.time() > end):
+                break
+            time.sleep(0.1)
+        assert g["mode"] == "preload", g
+        assert np.fromfile(m / "a.h5" / "x" / "data", dtype="<i4").tolist() == list(range(10))
+    finally:
+        unmount(str(m))
