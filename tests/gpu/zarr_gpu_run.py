@@ -55,6 +55,9 @@ def mount(bin_, backing, mnt, log):
 
 
 def umount(bin_, mnt):
+    # the process's GPU registrations hold the mount's control file open
+    from h5tilefs.zarr import release_registrations
+    release_registrations()
     subprocess.run([bin_, "umount", mnt], check=False)
 
 
@@ -180,6 +183,7 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=0, help="zarr's async.concurrency (0: zarr's default)")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile one warm MountStore read")
     ap.add_argument("--daemon-args", default="", help="extra `h5tilefs mount` arguments (A/B runs)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -197,9 +201,25 @@ def main():
     try:
         if not a.skip_checks:
             correctness(mnt, backing)
+        end = time.time() + 20  # with --gpu preload CUDA may still be loading
+        while not control(mnt)["gpu"].get("loaded") and time.time() < end:
+            time.sleep(0.05)
         check("daemon loaded CUDA", control(mnt)["gpu"].get("loaded") is True, gpu=control(mnt)["gpu"])
         try:
             res = bench(a.bin, mnt, backing, a.gib, a.reps, log)
+            if a.profile:
+                # where a warm GPU read through MountStore spends its time (cProfile)
+                import cProfile
+                import pstats
+                dpath = os.path.join(mnt, "big.h5", "x")
+                zarr.config.enable_gpu()
+                pr = cProfile.Profile()
+                pr.enable()
+                arr = zarr.open_array(store=MountStore(dpath), mode="r")[...]
+                cp.cuda.runtime.deviceSynchronize()
+                pr.disable()
+                del arr
+                pstats.Stats(pr).sort_stats("tottime").print_stats(25)
         except Exception:
             import traceback
             tb = traceback.format_exc()

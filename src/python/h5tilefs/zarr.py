@@ -28,7 +28,37 @@ import threading
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import LocalStore
 
-__all__ = ["MountStore"]
+__all__ = ["MountStore", "release_registrations"]
+
+# Registrations with the daemons, shared by every MountStore of the process, per
+# (mount, CUDA allocation): zarr makes a store per array it opens, and registering
+# costs an IPC export here and an import in the daemon (milliseconds each, one per
+# allocation CuPy's pool hands chunk buffers out of). An allocation is known by CUDA's
+# buffer id, unique over the process's life: one freed and made again at the same
+# address is registered anew, and the old registration released.
+_SHARED = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _buffer_id(ptr: int) -> int:
+    from cuda.bindings import driver
+
+    err, bid = driver.cuPointerGetAttribute(
+        driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise OSError(f"cuPointerGetAttribute(BUFFER_ID): {err}")
+    return int(bid)
+
+
+def release_registrations(mount=None) -> None:
+    """Releases the registrations the process's MountStores made (of one mount, or of
+    all): each holds the mount's control file open, which keeps `umount` of that mount
+    from this process busy. The daemon also drops them when the process ends."""
+    with _SHARED_LOCK:
+        keys = [k for k in _SHARED if mount is None or k[0] == mount]
+        regs = [_SHARED.pop(k) for k in keys]
+    for _, b in regs:
+        b.close()
 
 
 def _is_gpu(prototype) -> bool:
@@ -50,39 +80,45 @@ class MountStore(LocalStore):
         if not read_only:
             raise ValueError("MountStore is read-only; write with zarr.storage.LocalStore")
         super().__init__(root, read_only=True)
-        # Registrations with the daemon, one per CUDA allocation (CuPy's memory pool
-        # hands chunk buffers out of a few large allocations): registering costs an
-        # IPC handle export here and an import in the daemon, so it is done once per
-        # allocation, and each chunk read names its offset in it.
-        self._regs = {}
-        self._lock = threading.Lock()
+        self._mount = None
         self.gpu_reads = 0
         self.gpu_fallbacks = 0
+        self.registrations = 0
 
     def close(self):
-        """Releases the store's GPU registrations (also done when it is collected)."""
-        regs, self._regs = self._regs, {}
-        for b in regs.values():
-            b.close()
+        """Releases the GPU registrations of this store's mount (shared with the other
+        stores of the process on it; later reads register again)."""
+        if self._mount is not None:
+            release_registrations(self._mount)
         super().close()
 
-    def __del__(self):
-        try:
-            for b in self._regs.values():
-                b.close()
-        except Exception:
-            pass
-
     def _registration(self, arr, path):
+        """The registration covering ``arr`` (made once per allocation and process; see
+        ``_SHARED``) and the offset of ``arr`` in it."""
         from . import gpu
 
+        if self._mount is None:
+            self._mount = gpu._mount_root(path)
         base, size = gpu._allocation_of(arr.data.ptr)
-        with self._lock:
-            b = self._regs.get((base, size))
-            if b is None:
-                b = gpu.Buffer.from_pointer(base, size, arr.device.id, path)
-                self._regs[(base, size)] = b
-        return b, arr.data.ptr - base
+        bid = _buffer_id(base)
+        key = (self._mount, base, size)
+        with _SHARED_LOCK:
+            had = _SHARED.get(key)
+        if had is not None and had[0] == bid:
+            return had[1], arr.data.ptr - base
+        # registered outside the lock (an ioctl); a thread that raced us keeps its own
+        b = gpu.Buffer.from_pointer(base, size, arr.device.id, self._mount)
+        self.registrations += 1
+        with _SHARED_LOCK:
+            cur = _SHARED.get(key)
+            if cur is not None and cur[0] == bid:
+                stale, keep = b, cur[1]
+            else:
+                stale, keep = (cur[1] if cur is not None else None), b
+                _SHARED[key] = (bid, b)
+        if stale is not None:
+            stale.close()
+        return keep, arr.data.ptr - base
 
     def __repr__(self) -> str:
         return f"MountStore({str(self.root)!r})"
