@@ -389,3 +389,16 @@ def wait_for(fn, timeout=2.5, interval=0.1):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval)
+
+
+def kill_and_wait(pid, timeout=20):
+    """SIGKILLs a daemon and waits until the process is gone."""
+    import signal
+    os.kill(pid, signal.SIGKILL)
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)

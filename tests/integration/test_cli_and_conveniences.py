@@ -2,7 +2,6 @@
 Python conveniences (`h5tilefs.open`), on real mounts, checked against h5py."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,20 +10,11 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import BIN, mount, unmount
+from h5t_helpers import BIN, kill_and_wait, mount, unmount
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
 import h5tilefs  # noqa: E402
-
-
-@pytest.fixture
-def mnt(tmp_path):
-    b, m = tmp_path / "b", tmp_path / "m"
-    b.mkdir()
-    m.mkdir()
-    mount(str(b), str(m))
-    yield str(b), str(m)
-    unmount(str(m))
+from test_python_client import mnt  # noqa: E402,F401 - the fixture: a fresh empty mount
 
 
 def declare(m, rel, ds, shape, tile, dtype="<f4"):
@@ -98,14 +88,7 @@ def test_status_of_a_file_when_the_daemon_is_gone(mnt):
     put_tile(d, "0", np.arange(2, dtype="<i2"))
     with open(os.path.join(m, ".h5tilefs")) as f:
         pid = json.load(f)["stats"]["pid"]
-    os.kill(pid, signal.SIGKILL)
-    end = time.time() + 20
-    while time.time() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    kill_and_wait(pid)
     for verb in ("status", "commit"):
         p = run(verb, os.path.join(m, "g.h5"))
         assert p.returncode == 2 and "gone" in p.stderr, (verb, p.returncode, p.stderr)

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import BIN, is_mounted, mount, unmount
+from h5t_helpers import BIN, is_mounted, kill_and_wait, mount, unmount
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
 
@@ -87,14 +87,7 @@ def test_backing_unmounted_under_a_live_daemon(env):
     p = env.status()
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
     # a dead daemon is still exit 2, not 3
-    os.kill(pid, signal.SIGKILL)
-    end = time.time() + 20
-    while time.time() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    kill_and_wait(pid)
     p = env.status()
     assert p.returncode == 2 and "gone" in p.stderr, (p.returncode, p.stderr)
 

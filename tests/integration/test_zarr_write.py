@@ -7,9 +7,7 @@ import errno
 import json
 import multiprocessing as mp
 import os
-import shutil
 import subprocess
-import tempfile
 
 import h5py
 import numpy as np
@@ -18,17 +16,7 @@ import pytest
 zarr = pytest.importorskip("zarr")
 from zarr.storage import LocalStore  # noqa: E402
 
-from test_write_path import Env  # noqa: E402
-
-
-@pytest.fixture
-def env():
-    root = tempfile.mkdtemp(prefix="h5tilefs-zw-")
-    e = Env(root)
-    yield e
-    e.close()
-    if not os.environ.get("H5TILEFS_KEEP_TMP"):
-        shutil.rmtree(root, ignore_errors=True)
+from test_write_path import Env, env  # noqa: E402,F401 - the fixture: mounts over one backing dir
 
 
 def commit(mnt, rel):
