@@ -28,26 +28,54 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// Why FILE's control files could not be used: the errno when there was one.
+struct Unread {
+    errno: Option<i32>,
+    why: String,
+}
+
+impl From<std::io::Error> for Unread {
+    fn from(e: std::io::Error) -> Self {
+        Unread {
+            errno: e.raw_os_error(),
+            why: e.to_string(),
+        }
+    }
+}
+
 /// FILE's `.status`, read in a child with a timeout (a daemon blocked on a hanging
-/// backing directory must not hang the command).
-fn read_status(file: &Path, timeout: Duration) -> Result<Value, String> {
+/// backing directory must not hang the command). The child reports a failed read as
+/// NUL, the errno, NUL, the message.
+fn read_status(file: &Path, timeout: Duration) -> Result<Value, Unread> {
     let p = file.join(".status");
     let out = crate::status::in_child(timeout, || match std::fs::read(&p) {
         Ok(b) => b,
-        Err(e) => format!("\u{0}{e}").into_bytes(),
+        Err(e) => format!("\u{0}{}\u{0}{e}", e.raw_os_error().unwrap_or(-1)).into_bytes(),
     })
-    .ok_or_else(|| format!("no answer in {} s", timeout.as_secs()))?;
+    .ok_or_else(|| Unread {
+        errno: None,
+        why: format!("no answer in {} s", timeout.as_secs()),
+    })?;
     if let Some(err) = out.strip_prefix(b"\0") {
-        return Err(String::from_utf8_lossy(err).into_owned());
+        let err = String::from_utf8_lossy(err);
+        let (n, why) = err.split_once('\0').unwrap_or(("-1", &err));
+        return Err(Unread {
+            errno: n.parse().ok().filter(|&n: &i32| n >= 0),
+            why: why.to_string(),
+        });
     }
-    serde_json::from_slice(&out).map_err(|e| format!("{}: not JSON: {e}", p.display()))
+    serde_json::from_slice(&out).map_err(|e| Unread {
+        errno: None,
+        why: format!("{}: not JSON: {e}", p.display()),
+    })
 }
 
 /// The reason FILE cannot be reached: the mount's own health check speaks (daemon gone:
 /// 2, backing directory unreachable: 3), else FILE is no HDF5 file of the mount (1).
-fn explain(file: &Path, mnt: &Path, why: &str) -> u8 {
+fn explain(file: &Path, mnt: &Path, e: &Unread) -> u8 {
+    let why = &e.why;
     // ENOENT, ENOTDIR: the mount answered; anything else asks the mount's check why
-    let answered = why.contains("(os error 2)") || why.contains("(os error 20)");
+    let answered = matches!(e.errno, Some(libc::ENOENT | libc::ENOTDIR));
     let code = if answered {
         0
     } else {
@@ -64,6 +92,18 @@ fn explain(file: &Path, mnt: &Path, why: &str) -> u8 {
         return 1;
     }
     code
+}
+
+/// Whether `p` lies inside an h5tilefs mount without naming a mount point (as given or
+/// resolved): `h5tilefs status` then reports on a file rather than on the mount.
+pub fn names_a_file(p: &Path) -> bool {
+    let abs = absolute(p);
+    let canon = abs.canonicalize().ok();
+    let mounts = crate::status::h5tilefs_mounts();
+    let is_mount = mounts
+        .iter()
+        .any(|m| m.mountpoint == abs || Some(&m.mountpoint) == canon.as_ref());
+    !is_mount && mounts.iter().any(|m| abs.starts_with(&m.mountpoint))
 }
 
 fn locate(file: &Path) -> Result<(PathBuf, PathBuf), u8> {
@@ -179,7 +219,7 @@ pub fn status(file: &Path, json: bool, timeout: u64) -> u8 {
     };
     let st = match read_status(&file, Duration::from_secs(timeout.max(1))) {
         Ok(v) => v,
-        Err(why) => return explain(&file, &mnt, &why),
+        Err(e) => return explain(&file, &mnt, &e),
     };
     if json {
         println!("{st}");
@@ -208,7 +248,7 @@ pub fn commit(file: &Path, json: bool) -> u8 {
     };
     let before = match read_status(&file, Duration::from_secs(5)) {
         Ok(v) => v,
-        Err(why) => return explain(&file, &mnt, &why),
+        Err(e) => return explain(&file, &mnt, &e),
     };
     let (nds, ntiles) = before
         .get("datasets")
@@ -302,9 +342,7 @@ pub fn commit(file: &Path, json: bool) -> u8 {
                     );
                     4
                 }
-                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED) => {
-                    explain(&file, &mnt, &e.to_string())
-                }
+                Some(libc::ENOTCONN) | Some(libc::ECONNABORTED) => explain(&file, &mnt, &e.into()),
                 _ => {
                     eprintln!(
                         "h5tilefs: commit of {} failed: {reason} (the previous file is \

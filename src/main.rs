@@ -200,14 +200,7 @@ fn main() -> ExitCode {
             timeout,
             stuck_after,
         } => {
-            let abs = std::path::absolute(&mountpoint).unwrap_or(mountpoint.clone());
-            let is_mount = status::h5tilefs_mounts().iter().any(|m| {
-                m.mountpoint == abs || Some(&m.mountpoint) == abs.canonicalize().ok().as_ref()
-            });
-            let inside = status::h5tilefs_mounts()
-                .iter()
-                .any(|m| abs.starts_with(&m.mountpoint));
-            if !is_mount && inside {
+            if filecli::names_a_file(&mountpoint) {
                 ExitCode::from(filecli::status(&mountpoint, json, timeout))
             } else {
                 ExitCode::from(status::run(&mountpoint, json, timeout, stuck_after))

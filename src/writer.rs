@@ -446,15 +446,13 @@ pub fn fill_bytes(dtype: &str, v: &Value) -> Option<Vec<u8>> {
                 Value::Array(a) if a.len() == 2 => (float(&a[0])?, float(&a[1])?),
                 _ => (float(v)?, 0.0),
             };
-            let part = format!("<f{}", size / 2);
-            let num = |x: f64| match serde_json::Number::from_f64(x) {
-                Some(n) => Value::Number(n),
-                None if x.is_nan() => Value::from("nan"),
-                None if x > 0.0 => Value::from("inf"),
-                None => Value::from("-inf"),
+            // each part little-endian here, swapped below for a big-endian dtype
+            let part = |x: f64| match size {
+                8 => (x as f32).to_le_bytes().to_vec(),
+                _ => x.to_le_bytes().to_vec(),
             };
-            let mut b = fill_bytes(&part, &num(re))?;
-            b.extend(fill_bytes(&part, &num(im))?);
+            let mut b = part(re);
+            b.extend(part(im));
             if big {
                 let h = size / 2;
                 b[..h].reverse();
