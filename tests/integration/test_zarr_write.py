@@ -16,17 +16,7 @@ import pytest
 zarr = pytest.importorskip("zarr")
 from zarr.storage import LocalStore  # noqa: E402
 
-from test_write_path import Env, env  # noqa: E402,F401 - the fixture: mounts over one backing dir
-
-
-def commit(mnt, rel):
-    with open(os.path.join(mnt, rel, ".commit"), "w") as f:
-        f.write("commit")
-
-
-def status(mnt, rel):
-    with open(os.path.join(mnt, rel, ".status")) as f:
-        return json.load(f)
+from test_write_path import Env, commit, env, status  # noqa: E402,F401 - env: the fixture
 
 
 def make(shape, dtype, seed=0):
