@@ -1,6 +1,12 @@
 //! Read-ahead for sequential readers of a dataset view (`data`, tiles, slices): while
-//! the kernel copies one request, the next bytes are already on their way — backing
-//! file pages through `POSIX_FADV_WILLNEED`, decoded cells through the decode pool.
+//! the kernel copies one request, the next cells are already decoding in the pool.
+//!
+//! Uncompressed bytes are left to the kernel: its FUSE readahead keeps a window of
+//! requests in flight, and the backing file's own readahead follows the daemon's
+//! sequential preads. Asking for more with `POSIX_FADV_WILLNEED` queued tens of MiB
+//! in front of the reads the kernel was waiting for; measured, it made cold reads of
+//! tiles slower (docs/performance.md, "Read-ahead of backing files"). It stays as an
+//! opt-in (`H5TILEFS_READAHEAD_FILES=1`) for measurements on other storage.
 //!
 //! The kernel sends a sequential reader's requests several at a time, on several
 //! daemon threads, so they arrive slightly out of order: a read counts as sequential
@@ -19,8 +25,7 @@ use std::sync::Arc;
 
 /// How far ahead of a sequential reader bytes are fetched: enough that with chunks
 /// whose rows span many requests (an 8192 × 8192 `<f4` in 512 × 512 chunks has 16 MiB
-/// per row of chunks) the next row is decoding while this one is copied, and that the
-/// disk has several MiB queued beyond the kernel's own FUSE readahead.
+/// per row of chunks) the next row is decoding while this one is copied.
 pub const WINDOW: u64 = 32 << 20;
 /// The window in use: `H5TILEFS_READAHEAD_MIB` overrides [`WINDOW`] (0 turns the
 /// daemon's read-ahead off; the kernel's own stays).
@@ -74,12 +79,16 @@ impl Stream {
     }
 }
 
-/// Prefetches bytes `[from, to)` of the image of `sel`: WILLNEED on the backing file
-/// runs, and background decoding of the cells.
+/// Prefetches bytes `[from, to)` of the image of `sel`: background decoding of the
+/// cells, and with `H5TILEFS_READAHEAD_FILES=1` WILLNEED on the backing file runs.
 pub fn prefetch(model: &DatasetModel, sel: &Hyperslab, from: u64, to: u64, cache: &Arc<CellCache>) {
     let Ok((_, extents)) = model.plan(sel, from, to.saturating_sub(from)) else {
         return;
     };
+    cache.prefetch(&cells_of(&extents));
+    if !files_too() {
+        return;
+    }
     // Backing runs, merged per file: a row-by-row plan has one extent per row.
     let mut runs: Vec<(Arc<BackingFile>, u64, u64)> = Vec::new();
     for e in &extents {
@@ -116,7 +125,12 @@ pub fn prefetch(model: &DatasetModel, sel: &Hyperslab, from: u64, to: u64, cache
             }
         }));
     }
-    cache.prefetch(&cells_of(&extents));
+}
+
+/// `H5TILEFS_READAHEAD_FILES=1`: also WILLNEED the backing runs (off by default).
+fn files_too() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("H5TILEFS_READAHEAD_FILES").is_ok_and(|v| v == "1"))
 }
 
 #[cfg(test)]
