@@ -1,4 +1,8 @@
-//! The FUSE floor: a file system with one file, `data`, whose bytes come from memory.
+//! The FUSE floor: a file system with one file, `data`, whose bytes come from memory;
+//! or, with `--tree LIST`, a tree of empty files and directories read from LIST (lines
+//! `d PATH` / `f PATH`, as `find -printf '%y %P\n'` writes them), answered from memory
+//! with READDIRPLUS: the fastest a `find` over a mount of that shape can be
+//! (tests/bench/listing_bench.py).
 //! It mounts with the same kernel settings as h5tilefs (readahead, background requests,
 //! worker threads, one /dev/fuse descriptor per thread), so a read benchmark run
 //! against it measures what the kernel and the FUSE protocol cost by themselves: the
@@ -6,11 +10,14 @@
 //! (tests/bench/read_path_bench.py). Not installed; a benchmark tool.
 //!
 //!     h5tilefs-floor MOUNTPOINT SIZE_BYTES [THREADS]
+//!     h5tilefs-floor MOUNTPOINT --tree LIST [THREADS]
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
+    ReplyOpen, Request,
 };
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +29,75 @@ const PATTERN: usize = 1 << 20;
 struct Floor {
     size: u64,
     pattern: Vec<u8>,
+    /// `--tree`: the listing to serve instead of `data`.
+    tree: Option<Tree>,
+}
+
+/// A tree of names from a listing; inode i + 1 is `nodes[i]`, the root is inode 1.
+#[derive(Default)]
+struct Tree {
+    nodes: Vec<TreeNode>,
+    by_name: HashMap<(u64, String), u64>,
+}
+
+struct TreeNode {
+    name: String,
+    parent: u64,
+    dir: bool,
+    children: Vec<u64>,
+}
+
+impl Tree {
+    fn load(path: &str) -> std::io::Result<Tree> {
+        let text = std::fs::read_to_string(path)?;
+        let mut t = Tree::default();
+        t.nodes.push(TreeNode {
+            name: String::new(),
+            parent: 1,
+            dir: true,
+            children: vec![],
+        });
+        for line in text.lines() {
+            let (kind, rel) = line.split_once(' ').unwrap_or(("", ""));
+            if rel.is_empty() {
+                continue;
+            }
+            let dir = kind == "d";
+            let mut parent = 1u64;
+            let parts: Vec<&str> = rel.split('/').collect();
+            for (i, part) in parts.iter().enumerate() {
+                let last = i + 1 == parts.len();
+                let key = (parent, part.to_string());
+                parent = match t.by_name.get(&key) {
+                    Some(&ino) => ino,
+                    None => {
+                        t.nodes.push(TreeNode {
+                            name: part.to_string(),
+                            parent,
+                            dir: !last || dir,
+                            children: vec![],
+                        });
+                        let ino = t.nodes.len() as u64;
+                        t.nodes[parent as usize - 1].children.push(ino);
+                        t.by_name.insert(key, ino);
+                        ino
+                    }
+                };
+            }
+        }
+        Ok(t)
+    }
+
+    fn node(&self, ino: u64) -> Option<&TreeNode> {
+        self.nodes.get((ino as usize).checked_sub(1)?)
+    }
+
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let n = self.node(ino)?;
+        let mut a = attr(if n.dir { 1 } else { DATA_INO }, 0);
+        a.ino = INodeNo(ino);
+        Some(a)
+    }
 }
 
 fn attr(ino: u64, size: u64) -> FileAttr {
@@ -55,10 +131,49 @@ const TTL: Duration = Duration::from_secs(1);
 impl Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         h5tilefs::fuse::configure_kernel(config);
+        // As the daemon: no OPENDIR/RELEASEDIR round trips where the kernel allows it.
+        let _ = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::from_i32(libc::ENOSYS))
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some((t, n)) = self.tree.as_ref().and_then(|t| Some((t, t.node(ino.0)?))) else {
+            return reply.error(Errno::from_i32(libc::ENOTDIR));
+        };
+        let dots = [(ino.0, "."), (n.parent, "..")];
+        let all = dots.iter().map(|&(i, name)| (i, name)).chain(
+            n.children
+                .iter()
+                .filter_map(|&c| Some((c, t.node(c)?.name.as_str()))),
+        );
+        for (k, (child, name)) in all.enumerate().skip(offset as usize) {
+            let Some(a) = t.attr(child) else { continue };
+            if reply.add(INodeNo(child), k as u64 + 1, name, &TTL, &a, Generation(0)) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if let Some(t) = &self.tree {
+            let key = (parent.0, name.to_string_lossy().into_owned());
+            return match t.by_name.get(&key).and_then(|&i| t.attr(i)) {
+                Some(a) => reply.entry(&TTL, &a, Generation(0)),
+                None => reply.error(Errno::from_i32(libc::ENOENT)),
+            };
+        }
         if parent.0 == 1 && name == "data" {
             reply.entry(&TTL, &attr(DATA_INO, self.size), Generation(0))
         } else {
@@ -67,6 +182,12 @@ impl Filesystem for Floor {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(t) = &self.tree {
+            return match t.attr(ino.0) {
+                Some(a) => reply.attr(&TTL, &a),
+                None => reply.error(Errno::from_i32(libc::ENOENT)),
+            };
+        }
         match ino.0 {
             1 | DATA_INO => reply.attr(&TTL, &attr(ino.0, self.size)),
             _ => reply.error(Errno::from_i32(libc::ENOENT)),
@@ -110,6 +231,28 @@ impl Filesystem for Floor {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if let Some(t) = &self.tree {
+            let Some(n) = t.node(ino.0) else {
+                return reply.error(Errno::from_i32(libc::ENOTDIR));
+            };
+            let dots = [(ino.0, true, "."), (n.parent, true, "..")];
+            let all = dots.into_iter().chain(
+                n.children
+                    .iter()
+                    .filter_map(|&c| t.node(c).map(|x| (c, x.dir, x.name.as_str()))),
+            );
+            for (k, (child, dir, name)) in all.enumerate().skip(offset as usize) {
+                let kind = if dir {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                };
+                if reply.add(INodeNo(child), k as u64 + 1, kind, name) {
+                    break;
+                }
+            }
+            return reply.ok();
+        }
         if ino.0 != 1 {
             return reply.error(Errno::from_i32(libc::ENOTDIR));
         }
@@ -128,10 +271,23 @@ impl Filesystem for Floor {
 }
 
 fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let mut tree = None;
+    if args.get(2).map(String::as_str) == Some("--tree") {
+        let list = args.get(3).cloned().unwrap_or_default();
+        match Tree::load(&list) {
+            Ok(t) => tree = Some(t),
+            Err(e) => {
+                eprintln!("h5tilefs-floor: {list}: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+        args.remove(2);
+        args[2] = "0".into();
+    }
     let (Some(mnt), Some(size)) = (args.get(1), args.get(2).and_then(|s| s.parse::<u64>().ok()))
     else {
-        eprintln!("usage: h5tilefs-floor MOUNTPOINT SIZE_BYTES [THREADS]");
+        eprintln!("usage: h5tilefs-floor MOUNTPOINT SIZE_BYTES [THREADS] | MOUNTPOINT --tree LIST [THREADS]");
         return std::process::ExitCode::from(2);
     };
     let threads = args
@@ -147,7 +303,15 @@ fn main() -> std::process::ExitCode {
     ];
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    match fuser::mount(Floor { size, pattern }, mnt, &config) {
+    match fuser::mount(
+        Floor {
+            size,
+            pattern,
+            tree,
+        },
+        mnt,
+        &config,
+    ) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("h5tilefs-floor: mounting {mnt}: {e}");

@@ -3,8 +3,8 @@
 harness (tests/cluster/h5t_cluster.py). Node A writes a contiguous `<f4` dataset into
 the Gluster volume with h5py; node B reads it cold (page cache dropped before each
 read), same run: a direct pread of the dataset's bytes in the Gluster client mount, then
-the mount's `data`, then every tile one after another, in 16 MiB reads, median of
---reps. Prints a markdown table. Not part of `make test`.
+the mount's `data`, then every tile one after another, in 16 MiB reads, then one
+`numpy.fromfile` of tile 0 (against the same bytes read directly), median of --reps. Prints a markdown table. Not part of `make test`.
 
     flock /tmp/h5t-gluster.lock python tests/bench/gluster_read_bench.py --mib 512
 """
@@ -65,6 +65,20 @@ def seq(paths, offset=0, length=None):
     return time.perf_counter() - t, total
 
 
+def fromfile(path, offset, nbytes):
+    """Seconds and bytes of one cold `numpy.fromfile` of NBYTES from OFFSET."""
+    import numpy as np
+
+    drop()
+    t = time.perf_counter()
+    x = np.fromfile(path, dtype="<u1", count=nbytes, offset=offset)
+    return time.perf_counter() - t, x.nbytes
+
+
+def size(p):
+    return os.path.getsize(p)
+
+
 def listdir(p):
     return sorted(os.listdir(p), key=lambda s: tuple(int(x) for x in s.split(".")))
 
@@ -86,15 +100,18 @@ def main():
         data = os.path.join(c.mnt, "r.h5", "x", "data")
         tdir = os.path.join(c.mnt, "r.h5", "x", "tiles")
         tiles = [os.path.join(tdir, t) for t in B.call(listdir, tdir)]
+        tile0 = B.call(size, tiles[0])
         cases = {
-            "direct pread of the bytes in the Gluster client mount": ([src], off, nbytes),
-            "mount: data": ([data], 0, None),
-            "mount: every tile, one after another": (tiles, 0, None),
+            "direct pread of the bytes in the Gluster client mount": (seq, [src], off, nbytes),
+            "mount: data": (seq, [data], 0, None),
+            "mount: every tile, one after another": (seq, tiles, 0, None),
+            "direct: numpy.fromfile of tile 0's bytes": (fromfile, src, off, tile0),
+            "mount: numpy.fromfile of tile 0": (fromfile, tiles[0], 0, tile0),
         }
-        for name, (paths, o, n) in cases.items():
+        for name, (fn, paths, o, n) in cases.items():
             secs = []
             for _ in range(a.reps):
-                s, got = B.call(seq, paths, o, n, timeout=600)
+                s, got = B.call(fn, paths, o, n, timeout=600)
                 secs.append(s)
             out[name] = (statistics.median(secs), got, secs)
     finally:
@@ -102,10 +119,11 @@ def main():
     ver = subprocess.run(["glusterfs", "--version"], capture_output=True, text=True).stdout.split()[1]
     print(f"# cold reads on GlusterFS {ver}, {a.mib} MiB contiguous <f4, node B reads what node A "
           f"wrote; {platform.node()}, {os.cpu_count()} CPUs, median of {a.reps}")
-    ref = out["direct pread of the bytes in the Gluster client mount"]
     print("| read | GB/s | ratio to direct | runs (s) |")
     print("|---|---:|---:|---|")
     for name, (s, n, secs) in out.items():
+        ref = out["direct: numpy.fromfile of tile 0's bytes" if "fromfile" in name
+                  else "direct pread of the bytes in the Gluster client mount"]
         print(f"| {name} | {n / s / 1e9:.2f} | {(n / s) / (ref[1] / ref[0]):.2f}× | "
               f"{', '.join(f'{x:.3f}' for x in secs)} |")
 
