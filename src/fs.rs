@@ -2271,6 +2271,12 @@ impl Fs {
         Ok(out)
     }
 
+    /// Takes back the buffer a [`Fs::read`] returned, once its bytes are sent, for this
+    /// thread's next read (no zeroing, no page faults).
+    pub fn recycle(&self, buf: Vec<u8>) {
+        crate::model::recycle(buf);
+    }
+
     pub fn release(&self, fh: u64) {
         if let Some((_, h)) = self.handles.remove(&fh) {
             if matches!(*h, Handle::Control(_)) {

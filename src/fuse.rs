@@ -280,7 +280,8 @@ impl Filesystem for FuseFs {
         match self.core.read(fh.0, offset, size) {
             Ok(buf) => {
                 c.ok(buf.len() as u64);
-                reply.data(&buf)
+                reply.data(&buf);
+                self.core.recycle(buf);
             }
             Err(e) => reply.error(c.err(e)),
         }
