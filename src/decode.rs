@@ -73,6 +73,9 @@ type CellMap = HashMap<(u64, u64), Slot>;
 #[derive(Default)]
 struct CacheInner {
     map: CellMap,
+    /// Ready cells by last use (tick -> key): eviction takes the first, in O(log n)
+    /// under the lock (it scanned the whole map per insert before).
+    lru: std::collections::BTreeMap<u64, (u64, u64)>,
     bytes: u64,
     tick: u64,
 }
@@ -161,9 +164,12 @@ impl CellCache {
         let mut g = self.inner.lock();
         g.tick += 1;
         let t = g.tick;
+        let g = &mut *g;
         match g.map.get_mut(&key) {
             Some(Slot::Ready(d, used)) => {
+                g.lru.remove(used);
                 *used = t;
+                g.lru.insert(t, key);
                 Claim::Hit(d.clone())
             }
             Some(Slot::Loading(l)) => Claim::Wait(l.clone()),
@@ -186,18 +192,17 @@ impl CellCache {
             match &res {
                 Ok(d) if (d.len() as u64) <= self.cap => {
                     g.bytes += d.len() as u64;
-                    g.map.insert(key, Slot::Ready(d.clone(), t));
+                    if let Some(Slot::Ready(old, used)) =
+                        g.map.insert(key, Slot::Ready(d.clone(), t))
+                    {
+                        g.bytes -= old.len() as u64;
+                        g.lru.remove(&used);
+                    }
+                    g.lru.insert(t, key);
                     while g.bytes > self.cap {
-                        let victim = g
-                            .map
-                            .iter()
-                            .filter_map(|(k, v)| match v {
-                                Slot::Ready(_, used) => Some((*k, *used)),
-                                Slot::Loading(_) => None,
-                            })
-                            .min_by_key(|(_, used)| *used)
-                            .map(|(k, _)| k);
-                        let Some(victim) = victim else { break };
+                        let Some((_, victim)) = g.lru.pop_first() else {
+                            break;
+                        };
                         if let Some(Slot::Ready(v, _)) = g.map.remove(&victim) {
                             g.bytes -= v.len() as u64;
                         }
@@ -928,6 +933,29 @@ mod tests {
             cache.get(&c).unwrap();
         }
         assert!(cache.bytes() <= 250);
+    }
+
+    /// Eviction takes the least recently used cell: a cell read again stays.
+    #[test]
+    fn eviction_takes_the_least_recently_used() {
+        let cache = CellCache::new(300);
+        let src = Arc::new(Counting(AtomicU64::new(0)));
+        let cell = |index| CellRef {
+            source: src.clone(),
+            index,
+        };
+        for i in 0..3 {
+            cache.get(&cell(i)).unwrap();
+        }
+        cache.get(&cell(0)).unwrap(); // 0 is now the most recent
+        cache.get(&cell(3)).unwrap(); // evicts 1
+        assert_eq!(src.0.load(Ordering::Relaxed), 4);
+        cache.get(&cell(0)).unwrap();
+        cache.get(&cell(2)).unwrap();
+        assert_eq!(src.0.load(Ordering::Relaxed), 4, "0 and 2 stayed");
+        cache.get(&cell(1)).unwrap();
+        assert_eq!(src.0.load(Ordering::Relaxed), 5, "1 was evicted");
+        assert!(cache.bytes() <= 300);
     }
 
     /// A slow source that records how many loads ran at once; index 7 fails.
