@@ -114,7 +114,9 @@ def main(argv=None):
     tile_rows = max(1, (a.tile_mib << 20) // (cols * 4))
     mount([a.bin, "mount", backing, mnt, "--tile-bytes", str(a.tile_mib << 20), "--gpu", "off"],
           mnt, os.path.join(mnt, "c.h5"))
-    mount([a.floor, fmnt, str(nbytes)], fmnt, os.path.join(fmnt, "data"))
+    # The floor with the daemon's default worker threads (2 x CPUs, 8 to 32).
+    threads = min(32, max(8, 2 * (os.cpu_count() or 1)))
+    mount([a.floor, fmnt, str(nbytes), str(threads)], fmnt, os.path.join(fmnt, "data"))
     data = os.path.join(mnt, "c.h5", "x", "data")
     tiles = sorted(os.listdir(os.path.join(mnt, "c.h5", "x", "tiles")),
                    key=lambda s: tuple(int(p) for p in s.split(".")))
