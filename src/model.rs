@@ -1260,8 +1260,10 @@ const SMALL_EXTENT: u64 = 256 << 10;
 /// Bytes of one coalesced read: source ranges of small extents closer than `GAP` are
 /// read together up to this size.
 const RUN_MAX: u64 = 8 << 20;
-/// Largest hole between two small extents that one read still spans.
-const GAP: u64 = 64 << 10;
+/// Largest hole between two small extents that one read still spans: a page, which a
+/// `pread` of either extent would have brought into the page cache anyway (a larger
+/// hole would read bytes nobody asked for when the extents are tiny and far apart).
+const GAP: u64 = 4 << 10;
 
 /// Reads the small contiguous file extents of one request (`small`, indices into
 /// `extents`) with one `pread` per run of nearby source bytes instead of one per extent,
