@@ -4,7 +4,7 @@
 
 use crate::codecs;
 use crate::error::{Error, ModelError, Result};
-use crate::extent::{BackingFile, CellRef, CellSource};
+use crate::extent::{BackingFile, CellKey, CellRef, CellSource};
 use crate::geometry::unravel;
 use crate::h5::{self, ChunkLoc, FilterInfo};
 use dashmap::DashMap;
@@ -68,14 +68,14 @@ enum Slot {
 }
 
 /// (source uid, cell index) -> slot.
-type CellMap = HashMap<(u64, u64), Slot>;
+type CellMap = HashMap<CellKey, Slot>;
 
 #[derive(Default)]
 struct CacheInner {
     map: CellMap,
     /// Ready cells by last use (tick -> key): eviction takes the first, in O(log n)
     /// under the lock (it scanned the whole map per insert before).
-    lru: std::collections::BTreeMap<u64, (u64, u64)>,
+    lru: std::collections::BTreeMap<u64, CellKey>,
     bytes: u64,
     tick: u64,
 }
@@ -160,7 +160,7 @@ impl CellCache {
     }
 
     fn claim(&self, cell: &CellRef) -> Claim {
-        let key = (cell.source.uid(), cell.index);
+        let key = cell.key();
         let mut g = self.inner.lock();
         g.tick += 1;
         let t = g.tick;
@@ -183,7 +183,7 @@ impl CellCache {
 
     /// Decodes a claimed cell, publishes it (or its error) and wakes its waiters.
     fn fill(&self, cell: &CellRef, slot: &Loading) -> Result<Arc<Vec<u8>>> {
-        let key = (cell.source.uid(), cell.index);
+        let key = cell.key();
         let res = cell.source.load(cell.index).map(Arc::new);
         {
             let mut g = self.inner.lock();

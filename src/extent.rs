@@ -46,6 +46,15 @@ pub struct CellRef {
     pub index: u64,
 }
 
+/// A cell's identity in the decoded-cell cache: (source uid, cell index).
+pub type CellKey = (u64, u64);
+
+impl CellRef {
+    pub fn key(&self) -> CellKey {
+        (self.source.uid(), self.index)
+    }
+}
+
 impl fmt::Debug for CellRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Cell({}#{})", self.source.uid(), self.index)

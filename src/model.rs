@@ -1247,9 +1247,6 @@ pub fn regular_grid(blocks: &[VBlock], shape: &[u64]) -> Option<Vec<u64>> {
     Some(t)
 }
 
-/// A cell's identity in the cache: (source uid, cell index).
-type CellKey = (u64, u64);
-
 /// Cells one request remembers after their cache lookup (a linear search: a request
 /// usually spans a row of a few dozen chunks; past this many, lookups go to the cache).
 const MEMO_CELLS: usize = 64;
@@ -1346,7 +1343,7 @@ fn execute_with(
     if gathered {
         gather_small(extents, &mut small, buf)?;
     }
-    let mut memo: Vec<(CellKey, Arc<Vec<u8>>)> = Vec::new();
+    let mut memo: Vec<(crate::extent::CellKey, Arc<Vec<u8>>)> = Vec::new();
     for e in extents {
         if gathered && small_file(e) {
             continue;
@@ -1395,7 +1392,7 @@ fn execute_with(
                 // across a row of square chunks is 512 extents over 16 cells, and each
                 // lookup takes the cache's lock (contended when the kernel sends many
                 // requests at once).
-                let key = (cell.source.uid(), cell.index);
+                let key = cell.key();
                 let data = match memo.iter().find(|(k, _)| *k == key) {
                     Some((_, d)) => d.clone(),
                     None => {
@@ -1498,9 +1495,7 @@ pub fn cells_of(extents: &[Extent]) -> Vec<CellRef> {
     extents
         .iter()
         .filter_map(|e| match &e.src {
-            Src::Cell { cell, .. } if seen.insert((cell.source.uid(), cell.index)) => {
-                Some(cell.clone())
-            }
+            Src::Cell { cell, .. } if seen.insert(cell.key()) => Some(cell.clone()),
             _ => None,
         })
         .collect()
@@ -1823,37 +1818,14 @@ mod tests {
         )
     }
 
-    fn backing(bytes: &[u8]) -> (tempfile_path::Guard, Arc<BackingFile>) {
-        let g = tempfile_path::Guard::new(bytes);
-        let f = std::fs::File::open(&g.0).unwrap();
+    fn backing(bytes: &[u8]) -> (tempfile::NamedTempFile, Arc<BackingFile>) {
+        let mut t = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut t, bytes).unwrap();
         let b = Arc::new(BackingFile {
-            path: g.0.clone(),
-            file: f,
+            path: t.path().to_path_buf(),
+            file: t.reopen().unwrap(),
         });
-        (g, b)
-    }
-
-    /// A unique file removed at drop.
-    mod tempfile_path {
-        pub struct Guard(pub std::path::PathBuf);
-        impl Guard {
-            pub fn new(bytes: &[u8]) -> Guard {
-                use std::sync::atomic::{AtomicU64, Ordering};
-                static N: AtomicU64 = AtomicU64::new(0);
-                let p = std::env::temp_dir().join(format!(
-                    "h5tilefs-gather-{}-{}",
-                    std::process::id(),
-                    N.fetch_add(1, Ordering::Relaxed)
-                ));
-                std::fs::write(&p, bytes).unwrap();
-                Guard(p)
-            }
-        }
-        impl Drop for Guard {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_file(&self.0);
-            }
-        }
+        (t, b)
     }
 
     fn file_extent(dst: u64, len: u64, file: &Arc<BackingFile>, offset: u64) -> Extent {
