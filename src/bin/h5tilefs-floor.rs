@@ -92,6 +92,19 @@ impl Tree {
         self.nodes.get((ino as usize).checked_sub(1)?)
     }
 
+    /// A directory's entries as a listing pages through them: `.`, `..`, then its
+    /// children, each as (inode, node).
+    fn entries(&self, ino: u64) -> Option<impl Iterator<Item = (u64, &str, &TreeNode)>> {
+        let n = self.node(ino)?;
+        let parent = self.node(n.parent)?;
+        let dots = [(ino, ".", n), (n.parent, "..", parent)];
+        let children = n
+            .children
+            .iter()
+            .filter_map(|&c| self.node(c).map(|x| (c, x.name.as_str(), x)));
+        Some(dots.into_iter().chain(children))
+    }
+
     fn attr(&self, ino: u64) -> Option<FileAttr> {
         let n = self.node(ino)?;
         let mut a = attr(if n.dir { 1 } else { DATA_INO }, 0);
@@ -148,16 +161,14 @@ impl Filesystem for Floor {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some((t, n)) = self.tree.as_ref().and_then(|t| Some((t, t.node(ino.0)?))) else {
+        let Some((t, all)) = self
+            .tree
+            .as_ref()
+            .and_then(|t| Some((t, t.entries(ino.0)?)))
+        else {
             return reply.error(Errno::from_i32(libc::ENOTDIR));
         };
-        let dots = [(ino.0, "."), (n.parent, "..")];
-        let all = dots.iter().map(|&(i, name)| (i, name)).chain(
-            n.children
-                .iter()
-                .filter_map(|&c| Some((c, t.node(c)?.name.as_str()))),
-        );
-        for (k, (child, name)) in all.enumerate().skip(offset as usize) {
+        for (k, (child, name, _)) in all.enumerate().skip(offset as usize) {
             let Some(a) = t.attr(child) else { continue };
             if reply.add(INodeNo(child), k as u64 + 1, name, &TTL, &a, Generation(0)) {
                 break;
@@ -232,17 +243,11 @@ impl Filesystem for Floor {
         mut reply: ReplyDirectory,
     ) {
         if let Some(t) = &self.tree {
-            let Some(n) = t.node(ino.0) else {
+            let Some(all) = t.entries(ino.0) else {
                 return reply.error(Errno::from_i32(libc::ENOTDIR));
             };
-            let dots = [(ino.0, true, "."), (n.parent, true, "..")];
-            let all = dots.into_iter().chain(
-                n.children
-                    .iter()
-                    .filter_map(|&c| t.node(c).map(|x| (c, x.dir, x.name.as_str()))),
-            );
-            for (k, (child, dir, name)) in all.enumerate().skip(offset as usize) {
-                let kind = if dir {
+            for (k, (child, name, node)) in all.enumerate().skip(offset as usize) {
+                let kind = if node.dir {
                     FileType::Directory
                 } else {
                     FileType::RegularFile
