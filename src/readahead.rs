@@ -5,7 +5,7 @@
 //! requests in flight, and the backing file's own readahead follows the daemon's
 //! sequential preads. Asking for more with `POSIX_FADV_WILLNEED` queued tens of MiB
 //! in front of the reads the kernel was waiting for; measured, it made cold reads of
-//! tiles slower (docs/performance.md, "Read-ahead of backing files"). It stays as an
+//! tiles slower (docs/performance.md, "Where a cold read's time goes"). It stays as an
 //! opt-in (`H5TILEFS_READAHEAD_FILES=1`) for measurements on other storage.
 //!
 //! The kernel sends a sequential reader's requests several at a time, on several
