@@ -23,6 +23,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_caches  # noqa: E402
+
 T = "/sys/kernel/tracing"
 EVENTS = ["fuse/enable", "readahead/enable", "block/block_rq_issue/enable",
           "block/block_rq_complete/enable"]
@@ -169,7 +172,8 @@ def main(argv=None):
         for e in SYSCALLS:
             tw(f"events/{e}/filter", flt)
             tw(f"events/{e}/enable", "1")
-    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=True)
+    if not drop_caches():
+        sys.exit("fuse_trace.py: could not drop the page cache (run as root)")
     try:
         tw("tracing_on", "1")
         n, secs, marks = read_cold(a.path, a.mode)

@@ -4,7 +4,8 @@ harness (tests/cluster/h5t_cluster.py). Node A writes a contiguous `<f4` dataset
 the Gluster volume with h5py; node B reads it cold (page cache dropped before each
 read), same run: a direct pread of the dataset's bytes in the Gluster client mount, then
 the mount's `data`, then every tile one after another, in 16 MiB reads, then one
-`numpy.fromfile` of tile 0 (against the same bytes read directly), median of --reps. Prints a markdown table. Not part of `make test`.
+`numpy.fromfile` of tile 0 (against the same bytes read directly), median of --reps.
+Prints a markdown table. Not part of `make test`.
 
     flock /tmp/h5t-gluster.lock python tests/bench/gluster_read_bench.py --mib 512
 """
