@@ -261,7 +261,7 @@ enum Handle {
         /// Keeps the file (and its HDF5 handles) alive while open.
         _file: Arc<H5File>,
         /// Read-ahead state of this handle's reader (src/readahead.rs).
-        stream: crate::readahead::Stream,
+        stream: Arc<crate::readahead::Stream>,
     },
     /// A pending node's meta.json being written: bytes gather until they parse.
     MetaWrite {
@@ -2247,12 +2247,28 @@ impl Fs {
                     ));
                 }
                 let (model, sel) = (model.clone(), sel.clone());
+                let seq = stream.sequential(off, size as u64).is_some();
                 let ahead = stream.advance(off, size as u64);
+                let stream = stream.clone();
                 drop(h);
                 if let Some((from, to)) = ahead {
                     crate::readahead::prefetch(&model, &sel, from, to, &self.cache);
                 }
-                read_selection(&model, &sel, off, size as u64, &self.cache)?
+                // Blocks of the view read ahead of a sequential reader (src/readahead.rs).
+                let va = crate::readahead::view_ahead();
+                if va.0 > 0 {
+                    let total = crate::model::selection_bytes(&model, &sel)?;
+                    let read = |o: u64, l: u64| read_selection(&model, &sel, o, l, &self.cache);
+                    let spawn = |o: u64, l: u64, slot: Arc<crate::readahead::Slot>| {
+                        let (m, s, c) = (model.clone(), sel.clone(), self.cache.clone());
+                        self.cache.background(Box::new(move || {
+                            slot.fill(read_selection(&m, &s, o, l, &c).ok());
+                        }));
+                    };
+                    stream.read_blocks(va, off, size as u64, total, seq, &read, &spawn)?
+                } else {
+                    read_selection(&model, &sel, off, size as u64, &self.cache)?
+                }
             }
             Handle::PendingIo {
                 file,

@@ -1449,7 +1449,7 @@ fn read_full(f: &std::fs::File, buf: &mut [u8], mut off: u64) -> Result<()> {
 /// Bytes of the C-order image of `sel`, checked: the selection comes from a user
 /// (`slice/` name, ioctl) and must lie inside the dataset, whose size fits (`build`
 /// refuses larger ones), so every offset computed from it below fits too.
-fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
+pub fn selection_bytes(model: &DatasetModel, sel: &Hyperslab) -> Result<u64> {
     let bad = |why: String| {
         Error::from(ModelError::BadSelection(format!(
             "{}: selection {why}",

@@ -1,9 +1,10 @@
 //! Read-ahead for sequential readers of a dataset view (`data`, tiles, slices): while
 //! the kernel copies one request, the next cells are already decoding in the pool.
 //!
-//! Uncompressed bytes are left to the kernel: its FUSE readahead keeps a window of
-//! requests in flight, and the backing file's own readahead follows the daemon's
-//! sequential preads. Asking for more with `POSIX_FADV_WILLNEED` queued tens of MiB
+//! A sequential reader's next blocks of the view (8 MiB, two ahead) are read into
+//! memory on the pool ([`Stream::read_blocks`]), since the kernel's FUSE readahead
+//! keeps only one 4 MiB window of requests in flight. Asking the backing file for its
+//! pages instead, with `POSIX_FADV_WILLNEED`, queued tens of MiB
 //! in front of the reads the kernel was waiting for; measured, it made cold reads of
 //! tiles slower (docs/performance.md, "Where a cold read's time goes"). It stays as an
 //! opt-in (`H5TILEFS_READAHEAD_FILES=1`) for measurements on other storage.
@@ -13,7 +14,10 @@
 //! when it starts within `SLACK` of the furthest end seen on its handle. The window
 //! `[end, end + WINDOW)` ahead of that end is extended in steps of at least `STEP`, so
 //! each byte is prefetched once. Memory stays bounded: file pages are the kernel's
-//! page cache, cells the cell cache's byte cap, and queued decode work the pool's.
+//! page cache, cells the cell cache's byte cap, view blocks [`VIEW_BUDGET`] over every
+//! handle, and queued decode work the pool's. View blocks belong to one open handle,
+//! which holds the backing file version it opened: they never serve another version's
+//! bytes, and an in-place rewrite is refused per request before any block is used.
 
 use crate::decode::CellCache;
 use crate::extent::{BackingFile, Src};
@@ -45,10 +49,175 @@ pub const STEP: u64 = 4 << 20;
 pub const SLACK: u64 = 16 << 20;
 
 /// Per open handle: the furthest end read, and how far ahead has been prefetched.
-#[derive(Default, Debug)]
+#[derive(Default)]
 pub struct Stream {
     end: AtomicU64,
     ahead: AtomicU64,
+    /// Blocks of this view read ahead into memory (view byte block index).
+    blocks: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("end", &self.end).finish()
+    }
+}
+
+/// One block read ahead: loading (`None`), read (`Some(Some(bytes))`) or failed.
+#[derive(Default)]
+pub struct Slot {
+    data: parking_lot::Mutex<Option<Option<Vec<u8>>>>,
+    ready: parking_lot::Condvar,
+    held: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        HELD.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// Bytes held in view blocks over every handle.
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes per view block read ahead of a sequential reader, and how many blocks ahead.
+/// Why blocks of the view, read into memory: the kernel keeps one 4 MiB window of a
+/// FUSE file in flight; reading the next 8 MiB blocks ahead of it raised cold reads of
+/// tiles one after another from 0.76× to 0.88–0.92× of a direct read (H100 machine,
+/// docs/performance.md, "The thinnest FUSE daemon over the same bytes"). Blocks aligned
+/// in the backing file instead were slower: a request that crossed into the next
+/// block waited for all of it.
+pub const VIEW_BLOCK: u64 = 8 << 20;
+pub const VIEW_DEPTH: u64 = 2;
+/// Most bytes held in view blocks over every handle; past it, no block is read ahead.
+pub const VIEW_BUDGET: u64 = 128 << 20;
+/// Requests smaller than this never start a read-ahead (a random reader's 4 KiB reads
+/// near each other are not a stream).
+const VIEW_MIN_REQUEST: u64 = 128 << 10;
+
+/// The view read-ahead in use: `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` overrides
+/// [`VIEW_BLOCK`] and [`VIEW_DEPTH`] (`0:0` turns it off), for measurements.
+pub fn view_ahead() -> (u64, u64) {
+    static V: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("H5TILEFS_VIEW_AHEAD")
+            .ok()
+            .and_then(|v| {
+                let (b, d) = v.split_once(':')?;
+                Some((
+                    b.parse::<u64>().ok()?.saturating_mul(1 << 20),
+                    d.parse::<u64>().ok()?,
+                ))
+            })
+            .map(|(b, d)| if b == 0 { (0, 0) } else { (b, d) })
+            .unwrap_or((VIEW_BLOCK, VIEW_DEPTH))
+    })
+}
+
+impl Stream {
+    /// For a read of `[off, off + len)` that continues this handle's sequential
+    /// reading (call before [`Self::advance`]), the furthest end read with it.
+    pub fn sequential(&self, off: u64, len: u64) -> Option<u64> {
+        let prev = self.end.load(Ordering::Relaxed);
+        if off.saturating_add(SLACK) < prev || off > prev.saturating_add(SLACK) {
+            return None;
+        }
+        Some(prev.max(off.saturating_add(len)))
+    }
+
+    /// Reads `[off, off + len)` of a view of `total` bytes: from blocks read ahead
+    /// where present (waiting for one still loading: its bytes are on the way), else
+    /// through `read`; a sequential reader's request also queues, through `spawn`, the
+    /// `depth` blocks of `b` bytes after its own (never its own: a request does not wait
+    /// for more than it asked for). Blocks two behind the reader are dropped. No lock is
+    /// held while reading or waiting.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_blocks(
+        &self,
+        (b, depth): (u64, u64),
+        off: u64,
+        len: u64,
+        total: u64,
+        sequential: bool,
+        read: &dyn Fn(u64, u64) -> crate::error::Result<Vec<u8>>,
+        spawn: &dyn Fn(u64, u64, Arc<Slot>),
+    ) -> crate::error::Result<Vec<u8>> {
+        if b == 0 {
+            return read(off, len);
+        }
+        let sequential = sequential && len >= VIEW_MIN_REQUEST.min(total);
+        let end = off.saturating_add(len).min(total);
+        if end <= off {
+            return Ok(vec![]);
+        }
+        let first = off / b;
+        let last = (end - 1) / b;
+        let mut have: Vec<(u64, Option<Arc<Slot>>)> = Vec::new();
+        let mut queue = Vec::new();
+        {
+            let mut map = self.blocks.lock();
+            map.retain(|&k, _| k + 2 >= first);
+            for i in first..=last {
+                have.push((i, map.get(&i).cloned()));
+            }
+            if sequential {
+                let nblocks = total.div_ceil(b);
+                let upto = last.saturating_add(depth).min(nblocks.saturating_sub(1));
+                for i in last + 1..=upto {
+                    if map.contains_key(&i) || HELD.load(Ordering::Relaxed) + b > VIEW_BUDGET {
+                        continue;
+                    }
+                    HELD.fetch_add(b, Ordering::Relaxed);
+                    let slot = Arc::new(Slot {
+                        data: Default::default(),
+                        ready: Default::default(),
+                        held: b,
+                    });
+                    map.insert(i, slot.clone());
+                    queue.push((i, slot));
+                }
+            }
+        }
+        for (i, slot) in queue {
+            spawn(i * b, b.min(total - i * b), slot);
+        }
+        if have.iter().all(|(_, s)| s.is_none()) {
+            return read(off, end - off);
+        }
+        let mut out = Vec::with_capacity((end - off) as usize);
+        for (i, slot) in have {
+            let s0 = off.max(i.saturating_mul(b));
+            let s1 = end.min(i.saturating_add(1).saturating_mul(b));
+            let mut got = false;
+            if let Some(slot) = slot {
+                let mut g = slot.data.lock();
+                while g.is_none() {
+                    slot.ready.wait(&mut g);
+                }
+                if let Some(Some(data)) = &*g {
+                    let a = (s0 - i * b) as usize;
+                    let z = (s1 - i * b) as usize;
+                    // A block cut short (the view's end) misses the bytes: read them.
+                    if let Some(src) = data.get(a..z) {
+                        out.extend_from_slice(src);
+                        got = true;
+                    }
+                }
+            }
+            if !got {
+                out.extend_from_slice(&read(s0, s1 - s0)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Slot {
+    /// Stores a block's bytes (or its failure) and wakes its readers.
+    pub fn fill(&self, data: Option<Vec<u8>>) {
+        *self.data.lock() = Some(data);
+        self.ready.notify_all();
+    }
 }
 
 impl Stream {
@@ -136,6 +305,93 @@ fn files_too() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// A view's bytes read through `read_blocks` as a sequential reader and as a random
+    /// one, with blocks filled on other threads: every byte as a direct read gives it,
+    /// blocks used, and none kept behind the reader.
+    #[test]
+    fn view_blocks_read_like_direct_reads() {
+        let total: u64 = (3 << 20) + 12_345;
+        let bytes: Arc<Vec<u8>> = Arc::new((0..total).map(|i| (i % 253) as u8).collect());
+        let direct_bytes = Arc::new(AtomicU64::new(0));
+        let read = {
+            let (bytes, n) = (bytes.clone(), direct_bytes.clone());
+            move |o: u64, l: u64| -> crate::error::Result<Vec<u8>> {
+                let e = (o + l).min(total);
+                n.fetch_add(e - o, Ordering::Relaxed);
+                Ok(bytes[o as usize..e as usize].to_vec())
+            }
+        };
+        let threads = Mutex::new(Vec::new());
+        let spawn = |o: u64, l: u64, slot: Arc<Slot>| {
+            let bytes = bytes.clone();
+            threads
+                .lock()
+                .expect("lock")
+                .push(std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    slot.fill(Some(bytes[o as usize..(o + l) as usize].to_vec()));
+                }));
+        };
+        let cfg = (256 << 10, 2);
+        let s = Stream::default();
+        let mut out = Vec::new();
+        let mut off = 0;
+        let step = 200_000u64; // not a divisor of the block: requests cross blocks
+        while off < total {
+            let seq = s.sequential(off, step).is_some();
+            s.advance(off, step);
+            out.extend(
+                s.read_blocks(cfg, off, step, total, seq, &read, &spawn)
+                    .expect("read"),
+            );
+            off += step;
+        }
+        assert_eq!(out.len() as u64, total);
+        assert!(out == *bytes, "sequential read differs");
+        assert!(
+            direct_bytes.load(Ordering::Relaxed) < total / 2,
+            "blocks served most bytes: {} read directly",
+            direct_bytes.load(Ordering::Relaxed)
+        );
+        assert!(
+            s.blocks.lock().len() <= 4,
+            "blocks behind the reader dropped"
+        );
+        for t in threads.lock().expect("lock").drain(..) {
+            t.join().expect("join");
+        }
+        // Random reads on a fresh handle: right bytes, nothing read ahead.
+        let s = Stream::default();
+        for (o, l) in [(2_000_000u64, 4096u64), (17, 300_000), (total - 10, 4096)] {
+            let seq = s.sequential(o, l).is_some();
+            s.advance(o, l);
+            let got = s
+                .read_blocks(cfg, o, l, total, seq, &read, &spawn)
+                .expect("read");
+            let e = (o + l).min(total) as usize;
+            assert_eq!(got, bytes[o as usize..e]);
+        }
+    }
+
+    #[test]
+    fn view_blocks_stop_at_the_budget() {
+        let total = 1u64 << 40;
+        let read = |_o: u64, l: u64| -> crate::error::Result<Vec<u8>> { Ok(vec![0; l as usize]) };
+        let queued = AtomicU64::new(0);
+        let spawn = |_o: u64, _l: u64, _slot: Arc<Slot>| {
+            queued.fetch_add(1, Ordering::Relaxed);
+        };
+        // Blocks of a quarter of the budget, 8 ahead: at most 4 can be held at once
+        // (others' blocks may hold some of the budget too while tests run).
+        let b = VIEW_BUDGET / 4;
+        let s = Stream::default();
+        s.read_blocks((b, 8), 0, 1 << 20, total, true, &read, &spawn)
+            .expect("read");
+        assert!(queued.load(Ordering::Relaxed) <= 4);
+        drop(s);
+    }
 
     #[test]
     fn sequential_reads_extend_the_window_once() {

@@ -9,8 +9,17 @@
 //! fastest h5tilefs could be with a backing store that answered instantly
 //! (tests/bench/read_path_bench.py). Not installed; a benchmark tool.
 //!
+//! With `--backing FILE OFFSET SIZE`, `data` is SIZE bytes of FILE from OFFSET, each
+//! read answered with one `pread` of the backing file (no extent map, no caches): the
+//! least a FUSE daemon can add to a cold read of those bytes. `H5TILEFS_FLOOR_BLOCK=B:D`
+//! reads the backing file in aligned blocks of B MiB instead, D blocks ahead of the
+//! reader, into memory (an experiment: does a daemon-side prefetch beat the kernel's
+//! readahead?); `B:D:h` reads a request's own bytes with one pread unless its block is
+//! already being read ahead, and reads ahead only the blocks after it.
+//!
 //!     h5tilefs-floor MOUNTPOINT SIZE_BYTES [THREADS]
 //!     h5tilefs-floor MOUNTPOINT --tree LIST [THREADS]
+//!     h5tilefs-floor MOUNTPOINT --backing FILE OFFSET SIZE [THREADS]
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -19,6 +28,8 @@ use fuser::{
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
 const DATA_INO: u64 = 2;
@@ -31,6 +42,124 @@ struct Floor {
     pattern: Vec<u8>,
     /// `--tree`: the listing to serve instead of `data`.
     tree: Option<Tree>,
+    /// `--backing`: where `data`'s bytes come from.
+    proxy: Option<Arc<Proxy>>,
+}
+
+/// `data` read from a backing file: one pread per request, or by blocks read ahead.
+struct Proxy {
+    file: std::fs::File,
+    offset: u64,
+    size: u64,
+    /// Bytes per block; 0: one pread per request.
+    block: u64,
+    /// Blocks read ahead of the one a request needs.
+    depth: u64,
+    /// Hybrid: a request whose block is not already being read ahead reads its own
+    /// bytes (one pread), and only the blocks after it are read ahead.
+    hybrid: bool,
+    blocks: Mutex<HashMap<u64, Arc<Slot>>>,
+}
+
+#[derive(Default)]
+struct Slot {
+    data: Mutex<Option<Vec<u8>>>,
+    ready: Condvar,
+}
+
+impl Proxy {
+    fn pread(&self, pos: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        let n = self.pread_into(pos, &mut buf);
+        buf.truncate(n);
+        buf
+    }
+
+    fn pread_into(&self, pos: u64, buf: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            match self
+                .file
+                .read_at(&mut buf[done..], self.offset + pos + done as u64)
+            {
+                Ok(0) | Err(_) => break,
+                Ok(n) => done += n,
+            }
+        }
+        done
+    }
+
+    fn fill(&self, b: u64, slot: &Slot) {
+        let start = b * self.block;
+        let len = self.block.min(self.size.saturating_sub(start)) as usize;
+        let data = self.pread(start, len);
+        *slot.data.lock().unwrap_or_else(|e| e.into_inner()) = Some(data);
+        slot.ready.notify_all();
+    }
+
+    fn read(self: &Arc<Self>, pos: u64, len: usize) -> Vec<u8> {
+        if self.block == 0 {
+            return self.pread(pos, len);
+        }
+        let first = pos / self.block;
+        let last = (pos + len as u64).saturating_sub(1) / self.block;
+        let nblocks = self.size.div_ceil(self.block);
+        let mut mine = Vec::new();
+        let mut want = Vec::new();
+        let mut direct = Vec::new();
+        {
+            let mut map = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+            map.retain(|&k, _| k + 2 >= first);
+            for b in first..=(last + self.depth).min(nblocks.saturating_sub(1)) {
+                if self.hybrid && b <= last && !map.contains_key(&b) {
+                    direct.push(b);
+                    continue;
+                }
+                let slot = map.entry(b).or_insert_with(|| {
+                    let s = Arc::new(Slot::default());
+                    if b <= last {
+                        mine.push((b, s.clone()));
+                    } else {
+                        let (p, s2) = (self.clone(), s.clone());
+                        std::thread::spawn(move || p.fill(b, &s2));
+                    }
+                    s
+                });
+                if b <= last {
+                    want.push((b, slot.clone()));
+                }
+            }
+        }
+        for (b, s) in &mine {
+            self.fill(*b, s);
+        }
+        let mut out = Vec::with_capacity(len);
+        let mut parts: Vec<(u64, Option<Arc<Slot>>)> =
+            want.into_iter().map(|(b, s)| (b, Some(s))).collect();
+        parts.extend(direct.into_iter().map(|b| (b, None)));
+        parts.sort_by_key(|p| p.0);
+        for (b, s) in parts {
+            let Some(s) = s else {
+                let bstart = b * self.block;
+                let from = pos.max(bstart);
+                let to = (pos + len as u64).min(bstart + self.block).min(self.size);
+                out.extend_from_slice(&self.pread(from, (to - from) as usize));
+                continue;
+            };
+            let mut g = s.data.lock().unwrap_or_else(|e| e.into_inner());
+            while g.is_none() {
+                g = s.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            let data = g.as_deref().unwrap_or(&[]);
+            let bstart = b * self.block;
+            let from = pos.max(bstart) - bstart;
+            let to = (pos + len as u64).min(bstart + data.len() as u64) - bstart;
+            if from < to {
+                out.extend_from_slice(&data[from as usize..to as usize]);
+            }
+        }
+        out
+    }
 }
 
 /// A tree of names from a listing; inode i + 1 is `nodes[i]`, the root is inode 1.
@@ -223,6 +352,19 @@ impl Filesystem for Floor {
     ) {
         let end = offset.saturating_add(size as u64).min(self.size);
         let len = end.saturating_sub(offset) as usize;
+        if let Some(p) = &self.proxy {
+            if p.block == 0 {
+                // One reused buffer per thread, as the daemon keeps.
+                thread_local!(static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
+                return BUF.with(|b| {
+                    let mut b = b.borrow_mut();
+                    b.resize(len, 0);
+                    let n = p.pread_into(offset, &mut b[..len]);
+                    reply.data(&b[..n])
+                });
+            }
+            return reply.data(&p.read(offset, len));
+        }
         // One owned buffer per request, as the real daemon builds one.
         let mut buf = Vec::with_capacity(len);
         let mut pos = (offset % PATTERN as u64) as usize;
@@ -278,7 +420,46 @@ impl Filesystem for Floor {
 fn main() -> std::process::ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
     let mut tree = None;
-    if args.get(2).map(String::as_str) == Some("--tree") {
+    let mut proxy = None;
+    if args.get(2).map(String::as_str) == Some("--backing") {
+        let (Some(path), Some(offset), Some(size)) = (
+            args.get(3).cloned(),
+            args.get(4).and_then(|s| s.parse::<u64>().ok()),
+            args.get(5).and_then(|s| s.parse::<u64>().ok()),
+        ) else {
+            eprintln!("usage: h5tilefs-floor MOUNTPOINT --backing FILE OFFSET SIZE [THREADS]");
+            return std::process::ExitCode::from(2);
+        };
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("h5tilefs-floor: {path}: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+        let (block, depth, hybrid) = std::env::var("H5TILEFS_FLOOR_BLOCK")
+            .ok()
+            .and_then(|v| {
+                let (b, d) = v.split_once(':')?;
+                let (d, h) = d.split_once(':').unwrap_or((d, ""));
+                Some((
+                    b.parse::<u64>().ok()? << 20,
+                    d.parse::<u64>().ok()?,
+                    h == "h",
+                ))
+            })
+            .unwrap_or((0, 0, false));
+        proxy = Some(Arc::new(Proxy {
+            file,
+            offset,
+            size,
+            block,
+            depth,
+            hybrid,
+            blocks: Mutex::new(HashMap::new()),
+        }));
+        args.drain(2..5);
+    } else if args.get(2).map(String::as_str) == Some("--tree") {
         let list = args.get(3).cloned().unwrap_or_default();
         match Tree::load(&list) {
             Ok(t) => tree = Some(t),
@@ -313,6 +494,7 @@ fn main() -> std::process::ExitCode {
             size,
             pattern,
             tree,
+            proxy,
         },
         mnt,
         &config,

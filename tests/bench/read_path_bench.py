@@ -8,7 +8,10 @@
     fastest any FUSE daemon can be on this kernel,
   * every tile of the dataset read one after another, and numpy.fromfile of one tile,
 
-cold (page cache dropped before each read) in 16 MiB blocks, median of --reps; then the
+cold (page cache dropped before each read) in 16 MiB blocks, --reps rounds that each read
+every case once in a rotated order (medians of GB/s, and medians of each round's ratio to
+the direct read of that round), plus the floor over the backing file (--proxy: the same
+bytes through a FUSE daemon that does nothing but one pread per request); then the
 median latency of 4 KiB reads at random offsets (POSIX_FADV_RANDOM, so no readahead)
 through the mount (backing bytes warm: the daemon's own cost) and the floor.
 
@@ -82,6 +85,20 @@ def mount(cmd, mnt, probe):
     raise SystemExit(f"mount at {mnt} did not come up: {cmd}")
 
 
+def set_readahead(mnt, kb):
+    """Sets the kernel readahead of the FUSE mount at MNT (its bdi, from mountinfo)."""
+    dev = None
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            f = line.split()
+            if f[4] == os.path.realpath(mnt):
+                dev = f[2]
+    if dev is None:
+        raise SystemExit(f"{mnt} is not mounted")
+    with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as fh:
+        fh.write(str(kb))
+
+
 def unmount(mnt):
     subprocess.run(["fusermount3", "-u", mnt], check=False)
 
@@ -95,6 +112,10 @@ def main(argv=None):
     ap.add_argument("--bin", default=os.path.join(REPO, "target/release/h5tilefs"))
     ap.add_argument("--floor", default=os.path.join(REPO, "target/release/h5tilefs-floor"))
     ap.add_argument("--json")
+    ap.add_argument("--proxy", default="0:0",
+                    help="comma-separated H5TILEFS_FLOOR_BLOCK settings (MiB:depth; 0:0 = one pread "
+                         "per request), each optionally @READAHEAD_KB (default 4096, the daemon's), "
+                         "for the floor over the backing bytes; empty: none")
     a = ap.parse_args(argv)
     backing, mnt, fmnt = (os.path.join(a.dir, x) for x in ("backing", "mnt", "floor"))
     for d in (backing, mnt, fmnt):
@@ -120,6 +141,24 @@ def main(argv=None):
     data = os.path.join(mnt, "c.h5", "x", "data")
     tiles = sorted(os.listdir(os.path.join(mnt, "c.h5", "x", "tiles")),
                    key=lambda s: tuple(int(p) for p in s.split(".")))
+    # The floor over the backing bytes (`--backing`): the same cold reads through the
+    # thinnest FUSE daemon there is, one pread per request (or blocks read ahead).
+    proxies = []
+    for i, mode in enumerate(m for m in a.proxy.split(",") if m):
+        block, _, ra = mode.partition("@")
+        pmnt = os.path.join(a.dir, f"proxy{i}")
+        os.makedirs(pmnt, exist_ok=True)
+        env = dict(os.environ, H5TILEFS_FLOOR_BLOCK=block)
+        proc = subprocess.Popen([a.floor, pmnt, "--backing", f5, str(off), str(nbytes), str(threads)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        for _ in range(200):
+            if os.path.exists(os.path.join(pmnt, "data")):
+                break
+            time.sleep(0.05)
+        else:
+            raise SystemExit(f"the floor over the backing file did not mount at {pmnt}")
+        set_readahead(pmnt, int(ra or 4096))    # the daemon's default
+        proxies.append((mode, pmnt, proc))
     rows_out = {}
     try:
         cases = {
@@ -132,14 +171,32 @@ def main(argv=None):
             "mount: numpy.fromfile of tile 0": lambda: _fromfile(
                 os.path.join(mnt, "c.h5", "x", "tiles", tiles[0]), 0, tile_rows * cols),
         }
-        for name, fn in cases.items():
-            secs = []
-            for _ in range(a.reps):
+        for mode, pmnt, _ in proxies:
+            pdata = os.path.join(pmnt, "data")
+            cases[f"floor over the backing file [{mode}]: data"] = (lambda p: lambda: seq_read(p))(pdata)
+            cases[f"floor over the backing file [{mode}]: numpy.fromfile of tile 0's bytes"] = (
+                lambda p: lambda: _fromfile(p, 0, tile_rows * cols))(pdata)
+        # Interleaved: each round reads every case once, in an order rotated from round
+        # to round, so that a drift of the disk's speed over the run (the host's own
+        # cache under a virtual disk) does not favour the cases measured later; each
+        # case's ratio is also taken to its reference in the same round.
+        names = list(cases)
+        secs = {n: [] for n in names}
+        for r in range(a.reps):
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 drop_caches()
-                s, n = fn()
-                secs.append(s)
-            med = statistics.median(secs)
-            rows_out[name] = {"seconds": secs, "median_s": med, "bytes": n, "gbps": n / med / 1e9}
+                s, n = cases[name]()
+                secs[name].append(s)
+                rows_out.setdefault(name, {"bytes": n})
+        for name in names:
+            med = statistics.median(secs[name])
+            ref = "direct: numpy.fromfile of tile 0's bytes" if "fromfile" in name else \
+                "direct pread of the backing bytes"
+            paired = statistics.median(
+                (rs / rows_out[ref]["bytes"]) / (s / rows_out[name]["bytes"])
+                for s, rs in zip(secs[name], secs[ref]))
+            rows_out[name].update(seconds=secs[name], median_s=med,
+                                  gbps=rows_out[name]["bytes"] / med / 1e9, paired=paired)
         # Warm re-reads: the second read of the same file, its pages in the page cache
         # (the mount's from the FUSE file's own cache, kept across opens), and mmap of
         # one tile, cold and warm (copied out, so every page is touched).
@@ -174,17 +231,21 @@ def main(argv=None):
     finally:
         unmount(mnt)
         unmount(fmnt)
+        for _, pmnt, proc in proxies:
+            unmount(pmnt)
+            proc.wait(timeout=30)
     ref = rows_out["direct pread of the backing bytes"]["gbps"]
     print(f"# read path, {a.mib} MiB contiguous <f4, {a.tile_mib} MiB tiles, cold, median of {a.reps}; "
           f"{platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {os.getloadavg()[0]:.2f}")
-    print("| read | GB/s | ratio to direct |")
-    print("|---|---:|---:|")
+    print("| read | GB/s | ratio to direct | median of same-round ratios |")
+    print("|---|---:|---:|---:|")
     for name, r in rows_out.items():
         ref_ = rows_out["direct: numpy.fromfile of tile 0's bytes"]["gbps"] if "fromfile" in name else ref
         if name.startswith("warm") or name.startswith("cold: mount tile 0, mmap"):
             ref_ = rows_out["warm: direct pread of the backing bytes"]["gbps"]
-        print(f"| {name} | {r['gbps']:.2f} | {r['gbps'] / ref_:.2f}× |")
+        paired = f"{r['paired']:.2f}×" if "paired" in r else ""
+        print(f"| {name} | {r['gbps']:.2f} | {r['gbps'] / ref_:.2f}× | {paired} |")
     print("| 4 KiB random reads | median µs | p99 µs |")
     print("|---|---:|---:|")
     for name, (m, p) in lat.items():
