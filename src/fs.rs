@@ -2247,7 +2247,9 @@ impl Fs {
                     ));
                 }
                 let (model, sel) = (model.clone(), sel.clone());
-                let seq = stream.sequential(off, size as u64).is_some();
+                let seq = stream
+                    .sequential(off, size as u64)
+                    .is_some_and(|f| f >= crate::readahead::view_ahead_start());
                 let ahead = stream.advance(off, size as u64);
                 let stream = stream.clone();
                 drop(h);
@@ -2256,7 +2258,7 @@ impl Fs {
                 }
                 // Blocks of the view read ahead of a sequential reader (src/readahead.rs).
                 let va = crate::readahead::view_ahead();
-                if va.0 > 0 {
+                if va.0 > 0 && model.plain_bytes() {
                     let total = crate::model::selection_bytes(&model, &sel)?;
                     let read = |o: u64, l: u64| read_selection(&model, &sel, o, l, &self.cache);
                     let spawn = |o: u64, l: u64, slot: Arc<crate::readahead::Slot>| {

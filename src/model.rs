@@ -238,6 +238,7 @@ pub struct DatasetModel {
     pub missing_sources: Vec<String>,
     meta: OnceLock<Arc<Vec<u8>>>,
     zarr: OnceLock<Option<Arc<Vec<u8>>>>,
+    plain: OnceLock<bool>,
 }
 
 impl DatasetModel {
@@ -250,6 +251,22 @@ impl DatasetModel {
 
     pub fn supported(&self) -> bool {
         !matches!(self.storage, Storage::None)
+    }
+
+    /// Whether reads are plain backing bytes (no filter to decode): contiguous data,
+    /// unfiltered chunks, or a virtual dataset whose sources are (a source not opened
+    /// yet counts as plain: our own tiles are contiguous). Only such views are read
+    /// ahead in blocks; compressed data is decoded ahead by cells instead, and blocks
+    /// on top of that were measured slower.
+    pub fn plain_bytes(&self) -> bool {
+        *self.plain.get_or_init(|| match &self.storage {
+            Storage::Contiguous { .. } => true,
+            Storage::Chunked(_) => self.filters.is_empty(),
+            Storage::Virtual(blocks) => blocks
+                .iter()
+                .all(|b| b.source.as_ref().is_none_or(|s| s.plain_bytes())),
+            Storage::None | Storage::Fill | Storage::Cells(_) => false,
+        })
     }
 
     /// Saturating: `build` refuses to serve datasets this large, but still describes them.
@@ -583,6 +600,7 @@ impl DatasetModel {
             missing_sources,
             meta: OnceLock::new(),
             zarr: OnceLock::new(),
+            plain: OnceLock::new(),
         })
     }
 
@@ -1617,6 +1635,7 @@ impl DatasetModel {
             missing_sources: vec![],
             meta: OnceLock::new(),
             zarr: OnceLock::new(),
+            plain: OnceLock::new(),
         }
     }
 

@@ -83,10 +83,10 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 /// Bytes per view block read ahead of a sequential reader, and how many blocks ahead.
 /// Why blocks of the view, read into memory: the kernel keeps one 4 MiB window of a
 /// FUSE file in flight; reading the next 8 MiB blocks ahead of it raised cold reads of
-/// tiles one after another from 0.76× to 0.88–0.92× of a direct read (H100 machine,
-/// docs/performance.md, "The thinnest FUSE daemon over the same bytes"). Blocks aligned
-/// in the backing file instead were slower: a request that crossed into the next
-/// block waited for all of it.
+/// a 512 MiB `data` from 0.88× to 0.92× of a direct read (medians of seven A/B pairs)
+/// and unfiltered square chunks by 11–31 % (H100 machine, docs/performance.md, "The
+/// thinnest FUSE daemon over the same bytes"). Blocks aligned in the backing file
+/// instead were slower: a request that crossed into the next block waited for all of it.
 pub const VIEW_BLOCK: u64 = 8 << 20;
 pub const VIEW_DEPTH: u64 = 2;
 /// Most bytes held in view blocks over every handle; past it, no block is read ahead.
@@ -94,6 +94,18 @@ pub const VIEW_BUDGET: u64 = 128 << 20;
 /// Requests smaller than this never start a read-ahead (a random reader's 4 KiB reads
 /// near each other are not a stream).
 const VIEW_MIN_REQUEST: u64 = 128 << 10;
+
+/// Sequential bytes a handle reads before its first block is read ahead:
+/// `H5TILEFS_VIEW_AHEAD_START_MIB` (default 0), for measurements.
+pub fn view_ahead_start() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("H5TILEFS_VIEW_AHEAD_START_MIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |m| m.saturating_mul(1 << 20))
+    })
+}
 
 /// The view read-ahead in use: `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` overrides
 /// [`VIEW_BLOCK`] and [`VIEW_DEPTH`] (`0:0` turns it off), for measurements.
