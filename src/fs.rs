@@ -2263,7 +2263,7 @@ impl Fs {
                     let read = |o: u64, l: u64| read_selection(&model, &sel, o, l, &self.cache);
                     let spawn = |o: u64, l: u64, slot: Arc<crate::readahead::Slot>| {
                         let (m, s, c) = (model.clone(), sel.clone(), self.cache.clone());
-                        self.cache.background(Box::new(move || {
+                        crate::readahead::view_background(Box::new(move || {
                             slot.fill(read_selection(&m, &s, o, l, &c).ok());
                         }));
                     };

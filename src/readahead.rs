@@ -2,10 +2,10 @@
 //! the kernel copies one request, the next cells are already decoding in the pool.
 //!
 //! A sequential reader's next blocks of the view (8 MiB, two ahead) are read into
-//! memory on the pool ([`Stream::read_blocks`]), since the kernel's FUSE readahead
-//! keeps only one 4 MiB window of requests in flight. Asking the backing file for its
-//! pages instead, with `POSIX_FADV_WILLNEED`, queued tens of MiB
-//! in front of the reads the kernel was waiting for; measured, it made cold reads of
+//! memory on threads of their own ([`Stream::read_blocks`], [`view_background`]),
+//! since the kernel's FUSE readahead keeps only one 4 MiB window of requests in flight.
+//! Asking the backing file for its pages instead, with `POSIX_FADV_WILLNEED`, queued
+//! tens of MiB in front of the reads the kernel was waiting for; measured, it made cold reads of
 //! tiles slower (docs/performance.md, "Where a cold read's time goes"). It stays as an
 //! opt-in (`H5TILEFS_READAHEAD_FILES=1`) for measurements on other storage.
 //!
@@ -225,6 +225,49 @@ impl Stream {
             }
         }
         Ok(out)
+    }
+}
+
+/// Threads that read view blocks. Not the decode pool: a block's read may decode cells
+/// on that pool and wait for them (a virtual dataset whose sources turn out compressed),
+/// and a pool thread waiting on jobs queued behind it would wait forever.
+const VIEW_THREADS: usize = 4;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `job` on the view-block threads (or here, if none could be started).
+pub fn view_background(job: Job) {
+    static TX: std::sync::OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Job>>>> =
+        std::sync::OnceLock::new();
+    let tx = TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let rx = Arc::new(parking_lot::Mutex::new(rx));
+        let mut started = 0;
+        for i in 0..VIEW_THREADS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("h5t-view-{i}"))
+                .spawn(move || loop {
+                    let next = rx.lock().recv();
+                    match next {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                });
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => tracing::warn!(error = %e, "view read-ahead thread not started"),
+            }
+        }
+        (started > 0).then(|| parking_lot::Mutex::new(tx))
+    });
+    match tx {
+        Some(tx) => {
+            if let Err(e) = tx.lock().send(job) {
+                (e.0)();
+            }
+        }
+        None => job(),
     }
 }
 
