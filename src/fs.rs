@@ -2264,7 +2264,8 @@ impl Fs {
                     let spawn = |o: u64, l: u64, slot: Arc<crate::readahead::Slot>| {
                         let (m, s, c) = (model.clone(), sel.clone(), self.cache.clone());
                         crate::readahead::view_background(Box::new(move || {
-                            slot.fill(read_selection(&m, &s, o, l, &c).ok());
+                            let guard = crate::readahead::SlotGuard(slot);
+                            guard.0.fill(read_selection(&m, &s, o, l, &c).ok());
                         }));
                     };
                     stream.read_blocks(va, off, size as u64, total, seq, &read, &spawn)?

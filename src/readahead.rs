@@ -176,14 +176,22 @@ impl Stream {
             for i in first..=last {
                 have.push((i, map.get(&i).cloned()));
             }
-            if sequential {
+            if end == total {
+                // The view's end: nothing after it to read ahead, and a handle left open
+                // there must not keep its last blocks (they count against the budget
+                // every reader shares).
+                map.clear();
+            } else if sequential {
                 let nblocks = total.div_ceil(b);
                 let upto = last.saturating_add(depth).min(nblocks.saturating_sub(1));
                 for i in last + 1..=upto {
-                    if map.contains_key(&i) || HELD.load(Ordering::Relaxed) + b > VIEW_BUDGET {
+                    if map.contains_key(&i) {
                         continue;
                     }
-                    HELD.fetch_add(b, Ordering::Relaxed);
+                    if HELD.fetch_add(b, Ordering::Relaxed).saturating_add(b) > VIEW_BUDGET {
+                        HELD.fetch_sub(b, Ordering::Relaxed);
+                        continue;
+                    }
                     let slot = Arc::new(Slot {
                         data: Default::default(),
                         ready: Default::default(),
@@ -250,7 +258,11 @@ pub fn view_background(job: Job) {
                 .spawn(move || loop {
                     let next = rx.lock().recv();
                     match next {
-                        Ok(job) => job(),
+                        // A job that panics fails its slot (`SlotGuard`); the thread
+                        // stays for the next one.
+                        Ok(job) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        }
                         Err(_) => return,
                     }
                 });
@@ -261,13 +273,26 @@ pub fn view_background(job: Job) {
         }
         (started > 0).then(|| parking_lot::Mutex::new(tx))
     });
-    match tx {
-        Some(tx) => {
-            if let Err(e) = tx.lock().send(job) {
-                (e.0)();
-            }
+    let unsent = match tx {
+        Some(tx) => tx.lock().send(job).err().map(|e| e.0),
+        None => Some(job),
+    };
+    if let Some(job) = unsent {
+        job();
+    }
+}
+
+/// Fails its slot if dropped before the slot was filled (a block read that panicked),
+/// so that no reader waits for it forever.
+pub struct SlotGuard(pub Arc<Slot>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut g = self.0.data.lock();
+        if g.is_none() {
+            *g = Some(None);
+            self.0.ready.notify_all();
         }
-        None => job(),
     }
 }
 
@@ -415,8 +440,8 @@ mod tests {
             direct_bytes.load(Ordering::Relaxed)
         );
         assert!(
-            s.blocks.lock().len() <= 4,
-            "blocks behind the reader dropped"
+            s.blocks.lock().is_empty(),
+            "no block kept once the view's end is read"
         );
         for t in threads.lock().expect("lock").drain(..) {
             t.join().expect("join");
@@ -431,6 +456,45 @@ mod tests {
                 .expect("read");
             let e = (o + l).min(total) as usize;
             assert_eq!(got, bytes[o as usize..e]);
+        }
+    }
+
+    /// A block read that panics fails its slot: the reader that waits for it reads the
+    /// bytes itself instead of waiting forever.
+    #[test]
+    fn a_block_read_that_panics_fails_its_slot() {
+        let total: u64 = 4 << 20;
+        let bytes: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let read = |o: u64, l: u64| -> crate::error::Result<Vec<u8>> {
+            let e = (o + l).min(total);
+            Ok(bytes[o as usize..e as usize].to_vec())
+        };
+        let threads = Mutex::new(Vec::new());
+        let spawn = |_o: u64, _l: u64, slot: Arc<Slot>| {
+            threads
+                .lock()
+                .expect("lock")
+                .push(std::thread::spawn(move || {
+                    let _guard = SlotGuard(slot);
+                    panic!("a block read that fails");
+                }));
+        };
+        let cfg = (1 << 20, 2);
+        let s = Stream::default();
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < total {
+            let seq = s.sequential(off, 256 << 10).is_some();
+            s.advance(off, 256 << 10);
+            out.extend(
+                s.read_blocks(cfg, off, 256 << 10, total, seq, &read, &spawn)
+                    .expect("read"),
+            );
+            off += 256 << 10;
+        }
+        assert!(out == bytes);
+        for t in threads.lock().expect("lock").drain(..) {
+            assert!(t.join().is_err());
         }
     }
 
