@@ -32,7 +32,7 @@ pub fn next_uid() -> u64 {
 pub struct CellCache {
     cap: u64,
     inner: Mutex<CacheInner>,
-    pool: DecodePool,
+    pool: WorkerPool,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub prefetched: AtomicU64,
@@ -87,29 +87,31 @@ enum Claim {
     Mine(Arc<Loading>),
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+pub type Job = Box<dyn FnOnce() + Send>;
 
-/// Worker threads for decoding, started on first use; `queued` bounds prefetch work.
-struct DecodePool {
+/// Worker threads fed from one queue, started on first use; `queued` bounds prefetch
+/// work. The decode pool is one; the view read-ahead has its own
+/// (`readahead::view_background`).
+pub struct WorkerPool {
+    name: &'static str,
     tx: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
     queued: Arc<AtomicU64>,
     threads: usize,
 }
 
-impl DecodePool {
-    fn new() -> Self {
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(1, 64);
-        DecodePool {
+impl WorkerPool {
+    /// A pool of `threads` threads named `h5t-NAME-i`.
+    pub fn new(name: &'static str, threads: usize) -> Self {
+        WorkerPool {
+            name,
             tx: std::sync::OnceLock::new(),
             queued: Arc::new(AtomicU64::new(0)),
             threads,
         }
     }
 
-    /// Queues `job`; false when no worker could be started (the caller runs it).
-    fn submit(&self, job: Job) -> std::result::Result<(), Job> {
+    /// Queues `job`; gives it back when no worker could be started (the caller runs it).
+    pub fn submit(&self, job: Job) -> std::result::Result<(), Job> {
         let tx = self.tx.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let rx = Arc::new(Mutex::new(rx));
@@ -117,7 +119,7 @@ impl DecodePool {
                 let rx = rx.clone();
                 let queued = self.queued.clone();
                 let spawned = std::thread::Builder::new()
-                    .name(format!("h5t-decode-{i}"))
+                    .name(format!("h5t-{}-{i}", self.name))
                     .spawn(move || loop {
                         let job = rx.lock().recv();
                         match job {
@@ -129,7 +131,7 @@ impl DecodePool {
                         }
                     });
                 if let Err(e) = spawned {
-                    tracing::warn!(error = %e, "decode thread not started");
+                    tracing::warn!(pool = self.name, error = %e, "worker thread not started");
                 }
             }
             Mutex::new(tx)
@@ -148,7 +150,12 @@ impl CellCache {
         CellCache {
             cap,
             inner: Mutex::new(CacheInner::default()),
-            pool: DecodePool::new(),
+            pool: WorkerPool::new(
+                "decode",
+                std::thread::available_parallelism()
+                    .map_or(2, |n| n.get())
+                    .clamp(1, 64),
+            ),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),

@@ -35,12 +35,16 @@ pub const WINDOW: u64 = 32 << 20;
 /// daemon's read-ahead off; the kernel's own stays).
 fn window() -> u64 {
     static W: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *W.get_or_init(|| {
-        std::env::var("H5TILEFS_READAHEAD_MIB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(WINDOW, |m| m << 20)
-    })
+    *W.get_or_init(|| env_mib("H5TILEFS_READAHEAD_MIB", WINDOW))
+}
+
+/// Bytes from environment variable `var` given in MiB, or `default` when unset or not
+/// a number (measurement knobs).
+fn env_mib(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(default, |m| m.saturating_mul(1 << 20))
 }
 
 /// The smallest extension of the window (fewer, larger prefetch calls).
@@ -103,12 +107,7 @@ pub const VIEW_START: u64 = 8 << 20;
 
 pub fn view_ahead_start() -> u64 {
     static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("H5TILEFS_VIEW_AHEAD_START_MIB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(VIEW_START, |m| m.saturating_mul(1 << 20))
-    })
+    *V.get_or_init(|| env_mib("H5TILEFS_VIEW_AHEAD_START_MIB", VIEW_START))
 }
 
 /// The view read-ahead in use: `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` overrides
@@ -241,43 +240,15 @@ impl Stream {
 /// and a pool thread waiting on jobs queued behind it would wait forever.
 const VIEW_THREADS: usize = 4;
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// Runs `job` on the view-block threads (or here, if none could be started).
-pub fn view_background(job: Job) {
-    static TX: std::sync::OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Job>>>> =
-        std::sync::OnceLock::new();
-    let tx = TX.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let rx = Arc::new(parking_lot::Mutex::new(rx));
-        let mut started = 0;
-        for i in 0..VIEW_THREADS {
-            let rx = rx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("h5t-view-{i}"))
-                .spawn(move || loop {
-                    let next = rx.lock().recv();
-                    match next {
-                        // A job that panics fails its slot (`SlotGuard`); the thread
-                        // stays for the next one.
-                        Ok(job) => {
-                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                        }
-                        Err(_) => return,
-                    }
-                });
-            match spawned {
-                Ok(_) => started += 1,
-                Err(e) => tracing::warn!(error = %e, "view read-ahead thread not started"),
-            }
-        }
-        (started > 0).then(|| parking_lot::Mutex::new(tx))
+/// Runs `job` on the view-block threads (or here, if none could be started). A job
+/// that panics fails its slot (`SlotGuard`); the thread stays for the next one.
+pub fn view_background(job: crate::decode::Job) {
+    static POOL: std::sync::LazyLock<crate::decode::WorkerPool> =
+        std::sync::LazyLock::new(|| crate::decode::WorkerPool::new("view", VIEW_THREADS));
+    let job: crate::decode::Job = Box::new(move || {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
     });
-    let unsent = match tx {
-        Some(tx) => tx.lock().send(job).err().map(|e| e.0),
-        None => Some(job),
-    };
-    if let Some(job) = unsent {
+    if let Err(job) = POOL.submit(job) {
         job();
     }
 }
