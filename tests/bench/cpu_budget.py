@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Where a compressed read's CPU goes: the work a cold read of `data` through the mount
+must do, against h5py's, measured in CPU seconds (not only wall time), in one run.
+
+For one chunked dataset (the `--layout square` of filter_bench.py: S x S float32 in
+512 x 512 chunks), it reports, each the median of --reps:
+
+  * h5py + hdf5plugin: wall and process CPU, cold (backing evicted) and warm;
+  * the mount, cold (fresh mount, backing evicted) and with the backing warm: wall, the
+    reader's CPU, the daemon's CPU (utime + stime from /proc);
+  * the FUSE floor serving the same number of bytes from memory: wall, reader CPU,
+    floor CPU: what delivering those bytes through FUSE costs with no decoding at all.
+
+A lower bound on the mount's wall time on C CPUs follows: (the decoders' CPU + the
+floor's CPU for the same bytes) / C. If that bound is above h5py's wall time / target,
+no daemon can meet the target on this machine without delivering the bytes with less
+CPU than the floor.
+
+    python tests/bench/cpu_budget.py --filter zstd --mib 128
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import hdf5plugin
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def filters():
+    B = hdf5plugin.Blosc
+    return {
+        "gzip+shuffle": dict(compression="gzip", compression_opts=4, shuffle=True),
+        "zstd": dict(**hdf5plugin.Zstd(clevel=3)),
+        "bitshuffle+lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
+        "blosc lz4+shuffle": dict(**B(cname="lz4", clevel=5, shuffle=B.SHUFFLE)),
+        "none": {},
+    }
+
+
+def evict(path):
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def proc_cpu(pid):
+    """utime + stime of a process and all its threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def self_cpu():
+    t = os.times()
+    return t.user + t.system
+
+
+def read_all(path, bufsize=16 << 20):
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(bufsize)
+            if not b:
+                return n
+            n += len(b)
+
+
+def timed(fn, pid=None):
+    c0, d0 = self_cpu(), proc_cpu(pid) if pid else 0.0
+    t = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t
+    return wall, self_cpu() - c0, (proc_cpu(pid) - d0) if pid else 0.0
+
+
+def wait_for(path, proc):
+    for _ in range(400):
+        if os.path.exists(path):
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon exited before {path} appeared")
+        time.sleep(0.025)
+    raise SystemExit(f"{path} did not appear")
+
+
+def set_readahead(mnt, kb):
+    """Sets the kernel readahead of the FUSE mount at MNT (its bdi, from mountinfo)."""
+    with open("/proc/self/mountinfo") as fh:
+        dev = next((ln.split()[2] for ln in fh if ln.split()[4] == os.path.realpath(mnt)), None)
+    if dev is None:
+        raise SystemExit(f"{mnt} is not mounted")
+    with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as fh:
+        fh.write(str(kb))
+
+
+def measure(a, name, ras, env, threads):
+    """One filter: rows of (wall, reader CPU, daemon CPU) per case, over a.reps rounds."""
+    side = int((a.mib * (1 << 20) // 4) ** 0.5) // 512 * 512
+    rng = np.random.default_rng(1)
+    # filter_bench.py's data: a smooth integer-valued float32 field.
+    data = np.cumsum(rng.integers(-8, 9, size=(side, side)), axis=1).astype("<f4")
+    root = tempfile.mkdtemp(prefix="h5tilefs-cpu-")
+    backing, mnt, fmnt = (os.path.join(root, x) for x in ("backing", "mnt", "floor"))
+    for d in (backing, mnt, fmnt):
+        os.makedirs(d)
+    path = os.path.join(backing, "f.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(512, 512), **filters()[name])
+    rows = {}
+
+    def add(case, r):
+        rows.setdefault(case, []).append(r)
+
+    def h5read():
+        with h5py.File(path, "r") as f:
+            f["x"][()]
+
+    try:
+        for _ in range(a.reps):
+            evict(path)
+            add("h5py + hdf5plugin, cold", timed(h5read))
+            add("h5py + hdf5plugin, warm", timed(h5read))
+            for ra in ras:
+                for cold in (True, False):
+                    if cold:
+                        evict(path)
+                    else:
+                        read_all(path)
+                    p = subprocess.Popen([a.bin, "mount", backing, mnt, "--foreground", "--gpu", "off"],
+                                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    try:
+                        wait_for(os.path.join(mnt, "f.h5"), p)
+                        set_readahead(mnt, ra)
+                        d = os.path.join(mnt, "f.h5", "x", "data")
+                        os.stat(d)
+                        add(f"mount, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
+                            timed(lambda: read_all(d), p.pid))
+                    finally:
+                        subprocess.run(["fusermount3", "-u", mnt], check=False)
+                        p.wait()
+                p = subprocess.Popen([a.floor, fmnt, str(data.nbytes), str(threads)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    fd = os.path.join(fmnt, "data")
+                    wait_for(fd, p)
+                    set_readahead(fmnt, ra)
+                    add(f"FUSE floor (memory, no decoding), readahead {ra} KiB",
+                        timed(lambda: read_all(fd), p.pid))
+                finally:
+                    subprocess.run(["fusermount3", "-u", fmnt], check=False)
+                    p.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return data.nbytes, side, rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(REPO, "target/release/h5tilefs"))
+    ap.add_argument("--floor", default=os.path.join(REPO, "target/release/h5tilefs-floor"))
+    ap.add_argument("--filter", default="zstd", help=f"comma-separated, of {', '.join(filters())}")
+    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--readahead-kb", default="4096",
+                    help="comma-separated kernel readaheads for the mount and the floor (4096: the daemon's)")
+    a = ap.parse_args()
+    env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
+    threads = min(32, max(8, 2 * (os.cpu_count() or 1)))
+    ras = [int(x) for x in a.readahead_kb.split(",") if x]
+    ncpu = os.cpu_count()
+    for name in (x for x in a.filter.split(",") if x):
+        nbytes, side, rows = measure(a, name, ras, env, threads)
+        mib = nbytes / (1 << 20)
+        print(f"\n{name}, {mib:.0f} MiB float32 {side}x{side} in 512x512 chunks, median of {a.reps}, "
+              f"{ncpu} CPUs, load {os.getloadavg()[0]:.1f}\n")
+        print("| read | wall s | MiB/s | reader CPU s | daemon CPU s | total CPU s |")
+        print("|---|---:|---:|---:|---:|---:|")
+        med = {}
+        for case, rs in rows.items():
+            w, r, dcpu = (statistics.median(x[i] for x in rs) for i in range(3))
+            med[case] = (w, r, dcpu)
+            print(f"| {case} | {w:.3f} | {mib / w:.0f} | {r:.3f} | {dcpu:.3f} | {r + dcpu:.3f} |")
+        hw = med["h5py + hdf5plugin, cold"][0]
+        dec = med["h5py + hdf5plugin, warm"][1]
+        floors = {k: v for k, v in med.items() if k.startswith("FUSE floor")}
+        best = min(floors, key=lambda k: floors[k][0])
+        fw, fcpu = floors[best][0], floors[best][1] + floors[best][2]
+        cpu_bound = (dec + fcpu) / ncpu
+        bound = max(fw, cpu_bound)
+        print(f"\nBound: h5py's warm CPU (decoding, one copy) {dec:.3f} s + the floor's CPU {fcpu:.3f} s "
+              f"over {ncpu} CPUs = {cpu_bound:.3f} s; the floor's wall ({best}) {fw:.3f} s. "
+              f"A mount takes at least {bound:.3f} s: at best {hw / bound:.2f}x h5py's cold "
+              f"{hw:.3f} s; measured {hw / min(v[0] for k, v in med.items() if k.startswith('mount, cold')):.2f}x.")
+
+
+if __name__ == "__main__":
+    main()
