@@ -41,6 +41,32 @@ def _values(dtype, shape, seed):
     return v.astype(dtype)
 
 
+_ODD_TYPES = [
+    (np.dtype("S3"), "s3"),
+    (np.dtype([("a", "<i4"), ("b", "<f8")]), "rec12"),
+    (np.dtype("<c16"), "c16"),
+]
+
+
+def _odd_values(dt, shape):
+    """Values of dtype `dt` whose bytes all vary (so every byte plane is exercised)."""
+    raw = (np.arange(int(np.prod(shape)) * dt.itemsize, dtype=np.uint64) * 2654435761 >> 7).astype(np.uint8)
+    return raw.view(dt).reshape(shape)
+
+
+def _odd_filters():
+    B = hdf5plugin.Blosc
+    return {
+        "gzip_shuffle": dict(compression="gzip", shuffle=True),
+        "bitshuffle_lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
+        "blosc_shuffle": dict(**B(cname="lz4", shuffle=B.SHUFFLE)),
+        "blosc_bitshuffle": dict(**B(cname="lz4", shuffle=B.BITSHUFFLE)),
+    }
+
+
+_ODD_FILTERS = _odd_filters()
+
+
 def _filters():
     """name -> h5py create_dataset keyword arguments. All have built-in decoders."""
     B = hdf5plugin.Blosc
@@ -112,6 +138,13 @@ def _write(path):
         dcpl.set_filter(h5py.h5z.FILTER_NBIT, 0, ())
         h5py.h5d.create(f.id, b"nbit_i2", h5py.h5t.STD_I16LE, space, dcpl=dcpl)
         f["nbit_i2"][...] = _values("<i2", (37, 53), 8)
+        # Element sizes with and without a SIMD unshuffle kernel: 3 (strings), 12 (a
+        # packed record), 16 (complex128).
+        for dt, name in _ODD_TYPES:
+            v = _odd_values(dt, (37, 53))
+            for fname, kw in _ODD_FILTERS.items():
+                p = f"odd/{fname}_{name}"
+                f.create_dataset(p, data=v, chunks=(16, 20), **kw)
         # Larger chunks: many Blosc blocks, split streams, a leftover block.
         big = _values("<f4", (300, 1000), 9)
         for cname in ("blosclz", "lz4", "zstd"):
@@ -265,6 +298,14 @@ def test_large_chunks(builtin_mount):
         _check_dataset(top, p, expect[p])
 
 
+def test_odd_element_sizes(builtin_mount):
+    top, expect, _log = builtin_mount
+    names = sorted(k for k in expect if k.startswith("odd/"))
+    assert len(names) == len(_ODD_TYPES) * len(_ODD_FILTERS), names
+    for p in names:
+        _check_dataset(top, p, expect[p])
+
+
 def test_unwritten_chunk_reads_fill(builtin_mount):
     top, expect, _log = builtin_mount
     _check_dataset(top, "sparse_zstd", expect["sparse_zstd"])
@@ -358,6 +399,11 @@ FUZZ = {
     "blosc2_b2nd": (dict(**hdf5plugin.Blosc2(cname="zstd", filters=hdf5plugin.Blosc2.SHUFFLE)), (64, 64)),
     "blosc2_1d": (dict(**hdf5plugin.Blosc2(cname="lz4", filters=hdf5plugin.Blosc2.BITSHUFFLE)), (4096,)),
     "szip": (dict(compression="szip", compression_opts=("nn", 8)), (64, 64)),
+    # LZ4 blocks and SIMD unshuffles of c-blosc2 under our own parsers.
+    "lz4": (dict(**hdf5plugin.LZ4(nbytes=1024)), (64, 64)),
+    "bitshuffle_lz4": (dict(**hdf5plugin.Bitshuffle(nelems=256, cname="lz4")), (64, 64)),
+    "blosc_lz4_shuffle": (dict(**hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.SHUFFLE)), (64, 64)),
+    "blosc_lz4_bitshuffle": (dict(**hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.BITSHUFFLE)), (64, 64)),
 }
 
 
