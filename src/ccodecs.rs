@@ -112,6 +112,8 @@ impl Schunk {
 /// which c-blosc2 lays out in C order for us.
 pub fn blosc2_filter(input: &[u8], cap: usize) -> Out {
     BLOSC2_INIT.call_once(|| {
+        // c-blosc2's shuffles pick their kernels on first use, not thread-safely.
+        crate::ckernels::ready();
         // SAFETY: initializes c-blosc2's global state once, before any other call.
         unsafe { blosc2_sys::blosc2_init() }
     });
@@ -304,85 +306,4 @@ pub fn szip_filter(input: &[u8], cd: &[u32], cap: usize) -> Out {
         ));
     }
     Ok(out)
-}
-
-// ---------------------------------------------------------------------------------------
-// Inner loops borrowed from c-blosc2: its runtime-dispatched SIMD byte and bit
-// unshuffles (AVX2 / SSE2 / generic, from shuffle.c, which carries bitshuffle's own
-// kernels) and its bundled LZ4's block decoder. Measured on a 2-CPU development VM, they
-// decode 2-5x faster than our SSE2 bit unshuffle and scalar byte unshuffle
-// (docs/performance.md, "Decoder kernels"). codecs.rs keeps all parsing and bounds
-// checks; these only ever see buffers whose sizes it has validated. The shuffle
-// functions are internal to c-blosc2 (hidden visibility, still resolved in a static
-// link); their signatures are those of shuffle.h in c-blosc2 2.15, the version
-// blosc2-sys 0.4 builds.
-extern "C" {
-    fn unshuffle(bytesoftype: i32, blocksize: i32, src: *const u8, dest: *mut u8);
-    fn bitunshuffle(
-        bytesoftype: i32,
-        blocksize: i32,
-        src: *const u8,
-        dest: *mut u8,
-        format_version: u8,
-    ) -> i32;
-    fn LZ4_decompress_safe(src: *const c_char, dst: *mut c_char, csize: c_int, cap: c_int)
-        -> c_int;
-}
-
-/// Byte unshuffle of `src` (elements of `es` bytes, trailing bytes copied) into `dst`;
-/// false (nothing written) when the sizes do not fit c-blosc2's `int32_t`s.
-pub fn unshuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
-    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
-        return false;
-    };
-    if es < 2 || dst.len() < src.len() {
-        return false;
-    }
-    // SAFETY: `src` holds `len` readable bytes and `dst` at least `len` writable ones;
-    // c-blosc2's unshuffle reads exactly `blocksize` bytes of its source and writes
-    // exactly `blocksize` of its destination; the two slices cannot overlap (one is
-    // borrowed shared, the other exclusively).
-    unsafe { unshuffle(ts, len, src.as_ptr(), dst.as_mut_ptr()) };
-    true
-}
-
-/// Reverses bitshuffle's transpose of `n` elements (a multiple of 8) of `es` bytes from
-/// `src` into `dst[..n * es]`; false when c-blosc2 could not (sizes beyond `int32_t`,
-/// or its scratch allocation failed), leaving the caller to do it.
-pub fn bitunshuffle_simd(src: &[u8], n: usize, es: usize, dst: &mut [u8]) -> bool {
-    let Some(bytes) = n.checked_mul(es) else {
-        return false;
-    };
-    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(bytes)) else {
-        return false;
-    };
-    if es == 0 || n % 8 != 0 || src.len() < bytes || dst.len() < bytes {
-        return false;
-    }
-    // SAFETY: both buffers hold at least `bytes` = n * es bytes and do not overlap.
-    // With format version 3, bitunshuffle transposes `blocksize / bytesoftype` = n
-    // elements (already a multiple of 8, so no leftovers are copied), reading and
-    // writing exactly `bytes` bytes; it allocates its own scratch and returns < 0 if
-    // that fails.
-    unsafe { bitunshuffle(ts, len, src.as_ptr(), dst.as_mut_ptr(), 3) >= 0 }
-}
-
-/// One LZ4 block into `dst`: the number of bytes it decoded, or None when the block is
-/// corrupt (it never writes past `dst` nor reads past `src`) or a size exceeds `int`.
-pub fn lz4_decompress(src: &[u8], dst: &mut [u8]) -> Option<usize> {
-    let (Ok(cs), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
-        return None;
-    };
-    // SAFETY: LZ4_decompress_safe reads at most `cs` bytes of `src` and writes at most
-    // `cap` bytes of `dst` whatever the input (it is LZ4's decoder for untrusted data);
-    // both lengths are those of the slices.
-    let n = unsafe {
-        LZ4_decompress_safe(
-            src.as_ptr() as *const c_char,
-            dst.as_mut_ptr() as *mut c_char,
-            cs,
-            cap,
-        )
-    };
-    usize::try_from(n).ok()
 }

@@ -259,7 +259,7 @@ fn blosclz(input: &[u8], want: usize, out: &mut Vec<u8>) -> Result<(), Failure> 
 /// HDF5's and Blosc's byte unshuffle of `src` (elements of `es` bytes) into `dst`;
 /// trailing bytes that make no whole element are copied.
 pub fn unshuffle_into(src: &[u8], es: usize, dst: &mut [u8]) {
-    if !crate::ccodecs::unshuffle_simd(src, es, dst) {
+    if !crate::ckernels::unshuffle_simd(src, es, dst) {
         unshuffle_rust(src, es, dst)
     }
 }
@@ -321,7 +321,7 @@ fn transpose8(mut x: u64) -> u64 {
 /// one 8x8 bit transpose per column.
 pub fn bitunshuffle(src: &[u8], n: usize, es: usize, dst: &mut [u8]) {
     debug_assert!(n % 8 == 0 && src.len() >= n * es && dst.len() >= n * es);
-    if !crate::ccodecs::bitunshuffle_simd(src, n, es, dst) {
+    if !crate::ckernels::bitunshuffle_simd(src, n, es, dst) {
         bitunshuffle_rust(src, n, es, dst)
     }
 }
@@ -448,7 +448,7 @@ unsafe fn bit_planes_16(rows: &[&[u8]; 8], g: usize, plane: &mut [u8]) {
 
 /// LZ4 block `src` into `dst`, which it must fill exactly.
 fn lz4_block(src: &[u8], dst: &mut [u8]) -> Result<(), Failure> {
-    match crate::ccodecs::lz4_decompress(src, dst) {
+    match crate::ckernels::lz4_decompress(src, dst) {
         Some(n) if n == dst.len() => Ok(()),
         Some(n) => corrupt(format!(
             "LZ4 block decodes to {n} bytes where {} were declared",

@@ -7,6 +7,7 @@
 
 pub mod attrs;
 pub mod ccodecs;
+pub mod ckernels;
 pub mod codecs;
 pub mod decode;
 pub mod durable;
