@@ -916,6 +916,49 @@ mod tests {
         assert!(lz4_block(&junk, &mut out).is_err());
     }
 
+    /// Zstandard chunks from H5TILEFS_ZSTD_CHUNKS (u32 LE length + frame, repeated):
+    /// decoded into one reused buffer, and into a fresh buffer per chunk as the cell
+    /// cache does (not a test of speed: run with --ignored --nocapture).
+    #[test]
+    #[ignore]
+    fn zstd_fresh_vs_reused_buffers() {
+        let Ok(path) = std::env::var("H5TILEFS_ZSTD_CHUNKS") else {
+            return;
+        };
+        let raw = std::fs::read(path).unwrap();
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at + 4 <= raw.len() {
+            let n = u32::from_le_bytes(raw[at..at + 4].try_into().unwrap()) as usize;
+            frames.push(&raw[at + 4..at + 4 + n]);
+            at += 4 + n;
+        }
+        let size = zstd::zstd_safe::get_frame_content_size(frames[0])
+            .unwrap()
+            .unwrap() as usize;
+        let total = (frames.len() * size) as f64;
+        for round in 0..3 {
+            let mut reused = vec![0u8; size];
+            let t = std::time::Instant::now();
+            for f in &frames {
+                zstd_into(f, &mut reused).unwrap();
+            }
+            let a = t.elapsed().as_secs_f64();
+            let t = std::time::Instant::now();
+            let mut keep = Vec::new();
+            for f in &frames {
+                keep.push(zstd_filter(f, size).unwrap());
+            }
+            let b = t.elapsed().as_secs_f64();
+            drop(keep);
+            println!(
+                "round {round}: reused buffer {:.0} MB/s, fresh buffers {:.0} MB/s",
+                total / a / 1e6,
+                total / b / 1e6
+            );
+        }
+    }
+
     /// Throughput of the LZ4 block decoder on a smooth float32 field (not a test of
     /// speed: run with --ignored --nocapture to see the number).
     #[test]
