@@ -3,9 +3,10 @@
 //! shuffle.c, which carries bitshuffle's own kernels) and its bundled LZ4's block
 //! decoder. Measured on a 2-CPU development VM, they decode 2-5x faster than our SSE2
 //! bit unshuffle and scalar byte unshuffle (docs/performance.md, "Decoder kernels").
-//! codecs.rs keeps all parsing and bounds checks; these only ever see buffers whose
-//! sizes it has validated, and each says when it could not run so that the caller
-//! falls back to Rust.
+//! codecs.rs keeps all parsing and bounds checks. Each wrapper here checks the sizes
+//! it passes on against what the C code is known to handle (buffer lengths, `int32_t`
+//! ranges, element sizes) and says when it did not run, so that the caller falls back
+//! to Rust.
 
 use std::ffi::{c_char, c_int};
 use std::sync::Once;
@@ -39,20 +40,30 @@ extern "C" {
         -> c_int;
 }
 
+/// The largest element size handed to c-blosc2's byte unshuffle: its own callers never
+/// pass more (BLOSC_MAX_TYPESIZE), and its SIMD paths compute `typesize * 32` in
+/// `int32_t`, which wraps for element sizes near 2^27 (a divide by zero, or writes far
+/// past the buffer). An HDF5 shuffle filter's element size comes from the file, so
+/// larger ones take the Rust path.
+pub const MAX_SIMD_ELEMENT: usize = 255;
+
 /// Byte unshuffle of `src` (elements of `es` bytes, trailing bytes copied) into `dst`;
-/// false (nothing written) when the sizes do not fit c-blosc2's `int32_t`s.
+/// false (nothing written) for element sizes c-blosc2 does not take (below 2, above
+/// [`MAX_SIMD_ELEMENT`]) or lengths beyond its `int32_t`.
 pub fn unshuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
     let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
         return false;
     };
-    if es < 2 || dst.len() < src.len() {
+    if !(2..=MAX_SIMD_ELEMENT).contains(&es) || dst.len() < src.len() {
         return false;
     }
     ready();
     // SAFETY: `src` holds `len` readable bytes and `dst` at least `len` writable ones;
-    // c-blosc2's unshuffle reads exactly `blocksize` bytes of its source and writes
-    // exactly `blocksize` of its destination; the two slices cannot overlap (one is
-    // borrowed shared, the other exclusively).
+    // for element sizes 2..=255 (checked above) c-blosc2's unshuffle reads exactly
+    // `blocksize` bytes of its source and writes exactly `blocksize` of its destination
+    // (its vector loops cover whole multiples of `typesize * 16` or `* 32` bytes, which
+    // fit an `int32_t`, and the rest is done element by element, then copied); the two
+    // slices cannot overlap (one is borrowed shared, the other exclusively).
     unsafe { unshuffle(ts, len, src.as_ptr(), dst.as_mut_ptr()) };
     true
 }

@@ -454,7 +454,11 @@ fn lz4_block(src: &[u8], dst: &mut [u8]) -> Result<(), Failure> {
             "LZ4 block decodes to {n} bytes where {} were declared",
             dst.len()
         )),
-        None => corrupt("LZ4 block is corrupt"),
+        None => corrupt(format!(
+            "LZ4 block of {} bytes is corrupt or does not fit its {} decoded bytes",
+            src.len(),
+            dst.len()
+        )),
     }
 }
 
@@ -830,6 +834,8 @@ mod tests {
                 let data: Vec<u8> = (0..n * es).map(|i| (i * 37 + 11 + i / 7) as u8).collect();
                 let sh = bitshuffle_ref(&data, n, es);
                 let mut back = vec![0u8; n * es];
+                assert!(crate::ckernels::bitunshuffle_simd(&sh, n, es, &mut back));
+                assert_eq!(back, data, "es {es} n {n}");
                 bitunshuffle(&sh, n, es, &mut back);
                 assert_eq!(back, data, "es {es} n {n}");
                 let mut rust = vec![0u8; n * es];
@@ -875,7 +881,7 @@ mod tests {
     fn byte_unshuffle_matches_the_rust_reference() {
         // Element sizes with and without SIMD kernels, lengths below and around the
         // vector widths and with trailing bytes that make no whole element.
-        for es in 1usize..=17 {
+        for es in (1usize..=17).chain([255, 256, 300]) {
             for len in [
                 0usize,
                 1,
@@ -891,10 +897,30 @@ mod tests {
                 let src: Vec<u8> = (0..len).map(|i| (i * 131 + i / 3) as u8).collect();
                 let mut c = vec![0xAAu8; len];
                 let mut r = vec![0x55u8; len];
-                unshuffle_into(&src, es, &mut c);
+                // The C kernel itself, not a fallback, for the sizes it takes.
+                let ran = crate::ckernels::unshuffle_simd(&src, es, &mut c);
+                assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
+                if !ran {
+                    unshuffle_into(&src, es, &mut c);
+                }
                 unshuffle_rust(&src, es, &mut r);
                 assert_eq!(c, r, "es {es} len {len}");
             }
+        }
+    }
+
+    /// An element size near 2^27 (an HDF5 shuffle filter's, read from a crafted file)
+    /// made c-blosc2's SIMD unshuffle compute `typesize * 32` = 0 in `int32_t` and die
+    /// with SIGFPE (2^27 + 1 wraps to 32 and writes gigabytes past the buffer): such
+    /// sizes take the Rust path, which treats one element as a copy.
+    #[test]
+    fn byte_unshuffle_of_huge_elements_stays_in_bounds() {
+        for es in [1usize << 27, crate::ckernels::MAX_SIMD_ELEMENT + 1] {
+            let src: Vec<u8> = (0..es).map(|i| (i % 251) as u8).collect();
+            let mut dst = vec![0u8; es];
+            assert!(!crate::ckernels::unshuffle_simd(&src, es, &mut dst));
+            unshuffle_into(&src, es, &mut dst);
+            assert!(dst == src, "es {es}");
         }
     }
 
@@ -905,8 +931,8 @@ mod tests {
         let mut out = vec![0u8; data.len()];
         lz4_block(&c, &mut out).unwrap();
         assert_eq!(out, data);
-        // Too small a destination, a truncated block, a block of garbage: errors, and
-        // nothing written past the destination.
+        // Too small or too large a destination, a truncated block, a block of garbage:
+        // each is an error.
         let mut small = vec![0u8; data.len() - 1];
         assert!(lz4_block(&c, &mut small).is_err());
         let mut big = vec![0u8; data.len() + 1];
