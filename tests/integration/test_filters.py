@@ -45,7 +45,7 @@ _ODD_TYPES = [
     (np.dtype("S3"), "s3"),
     (np.dtype([("a", "<i4"), ("b", "<f8")]), "rec12"),
     (np.dtype("<c16"), "c16"),
-]
+]  # and S300 (below) through the filters that take it
 
 
 def _odd_values(dt, shape):
@@ -145,6 +145,10 @@ def _write(path):
             for fname, kw in _ODD_FILTERS.items():
                 p = f"odd/{fname}_{name}"
                 f.create_dataset(p, data=v, chunks=(16, 20), **kw)
+        # Above c-blosc2's largest element size (255): the Rust byte unshuffle.
+        v = _odd_values(np.dtype("S300"), (7, 9))
+        for fname in ("gzip_shuffle", "bitshuffle_lz4"):
+            f.create_dataset(f"odd/{fname}_s300", data=v, chunks=(4, 4), **_ODD_FILTERS[fname])
         # Larger chunks: many Blosc blocks, split streams, a leftover block.
         big = _values("<f4", (300, 1000), 9)
         for cname in ("blosclz", "lz4", "zstd"):
@@ -301,7 +305,7 @@ def test_large_chunks(builtin_mount):
 def test_odd_element_sizes(builtin_mount):
     top, expect, _log = builtin_mount
     names = sorted(k for k in expect if k.startswith("odd/"))
-    assert len(names) == len(_ODD_TYPES) * len(_ODD_FILTERS), names
+    assert len(names) == len(_ODD_TYPES) * len(_ODD_FILTERS) + 2, names
     for p in names:
         _check_dataset(top, p, expect[p])
 
