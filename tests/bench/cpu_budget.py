@@ -28,31 +28,23 @@ import tempfile
 import time
 
 import h5py
-import hdf5plugin
-import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TICK = os.sysconf("SC_CLK_TCK")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+# The same data, filters, eviction and reader as filter_bench.py; the readahead knob
+# of read_path_bench.py.
+from filter_bench import cases, evict, read_all, smooth_field  # noqa: E402
+from read_path_bench import set_readahead  # noqa: E402
+
+FILTERS = ("gzip+shuffle", "zstd", "bitshuffle+lz4", "blosc lz4+shuffle", "none (unfiltered chunks)")
 
 
 def filters():
-    B = hdf5plugin.Blosc
-    return {
-        "gzip+shuffle": dict(compression="gzip", compression_opts=4, shuffle=True),
-        "zstd": dict(**hdf5plugin.Zstd(clevel=3)),
-        "bitshuffle+lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
-        "blosc lz4+shuffle": dict(**B(cname="lz4", clevel=5, shuffle=B.SHUFFLE)),
-        "none": {},
-    }
+    return {k: v for k, v in cases().items() if k in FILTERS}
 
 
-def evict(path):
-    os.sync()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def proc_cpu(pid):
@@ -65,16 +57,6 @@ def proc_cpu(pid):
 def self_cpu():
     t = os.times()
     return t.user + t.system
-
-
-def read_all(path, bufsize=16 << 20):
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(bufsize)
-            if not b:
-                return n
-            n += len(b)
 
 
 def timed(fn, pid=None):
@@ -95,22 +77,10 @@ def wait_for(path, proc):
     raise SystemExit(f"{path} did not appear")
 
 
-def set_readahead(mnt, kb):
-    """Sets the kernel readahead of the FUSE mount at MNT (its bdi, from mountinfo)."""
-    with open("/proc/self/mountinfo") as fh:
-        dev = next((ln.split()[2] for ln in fh if ln.split()[4] == os.path.realpath(mnt)), None)
-    if dev is None:
-        raise SystemExit(f"{mnt} is not mounted")
-    with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as fh:
-        fh.write(str(kb))
-
-
 def measure(a, name, ras, env, threads):
     """One filter: rows of (wall, reader CPU, daemon CPU) per case, over a.reps rounds."""
     side = int((a.mib * (1 << 20) // 4) ** 0.5) // 512 * 512
-    rng = np.random.default_rng(1)
-    # filter_bench.py's data: a smooth integer-valued float32 field.
-    data = np.cumsum(rng.integers(-8, 9, size=(side, side)), axis=1).astype("<f4")
+    data = smooth_field((side, side))
     root = tempfile.mkdtemp(prefix="h5tilefs-cpu-")
     backing, mnt, fmnt = (os.path.join(root, x) for x in ("backing", "mnt", "floor"))
     for d in (backing, mnt, fmnt):

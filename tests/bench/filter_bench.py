@@ -63,6 +63,13 @@ def read_all(path, bufsize=16 << 20):
             n += len(b)
 
 
+def smooth_field(shape):
+    """A smooth integer-valued float32 field (like quantized sensor data): compresses
+    about 2-5x with these filters, less without a shuffle."""
+    rng = np.random.default_rng(1)
+    return np.cumsum(rng.integers(-8, 9, size=shape), axis=1).astype("<f4")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/h5tilefs", help="daemon(s), comma-separated")
@@ -77,10 +84,7 @@ def main():
     else:
         side = int((a.mib * (1 << 20) // 4) ** 0.5) // 512 * 512
         shape, chunks = (side, side), (512, 512)
-    rng = np.random.default_rng(1)
-    # A smooth integer-valued float32 field (like quantized sensor data): compresses
-    # about 2-5x with these filters, less without a shuffle.
-    data = np.cumsum(rng.integers(-8, 9, size=shape), axis=1).astype("<f4")
+    data = smooth_field(shape)
     root = tempfile.mkdtemp(prefix="h5tilefs-fbench-")
     backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
     os.makedirs(backing)
