@@ -335,8 +335,15 @@ impl Filesystem for Floor {
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // no keep_cache: every open starts cold, as a fresh open of a changed file does
-        reply.opened(FileHandle(0), FopenFlags::empty())
+        // no keep_cache: every open starts cold, as a fresh open of a changed file does.
+        // H5TILEFS_FLOOR_DIRECT=1: direct I/O (no page cache, one copy fewer).
+        let direct = std::env::var_os("H5TILEFS_FLOOR_DIRECT").is_some_and(|v| v == "1");
+        let f = if direct {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(0), f)
     }
 
     fn read(

@@ -466,3 +466,51 @@ def test_c_decoders_survive_mutated_chunks(tmp_path):
         assert outcomes["eio"] > 0, outcomes
     finally:
         assert unmount(str(mnt))
+
+
+def _control(mnt):
+    with open(os.path.join(mnt, ".h5tilefs"), "rb") as f:
+        return json.loads(f.read())
+
+
+def _served_by_second_read(mnt, path):
+    """Bytes the daemon served while `path` was read a second time (and the control
+    file once)."""
+    _read(path)
+    before = _control(mnt)["stats"]["bytes_served"]
+    _read(path)
+    return _control(mnt)["stats"]["bytes_served"] - before
+
+
+def test_decoded_io_direct(corpus, tmp_path):
+    """`--decoded-io direct`: decoded views bypass the page cache (a second read is
+    served by the daemon again), their bytes still match h5py in data, tiles and
+    slices, and mmap of `data` works. The default mount keeps decoded views in the
+    page cache (a second read is served from it)."""
+    root, backing, expect = corpus
+    name = "big/blosc_zstd"
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(mnt)
+    mount(backing, mnt, "--decoded-io", "direct", log=str(tmp_path / "log"))
+    try:
+        top = os.path.join(mnt, "filters.h5")
+        if _control(mnt)["options"]["decoded_io"] != "direct":
+            pytest.skip("the kernel does not allow mmap of direct-I/O FUSE files (Linux < 6.6)")
+        for p in sorted(k for k in expect if k.split("/")[0] in ("gzip_shuffle_fletcher", "zstd", "lz4", "big")):
+            _check_dataset(top, p, expect[p])
+        data = os.path.join(top, name, "data")
+        want = expect[name]
+        assert _served_by_second_read(mnt, data) >= want.nbytes
+        m = np.memmap(data, dtype=want.dtype, mode="r", shape=want.shape)
+        assert np.array_equal(m, want, equal_nan=True)
+        del m
+    finally:
+        assert unmount(mnt)
+    os.makedirs(mnt, exist_ok=True)
+    mount(backing, mnt, log=str(tmp_path / "log2"))
+    try:
+        assert _control(mnt)["options"]["decoded_io"] == "cached"
+        # (the control file's own bytes count too)
+        assert _served_by_second_read(mnt, os.path.join(mnt, "filters.h5", name, "data")) < 65536
+    finally:
+        assert unmount(mnt)
