@@ -17,6 +17,13 @@
 //! readahead?); `B:D:h` reads a request's own bytes with one pread unless its block is
 //! already being read ahead, and reads ahead only the blocks after it.
 //!
+//! `--decode FILE DATASET CHUNKS THREADS` is no file system: it decodes the stored
+//! chunks of DATASET (their bytes in CHUNKS, each a little-endian u32 length and the
+//! chunk, as tests/bench/cpu_budget.py writes them with h5py's `read_direct_chunk`)
+//! with the daemon's decoders on THREADS threads at once, nothing else running, and
+//! prints the wall and CPU seconds: the decoding a compressed read through any version
+//! of this daemon must do, measured on all CPUs together (they slow each other down).
+//!
 //!     h5tilefs-floor MOUNTPOINT SIZE_BYTES [THREADS]
 //!     h5tilefs-floor MOUNTPOINT --tree LIST [THREADS]
 //!     h5tilefs-floor MOUNTPOINT --backing FILE OFFSET SIZE [THREADS]
@@ -424,8 +431,85 @@ impl Filesystem for Floor {
     }
 }
 
+/// `--decode`: see the module comment.
+fn decode_all(args: &[String]) -> Result<String, String> {
+    let (Some(file), Some(name), Some(chunks), Some(threads)) = (
+        args.first(),
+        args.get(1),
+        args.get(2),
+        args.get(3).and_then(|s| s.parse::<usize>().ok()),
+    ) else {
+        return Err("usage: h5tilefs-floor --decode FILE DATASET CHUNKS THREADS".into());
+    };
+    let f = hdf5::File::open(file).map_err(|e| format!("{file}: {e}"))?;
+    let ds = f.dataset(name).map_err(|e| format!("{file}/{name}: {e}"))?;
+    let dcpl = h5tilefs::h5::dcpl(ds.id()).map_err(|e| e.to_string())?;
+    let filters = h5tilefs::h5::filters(&dcpl).map_err(|e| e.to_string())?;
+    let elem = ds.dtype().map_err(|e| e.to_string())?.size();
+    let chunk: usize = ds.chunk().ok_or("not chunked")?.iter().product();
+    let expect = chunk * elem;
+    let raw = std::fs::read(chunks).map_err(|e| format!("{chunks}: {e}"))?;
+    let mut parts = Vec::new();
+    let mut at = 0usize;
+    while at + 4 <= raw.len() {
+        let n = u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]) as usize;
+        let end = (at + 4).checked_add(n).filter(|&e| e <= raw.len());
+        let end = end.ok_or("truncated chunk file")?;
+        parts.push(&raw[at + 4..end]);
+        at = end;
+    }
+    h5tilefs::ckernels::ready();
+    let cpu = || {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; RUSAGE_SELF covers every thread of this process.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+        let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        s(u.ru_utime) + s(u.ru_stime)
+    };
+    let (c0, t) = (cpu(), std::time::Instant::now());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = parts.get(i) else { break };
+                match h5tilefs::decode::decode_chunk(p.to_vec(), &filters, 0, elem, expect) {
+                    Ok(v) => drop(std::hint::black_box(v)),
+                    Err(_) => {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu() - c0);
+    let failed = failed.into_inner();
+    if failed > 0 {
+        return Err(format!("{failed} of {} chunks did not decode", parts.len()));
+    }
+    Ok(format!(
+        "{{\"chunks\": {}, \"bytes\": {}, \"threads\": {threads}, \"wall\": {wall:.4}, \"cpu\": {cpu:.4}}}",
+        parts.len(),
+        parts.len() * expect
+    ))
+}
+
 fn main() -> std::process::ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--decode") {
+        return match decode_all(&args[2..]) {
+            Ok(line) => {
+                println!("{line}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("h5tilefs-floor: {e}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     let mut tree = None;
     let mut proxy = None;
     if args.get(2).map(String::as_str) == Some("--backing") {

@@ -8,8 +8,16 @@ For one chunked dataset (the `--layout square` of filter_bench.py: S x S float32
   * h5py + hdf5plugin: wall and process CPU, cold (backing evicted) and warm;
   * the mount, cold (fresh mount, backing evicted) and with the backing warm: wall, the
     reader's CPU, the daemon's CPU (utime + stime from /proc);
-  * the FUSE floor serving the same number of bytes from memory: wall, reader CPU,
-    floor CPU: what delivering those bytes through FUSE costs with no decoding at all.
+  * the FUSE floor serving the same number of bytes from memory, through the page
+    cache and with direct I/O: wall, reader CPU, floor CPU: what delivering those
+    bytes through FUSE costs with no decoding at all.
+
+The mount is measured in each --decoded-io mode (cached, the default, and direct).
+And the daemon's own decoders, run by `h5tilefs-floor --decode` over the stored chunks
+on every CPU at once with nothing else to do: wall and CPU seconds (CPUs busy together
+run slower than one alone, so this CPU time is the honest cost of decoding in
+parallel). A second bound follows: at least that wall, and (that CPU + the floor's
+CPU) / C.
 
 A lower bound on the mount's wall time on C CPUs follows: (the decoders' CPU + the
 floor's CPU for the same bytes) / C. If that bound is above h5py's wall time / target,
@@ -19,6 +27,7 @@ CPU than the floor.
     python tests/bench/cpu_budget.py --filter zstd --mib 128
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -77,7 +86,7 @@ def wait_for(path, proc):
     raise SystemExit(f"{path} did not appear")
 
 
-def measure(a, name, ras, env, threads):
+def measure(a, name, ras, env, threads, modes):
     """One filter: rows of (wall, reader CPU, daemon CPU) per case, over a.reps rounds."""
     side = int((a.mib * (1 << 20) // 4) ** 0.5) // 512 * 512
     data = smooth_field((side, side))
@@ -88,6 +97,13 @@ def measure(a, name, ras, env, threads):
     path = os.path.join(backing, "f.h5")
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=data, chunks=(512, 512), **filters()[name])
+    chunks = os.path.join(root, "chunks.bin")
+    with h5py.File(path, "r") as f, open(chunks, "wb") as out:
+        x = f["x"]
+        for i in range(x.id.get_num_chunks()):
+            _mask, raw = x.id.read_direct_chunk(x.id.get_chunk_info(i).chunk_offset)
+            out.write(len(raw).to_bytes(4, "little") + raw)
+    ncpu = os.cpu_count()
     rows = {}
 
     def add(case, r):
@@ -102,35 +118,45 @@ def measure(a, name, ras, env, threads):
             evict(path)
             add("h5py + hdf5plugin, cold", timed(h5read))
             add("h5py + hdf5plugin, warm", timed(h5read))
+            if name != "none (unfiltered chunks)":
+                out = subprocess.run([a.floor, "--decode", path, "x", chunks, str(ncpu)],
+                                     check=True, capture_output=True, text=True).stdout
+                r = json.loads(out)
+                add(f"the daemon's decoders on all {ncpu} CPUs, no FUSE", (r["wall"], 0.0, r["cpu"]))
             for ra in ras:
-                for cold in (True, False):
-                    if cold:
-                        evict(path)
-                    else:
-                        read_all(path)
-                    p = subprocess.Popen([a.bin, "mount", backing, mnt, "--foreground", "--gpu", "off"],
-                                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for mode in modes:
+                    for cold in (True, False):
+                        if cold:
+                            evict(path)
+                        else:
+                            read_all(path)
+                        p = subprocess.Popen([a.bin, "mount", backing, mnt, "--foreground", "--gpu", "off",
+                                              "--decoded-io", mode],
+                                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        try:
+                            wait_for(os.path.join(mnt, "f.h5"), p)
+                            set_readahead(mnt, ra)
+                            d = os.path.join(mnt, "f.h5", "x", "data")
+                            os.stat(d)
+                            add(f"mount {mode}, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
+                                timed(lambda: read_all(d), p.pid))
+                        finally:
+                            subprocess.run(["fusermount3", "-u", mnt], check=False)
+                            p.wait()
+                for direct in ("0", "1"):
+                    p = subprocess.Popen([a.floor, fmnt, str(data.nbytes), str(threads)],
+                                         env=dict(os.environ, H5TILEFS_FLOOR_DIRECT=direct),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     try:
-                        wait_for(os.path.join(mnt, "f.h5"), p)
-                        set_readahead(mnt, ra)
-                        d = os.path.join(mnt, "f.h5", "x", "data")
-                        os.stat(d)
-                        add(f"mount, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
-                            timed(lambda: read_all(d), p.pid))
+                        fd = os.path.join(fmnt, "data")
+                        wait_for(fd, p)
+                        set_readahead(fmnt, ra)
+                        io = "direct I/O" if direct == "1" else "page cache"
+                        add(f"FUSE floor (memory, no decoding, {io}), readahead {ra} KiB",
+                            timed(lambda: read_all(fd), p.pid))
                     finally:
-                        subprocess.run(["fusermount3", "-u", mnt], check=False)
+                        subprocess.run(["fusermount3", "-u", fmnt], check=False)
                         p.wait()
-                p = subprocess.Popen([a.floor, fmnt, str(data.nbytes), str(threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                try:
-                    fd = os.path.join(fmnt, "data")
-                    wait_for(fd, p)
-                    set_readahead(fmnt, ra)
-                    add(f"FUSE floor (memory, no decoding), readahead {ra} KiB",
-                        timed(lambda: read_all(fd), p.pid))
-                finally:
-                    subprocess.run(["fusermount3", "-u", fmnt], check=False)
-                    p.wait()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return data.nbytes, side, rows
@@ -145,10 +171,13 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--readahead-kb", default="4096",
                     help="comma-separated kernel readaheads for the mount and the floor (4096: the daemon's)")
+    ap.add_argument("--decoded-io", default="cached,direct",
+                    help="comma-separated mount modes (--decoded-io of h5tilefs mount)")
     a = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
     threads = min(32, max(8, 2 * (os.cpu_count() or 1)))
     ras = [int(x) for x in a.readahead_kb.split(",") if x]
+    modes = [m for m in a.decoded_io.split(",") if m]
     ncpu = os.cpu_count()
     try:
         with open("/proc/sys/fs/fuse/max_pages_limit") as fh:
@@ -156,7 +185,7 @@ def main():
     except OSError:
         pass
     for name in (x for x in a.filter.split(",") if x):
-        nbytes, side, rows = measure(a, name, ras, env, threads)
+        nbytes, side, rows = measure(a, name, ras, env, threads, modes)
         mib = nbytes / (1 << 20)
         print(f"\n{name}, {mib:.0f} MiB float32 {side}x{side} in 512x512 chunks, median of {a.reps}, "
               f"{ncpu} CPUs, load {os.getloadavg()[0]:.1f}\n")
@@ -170,16 +199,25 @@ def main():
             print(f"| {case} | {w:.3f} | {mib / w:.0f} | {best:.3f} | {r:.3f} | {dcpu:.3f} | {r + dcpu:.3f} |")
         hw = med["h5py + hdf5plugin, cold"][0]
         dec = med["h5py + hdf5plugin, warm"][1]
-        floors = {k: v for k, v in med.items() if k.startswith("FUSE floor")}
-        best = min(floors, key=lambda k: floors[k][0])
-        fw, fcpu = floors[best][0], floors[best][1] + floors[best][2]
-        cpu_bound = (dec + fcpu) / ncpu
-        bound = max(fw, cpu_bound)
-        print(f"\nBound: h5py's warm CPU (decoding, one copy) {dec:.3f} s + the floor's CPU {fcpu:.3f} s "
-              f"over {ncpu} CPUs = {cpu_bound:.3f} s; the floor's wall ({best}) {fw:.3f} s. "
-              f"A mount takes at least {bound:.3f} s: at best {hw / bound:.2f}x h5py's cold "
-              f"{hw:.3f} s; measured {hw / min(v[0] for k, v in med.items() if k.startswith('mount, cold')):.2f}x.")
-
+        ours = next((v for k, v in med.items() if k.startswith("the daemon's decoders")), None)
+        for io in ("page cache", "direct I/O"):
+            floors = {k: v for k, v in med.items() if k.startswith("FUSE floor") and io in k}
+            best = min(floors, key=lambda k: floors[k][0])
+            fw, fcpu = floors[best][0], floors[best][1] + floors[best][2]
+            mode = "cached" if io == "page cache" else "direct"
+            mounts = [v[0] for k, v in med.items() if k.startswith(f"mount {mode}, cold")]
+            got = f"measured {hw / min(mounts):.2f}x" if mounts else "not measured"
+            print(f"\nThrough the {io} (--decoded-io {mode}, {got}; the floor: wall {fw:.3f} s, "
+                  f"CPU {fcpu:.3f} s):")
+            cpu_bound = (dec + fcpu) / ncpu
+            bound = max(fw, cpu_bound)
+            print(f"  with h5py's warm CPU ({dec:.3f} s) for the decoding: (decoding + floor CPU) / "
+                  f"{ncpu} CPUs = {cpu_bound:.3f} s; at best {hw / bound:.2f}x h5py's cold {hw:.3f} s.")
+            if ours:
+                cpu_bound = (ours[2] + fcpu) / ncpu
+                bound = max(fw, ours[0], cpu_bound)
+                print(f"  with the daemon's decoders on all CPUs at once ({ours[0]:.3f} s wall, "
+                      f"{ours[2]:.3f} s CPU): at least {bound:.3f} s; at best {hw / bound:.2f}x.")
 
 if __name__ == "__main__":
     main()
