@@ -36,6 +36,8 @@ pub struct CellCache {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub prefetched: AtomicU64,
+    /// Cells dropped because a sequential reader had passed them (`release`).
+    pub released: AtomicU64,
 }
 
 /// A decoded cell, or the errno and message of why it could not be decoded.
@@ -159,11 +161,37 @@ impl CellCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
+            released: AtomicU64::new(0),
         }
     }
 
     pub fn bytes(&self) -> u64 {
         self.inner.lock().bytes
+    }
+
+    /// Drops `cells` that are decoded and cached (cells still loading stay): a
+    /// sequential reader is done with them (`readahead::release_behind`). Their memory
+    /// is freed outside the lock, once no reader holds them.
+    pub fn release(&self, cells: &[CellRef]) {
+        let mut dropped = Vec::new();
+        {
+            let mut g = self.inner.lock();
+            let g = &mut *g;
+            for c in cells {
+                let key = c.key();
+                if let Some(Slot::Ready(_, used)) = g.map.get(&key) {
+                    let used = *used;
+                    if let Some(Slot::Ready(v, _)) = g.map.remove(&key) {
+                        g.bytes -= v.len() as u64;
+                        dropped.push(v);
+                    }
+                    g.lru.remove(&used);
+                }
+            }
+        }
+        self.released
+            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        drop(dropped);
     }
 
     fn claim(&self, cell: &CellRef) -> Claim {
@@ -963,6 +991,41 @@ mod tests {
         cache.get(&cell(1)).unwrap();
         assert_eq!(src.0.load(Ordering::Relaxed), 5, "1 was evicted");
         assert!(cache.bytes() <= 300);
+    }
+
+    /// Released cells leave the cache and its byte count, and their LRU entries go
+    /// too (a later eviction must not trip over them); a reader still holding one
+    /// keeps its bytes; cells not cached are ignored.
+    #[test]
+    fn released_cells_leave_the_cache() {
+        let cache = CellCache::new(1000);
+        let src = Arc::new(Counting(AtomicU64::new(0)));
+        let cell = |index| CellRef {
+            source: src.clone(),
+            index,
+        };
+        let held = cache.get(&cell(1)).unwrap();
+        for i in [0, 2, 3] {
+            cache.get(&cell(i)).unwrap();
+        }
+        assert_eq!(cache.bytes(), 400);
+        cache.release(&[cell(0), cell(1), cell(9)]);
+        assert_eq!(cache.bytes(), 200);
+        assert_eq!(cache.released.load(Ordering::Relaxed), 2);
+        assert_eq!(held[0], 1, "a held cell keeps its bytes");
+        assert_eq!(cache.inner.lock().lru.len(), 2);
+        cache.get(&cell(0)).unwrap();
+        assert_eq!(
+            src.0.load(Ordering::Relaxed),
+            5,
+            "a released cell decodes again"
+        );
+        cache.get(&cell(2)).unwrap();
+        assert_eq!(src.0.load(Ordering::Relaxed), 5, "others stayed");
+        for i in 10..30 {
+            cache.get(&cell(i)).unwrap();
+        }
+        assert!(cache.bytes() <= 1000);
     }
 
     /// A slow source that records how many loads ran at once; index 7 fails.

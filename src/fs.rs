@@ -230,10 +230,6 @@ pub struct FsOptions {
     pub gpu: crate::gpu::GpuMode,
     /// Threads per large READ_TO_GPU request (parallel cuFile pieces).
     pub gpu_io_threads: usize,
-    /// Decoded views (`data`, tiles, slices of filtered datasets) served with direct
-    /// I/O (opt-in), where the kernel still allows mmap of such files
-    /// (docs/performance.md, "Direct I/O for decoded views").
-    pub direct_decoded: bool,
 }
 
 impl Default for FsOptions {
@@ -246,7 +242,6 @@ impl Default for FsOptions {
             threads: 8,
             gpu: crate::gpu::GpuMode::Auto,
             gpu_io_threads: 16,
-            direct_decoded: false,
         }
     }
 }
@@ -635,10 +630,6 @@ pub struct Fs {
     /// tells a backing file system unmounted or replaced under the daemon from a gone
     /// daemon by comparing them with what the path shows now.
     backing_id: serde_json::Value,
-    /// The kernel allows mmap of files opened with direct I/O (FUSE_DIRECT_IO_ALLOW_MMAP,
-    /// Linux 6.6): set by the FUSE adapter at init; decoded views use direct I/O only
-    /// then, so `numpy.memmap` of them keeps working.
-    direct_mmap: std::sync::atomic::AtomicBool,
 }
 
 /// Device, inode and file system type (statfs f_type) of the backing directory.
@@ -767,7 +758,6 @@ impl Fs {
             ino_dirs: DashMap::new(),
             ino_entries: std::sync::atomic::AtomicUsize::new(0),
             next_fh: AtomicU64::new(1),
-            direct_mmap: std::sync::atomic::AtomicBool::new(false),
             seen: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
             bytes_served: AtomicU64::new(0),
@@ -802,11 +792,6 @@ impl Fs {
                 "threads": self.opts.threads,
                 "tile_bytes": self.opts.tile_bytes,
                 "cache_bytes": self.opts.cache_bytes,
-                "decoded_io": if self.opts.direct_decoded && self.direct_mmap.load(Ordering::Relaxed) {
-                    "direct"
-                } else {
-                    "cached"
-                },
             },
             "stats": {
                 "inodes": self.inodes.len(),
@@ -819,6 +804,8 @@ impl Fs {
                 "cell_cache_bytes": self.cache.bytes(),
                 "cell_cache_hits": self.cache.hits.load(Ordering::Relaxed),
                 "cell_cache_misses": self.cache.misses.load(Ordering::Relaxed),
+                "cell_cache_prefetched": self.cache.prefetched.load(Ordering::Relaxed),
+                "cell_cache_released": self.cache.released.load(Ordering::Relaxed),
                 "pending_files": self.pending_files(),
                 "draining": self.draining.load(Ordering::Relaxed),
                 "pid": std::process::id(),
@@ -830,11 +817,6 @@ impl Fs {
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
         out
-    }
-
-    /// Records whether the kernel allows mmap of direct-I/O files (see `direct_mmap`).
-    pub fn set_direct_mmap(&self, allowed: bool) {
-        self.direct_mmap.store(allowed, Ordering::Relaxed);
     }
 
     /// Open file handles (for status and shutdown logs).
@@ -2219,16 +2201,7 @@ impl Fs {
         // a handle of that version may use and keep it; one opened through an inode of
         // an older version (a dentry the kernel still holds) serves the current version
         // with direct I/O, so neither version's pages mix with the other's.
-        //
-        // With `--decoded-io direct`, decoded views bypass the page cache: one copy and
-        // no page allocation per byte, and decoded bytes held once (in the cell cache).
-        // Not the default: small and repeated reads then all cross FUSE (measured in
-        // docs/performance.md, "Direct I/O for decoded views").
-        let decoded = matches!(&handle, Handle::View { model, .. } if !model.plain_bytes())
-            && self.opts.direct_decoded
-            && self.direct_mmap.load(Ordering::Relaxed);
         let (keep, direct) = match served {
-            Some(_) if decoded => (false, true),
             Some(v) if self.inodes.version(ino, &node) == Ok(Some(v)) => (true, false),
             Some(v) => {
                 tracing::debug!(ino, version = ?v, "open through an inode of an older version: direct I/O");
@@ -2236,6 +2209,9 @@ impl Fs {
             }
             None => (false, !matches!(handle, Handle::View { .. })),
         };
+        if let (true, Handle::View { stream, .. }) = (keep, &handle) {
+            stream.set_page_cached();
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.insert(fh, Arc::new(handle));
         Ok((fh, keep, direct))
@@ -2276,14 +2252,16 @@ impl Fs {
                     ));
                 }
                 let (model, sel) = (model.clone(), sel.clone());
-                let seq = stream
-                    .sequential(off, size as u64)
-                    .is_some_and(|f| f >= crate::readahead::view_ahead_start());
+                let sequential = stream.sequential(off, size as u64);
+                let seq = sequential.is_some_and(|f| f >= crate::readahead::view_ahead_start());
                 let ahead = stream.advance(off, size as u64);
                 let stream = stream.clone();
                 drop(h);
                 if let Some((from, to)) = ahead {
                     crate::readahead::prefetch(&model, &sel, from, to, &self.cache);
+                }
+                if sequential.is_some() {
+                    crate::readahead::release_behind(&model, &sel, &stream, &self.cache);
                 }
                 // Blocks of the view read ahead of a sequential reader (src/readahead.rs).
                 let va = crate::readahead::view_ahead();

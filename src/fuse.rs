@@ -215,10 +215,6 @@ impl Filesystem for FuseFs {
             .is_ok();
         self.no_opendir
             .store(no_opendir, std::sync::atomic::Ordering::Relaxed);
-        let direct_mmap = config
-            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-            .is_ok();
-        self.core.set_direct_mmap(direct_mmap);
         Ok(())
     }
 

@@ -105,13 +105,6 @@ struct MountArgs {
     /// Threads that read one large READ_TO_GPU request as parallel cuFile pieces.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     gpu_io_threads: u16,
-    /// How decoded views (`data`, tiles, slices of filtered datasets) reach readers:
-    /// `cached` (through the page cache) or `direct` (direct I/O from the cell cache:
-    /// faster large reads of data read once, much slower small or repeated reads; used
-    /// only where the kernel allows mmap of such files, Linux 6.6 and later). See
-    /// docs/performance.md, "Direct I/O for decoded views".
-    #[arg(long, value_parser = ["direct", "cached"], default_value = "cached")]
-    decoded_io: String,
     /// Kernel readahead for the mount, in KiB (set through sysfs when permitted).
     #[arg(long, default_value_t = 4096)]
     readahead_kb: u32,
@@ -124,7 +117,7 @@ struct MountArgs {
     shutdown_grace: u64,
     /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
     /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH,
-    /// gpu_io_threads=N, decoded_io=direct|cached.
+    /// gpu_io_threads=N.
     /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
@@ -157,10 +150,6 @@ fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
             ("tile_bytes", Some(v)) => args.tile_bytes = parse_bytes(v)?,
             ("cache_bytes", Some(v)) => args.cache_bytes = parse_bytes(v)?,
             ("log_file", Some(v)) => args.log_file = Some(PathBuf::from(v)),
-            ("decoded_io", Some(v @ ("direct" | "cached"))) => args.decoded_io = v.to_string(),
-            ("decoded_io", Some(v)) => {
-                return Err(format!("bad decoded_io={v} (direct or cached)"))
-            }
             _ => {}
         }
     }
@@ -357,7 +346,6 @@ fn mount(args: MountArgs) -> Result<(), String> {
         threads,
         gpu: args.gpu,
         gpu_io_threads: args.gpu_io_threads.into(),
-        direct_decoded: args.decoded_io == "direct",
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);

@@ -52,11 +52,23 @@ pub const STEP: u64 = 4 << 20;
 /// How far out of order a read may start and still count as sequential.
 pub const SLACK: u64 = 16 << 20;
 
+/// How far behind a sequential reader's furthest end its cells are released (the
+/// kernel's requests arrive out of order within [`SLACK`]).
+pub const BEHIND: u64 = SLACK;
+/// The most bytes of a view one release looks at (a reader that jumped far ahead
+/// leaves the cells before that to the cache's LRU).
+const RELEASE_SPAN: u64 = 64 << 20;
+
 /// Per open handle: the furthest end read, and how far ahead has been prefetched.
 #[derive(Default)]
 pub struct Stream {
     end: AtomicU64,
     ahead: AtomicU64,
+    /// The handle's bytes stay in the kernel's page cache (FOPEN_KEEP_CACHE): cells
+    /// its sequential reader has passed may be released ([`release_behind`]).
+    page_cached: std::sync::atomic::AtomicBool,
+    /// Bytes of the view before which cells were released.
+    released: AtomicU64,
     /// Blocks of this view read ahead into memory (view byte block index).
     blocks: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
 }
@@ -276,6 +288,11 @@ impl Slot {
 }
 
 impl Stream {
+    /// Marks the handle's bytes as kept in the kernel's page cache (see `page_cached`).
+    pub fn set_page_cached(&self) {
+        self.page_cached.store(true, Ordering::Relaxed);
+    }
+
     /// Records a read of `[off, off + len)`; for a sequential reader returns the range
     /// newly to prefetch.
     pub fn advance(&self, off: u64, len: u64) -> Option<(u64, u64)> {
@@ -301,6 +318,61 @@ impl Stream {
         }
         Some((old.max(furthest), target))
     }
+}
+
+/// Releases from the cell cache the cells a sequential reader of a page-cached handle
+/// has passed: every byte of theirs lies more than [`BEHIND`] before the furthest end
+/// read. Their bytes are in the kernel's page cache; keeping them too made a streaming
+/// read fill the cache with fresh memory, and the page faults of that cost a 2-CPU
+/// node about a fifth of the daemon's CPU (docs/performance.md). With them released,
+/// the allocator reuses their memory for the cells ahead. A later reader of the same
+/// chunks through another view (tiles, slices) decodes them again.
+///
+/// Only chunk grids of the dataset itself: the view is the selection in C order, and a
+/// cell's bytes repeat the same in-slice pattern on every first-dimension slice it
+/// spans, so a cell still to be read after `f` is also read within one slice's bytes
+/// after `f`; the cells of `[from, f)` not among those are done.
+pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, cache: &CellCache) {
+    use crate::model::Storage;
+    if !stream.page_cached.load(Ordering::Relaxed)
+        || !matches!(model.storage, Storage::Chunked(_) | Storage::Cells(_))
+    {
+        return;
+    }
+    let frontier = stream.end.load(Ordering::Relaxed).saturating_sub(BEHIND);
+    let done = stream.released.load(Ordering::Relaxed);
+    if frontier < done.saturating_add(STEP) {
+        return;
+    }
+    // One thread takes each step; a loser's range is the winner's.
+    if stream
+        .released
+        .compare_exchange(done, frontier, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let from = done.max(frontier.saturating_sub(RELEASE_SPAN));
+    let slice = sel
+        .counts()
+        .iter()
+        .skip(1)
+        .try_fold(model.itemsize(), |a, &c| a.checked_mul(c));
+    let Some(slice) = slice.filter(|&b| b > 0 && b <= RELEASE_SPAN) else {
+        return;
+    };
+    let (Ok((_, passed)), Ok((_, next))) = (
+        model.plan(sel, from, frontier - from),
+        model.plan(sel, frontier, slice),
+    ) else {
+        return;
+    };
+    let keep: std::collections::HashSet<_> = cells_of(&next).iter().map(|c| c.key()).collect();
+    let gone: Vec<_> = cells_of(&passed)
+        .into_iter()
+        .filter(|c| !keep.contains(&c.key()))
+        .collect();
+    cache.release(&gone);
 }
 
 /// Prefetches bytes `[from, to)` of the image of `sel`: background decoding of the

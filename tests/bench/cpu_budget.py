@@ -12,7 +12,8 @@ For one chunked dataset (the `--layout square` of filter_bench.py: S x S float32
     cache and with direct I/O: wall, reader CPU, floor CPU: what delivering those
     bytes through FUSE costs with no decoding at all.
 
-The mount is measured in each --decoded-io mode (cached, the default, and direct).
+The page cache costs the reader a copy and page allocation that direct I/O would not;
+the second floor shows what a daemon serving with direct I/O could reach.
 And the daemon's own decoders, run by `h5tilefs-floor --decode` over the stored chunks
 on every CPU at once with nothing else to do: wall and CPU seconds (CPUs busy together
 run slower than one alone, so this CPU time is the honest cost of decoding in
@@ -86,7 +87,7 @@ def wait_for(path, proc):
     raise SystemExit(f"{path} did not appear")
 
 
-def measure(a, name, ras, env, threads, modes):
+def measure(a, name, ras, env, threads):
     """One filter: rows of (wall, reader CPU, daemon CPU) per case, over a.reps rounds."""
     side = int((a.mib * (1 << 20) // 4) ** 0.5) // 512 * 512
     data = smooth_field((side, side))
@@ -124,25 +125,23 @@ def measure(a, name, ras, env, threads, modes):
                 r = json.loads(out)
                 add(f"the daemon's decoders on all {ncpu} CPUs, no FUSE", (r["wall"], 0.0, r["cpu"]))
             for ra in ras:
-                for mode in modes:
-                    for cold in (True, False):
-                        if cold:
-                            evict(path)
-                        else:
-                            read_all(path)
-                        p = subprocess.Popen([a.bin, "mount", backing, mnt, "--foreground", "--gpu", "off",
-                                              "--decoded-io", mode],
-                                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                        try:
-                            wait_for(os.path.join(mnt, "f.h5"), p)
-                            set_readahead(mnt, ra)
-                            d = os.path.join(mnt, "f.h5", "x", "data")
-                            os.stat(d)
-                            add(f"mount {mode}, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
-                                timed(lambda: read_all(d), p.pid))
-                        finally:
-                            subprocess.run(["fusermount3", "-u", mnt], check=False)
-                            p.wait()
+                for cold in (True, False):
+                    if cold:
+                        evict(path)
+                    else:
+                        read_all(path)
+                    p = subprocess.Popen([a.bin, "mount", backing, mnt, "--foreground", "--gpu", "off"],
+                                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    try:
+                        wait_for(os.path.join(mnt, "f.h5"), p)
+                        set_readahead(mnt, ra)
+                        d = os.path.join(mnt, "f.h5", "x", "data")
+                        os.stat(d)
+                        add(f"mount, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
+                            timed(lambda: read_all(d), p.pid))
+                    finally:
+                        subprocess.run(["fusermount3", "-u", mnt], check=False)
+                        p.wait()
                 for direct in ("0", "1"):
                     p = subprocess.Popen([a.floor, fmnt, str(data.nbytes), str(threads)],
                                          env=dict(os.environ, H5TILEFS_FLOOR_DIRECT=direct),
@@ -171,13 +170,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--readahead-kb", default="4096",
                     help="comma-separated kernel readaheads for the mount and the floor (4096: the daemon's)")
-    ap.add_argument("--decoded-io", default="cached,direct",
-                    help="comma-separated mount modes (--decoded-io of h5tilefs mount)")
     a = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
     threads = min(32, max(8, 2 * (os.cpu_count() or 1)))
     ras = [int(x) for x in a.readahead_kb.split(",") if x]
-    modes = [m for m in a.decoded_io.split(",") if m]
     ncpu = os.cpu_count()
     try:
         with open("/proc/sys/fs/fuse/max_pages_limit") as fh:
@@ -185,7 +181,7 @@ def main():
     except OSError:
         pass
     for name in (x for x in a.filter.split(",") if x):
-        nbytes, side, rows = measure(a, name, ras, env, threads, modes)
+        nbytes, side, rows = measure(a, name, ras, env, threads)
         mib = nbytes / (1 << 20)
         print(f"\n{name}, {mib:.0f} MiB float32 {side}x{side} in 512x512 chunks, median of {a.reps}, "
               f"{ncpu} CPUs, load {os.getloadavg()[0]:.1f}\n")
@@ -200,15 +196,13 @@ def main():
         hw = med["h5py + hdf5plugin, cold"][0]
         dec = med["h5py + hdf5plugin, warm"][1]
         ours = next((v for k, v in med.items() if k.startswith("the daemon's decoders")), None)
+        mounts = [v[0] for k, v in med.items() if k.startswith("mount, cold")]
+        print(f"\nThe mount (page cache) measured {hw / min(mounts):.2f}x h5py's cold read.")
         for io in ("page cache", "direct I/O"):
             floors = {k: v for k, v in med.items() if k.startswith("FUSE floor") and io in k}
             best = min(floors, key=lambda k: floors[k][0])
             fw, fcpu = floors[best][0], floors[best][1] + floors[best][2]
-            mode = "cached" if io == "page cache" else "direct"
-            mounts = [v[0] for k, v in med.items() if k.startswith(f"mount {mode}, cold")]
-            got = f"measured {hw / min(mounts):.2f}x" if mounts else "not measured"
-            print(f"\nThrough the {io} (--decoded-io {mode}, {got}; the floor: wall {fw:.3f} s, "
-                  f"CPU {fcpu:.3f} s):")
+            print(f"\nA daemon serving through {'the page cache' if io == 'page cache' else 'direct I/O'} (the floor: wall {fw:.3f} s, CPU {fcpu:.3f} s):")
             cpu_bound = (dec + fcpu) / ncpu
             bound = max(fw, cpu_bound)
             print(f"  with h5py's warm CPU ({dec:.3f} s) for the decoding: (decoding + floor CPU) / "
