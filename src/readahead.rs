@@ -69,6 +69,9 @@ pub struct Stream {
     page_cached: std::sync::atomic::AtomicBool,
     /// Bytes of the view before which cells were released.
     released: AtomicU64,
+    /// Where the current sequential run began (the first read, or the last seek): cells
+    /// with bytes before it were not passed by this handle and are never released.
+    run_start: AtomicU64,
     /// Blocks of this view read ahead into memory (view byte block index).
     blocks: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
 }
@@ -298,7 +301,11 @@ impl Stream {
     pub fn advance(&self, off: u64, len: u64) -> Option<(u64, u64)> {
         let end = off.saturating_add(len);
         let prev = self.end.fetch_max(end, Ordering::Relaxed);
+        if prev == 0 {
+            self.run_start.store(off, Ordering::Relaxed); // the handle's first read
+        }
         if off.saturating_add(SLACK) < prev || off > prev.saturating_add(SLACK) {
+            self.run_start.store(off, Ordering::Relaxed);
             return None; // a seek: random access, or a new position
         }
         let furthest = prev.max(end);
@@ -331,13 +338,16 @@ impl Stream {
 /// Only chunk grids of the dataset itself: the view is the selection in C order, and a
 /// cell's bytes repeat the same in-slice pattern on every first-dimension slice it
 /// spans, so a cell still to be read after `f` is also read within one slice's bytes
-/// after `f`; the cells of `[from, f)` not among those are done.
+/// after `f`; the cells of `[from, f)` not among those are done. Likewise a cell with
+/// bytes before the run's start `r` (which this handle never read, and whose bytes are
+/// not in its page cache) has bytes within one slice before `r`: those stay too.
 pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, cache: &CellCache) {
     use crate::model::Storage;
     if !stream.page_cached.load(Ordering::Relaxed)
         || !matches!(model.storage, Storage::Chunked(_) | Storage::Cells(_))
+        || model.plain_bytes()
     {
-        return;
+        return; // unfiltered chunks are read without cells: nothing to release
     }
     let frontier = stream.end.load(Ordering::Relaxed).saturating_sub(BEHIND);
     let done = stream.released.load(Ordering::Relaxed);
@@ -352,7 +362,11 @@ pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, ca
     {
         return;
     }
-    let from = done.max(frontier.saturating_sub(RELEASE_SPAN));
+    let start = stream.run_start.load(Ordering::Relaxed);
+    let from = done.max(start).max(frontier.saturating_sub(RELEASE_SPAN));
+    if from >= frontier {
+        return;
+    }
     let slice = sel
         .counts()
         .iter()
@@ -361,14 +375,25 @@ pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, ca
     let Some(slice) = slice.filter(|&b| b > 0 && b <= RELEASE_SPAN) else {
         return;
     };
-    let (Ok((_, passed)), Ok((_, next))) = (
-        model.plan(sel, from, frontier - from),
-        model.plan(sel, frontier, slice),
-    ) else {
+    let Ok((_, passed)) = model.plan(sel, from, frontier - from) else {
         return;
     };
-    let keep: std::collections::HashSet<_> = cells_of(&next).iter().map(|c| c.key()).collect();
-    let gone: Vec<_> = cells_of(&passed)
+    let passed = cells_of(&passed);
+    if passed.is_empty() {
+        return;
+    }
+    let Ok((_, next)) = model.plan(sel, frontier, slice) else {
+        return;
+    };
+    let mut keep: std::collections::HashSet<_> = cells_of(&next).iter().map(|c| c.key()).collect();
+    if start > 0 {
+        let before = start.saturating_sub(slice);
+        let Ok((_, prior)) = model.plan(sel, before, start - before) else {
+            return;
+        };
+        keep.extend(cells_of(&prior).iter().map(|c| c.key()));
+    }
+    let gone: Vec<_> = passed
         .into_iter()
         .filter(|c| !keep.contains(&c.key()))
         .collect();

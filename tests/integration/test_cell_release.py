@@ -121,3 +121,29 @@ def test_views_read_after_a_release_equal_h5py(data, mnt):
         assert f.read() == np.ascontiguousarray(want[:th, :tw]).tobytes()
     with open(os.path.join(d, "slice", "7:9,100:3000"), "rb") as f:
         assert f.read() == np.ascontiguousarray(want[7:9, 100:3000]).tobytes()
+
+
+def test_a_reader_starting_mid_dataset_keeps_the_cells_before_it(data, mnt):
+    """A handle that starts reading at 22 MiB (inside a band of chunks) must not
+    release cells it never passed: the band before its start is still needed by a
+    second handle reading [0, 22 MiB) (as parallel workers each streaming one part of
+    `data` do). Each chunk is decoded once over both handles."""
+    _, _, sets = data
+    want, chunks = sets["two"]
+    path = os.path.join(mnt, "f.h5", "two", "data")
+    start = 22 * MIB
+    before = _control(mnt)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        tail = []
+        while True:
+            b = f.read(4 * MIB)
+            if not b:
+                break
+            tail.append(b)
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(start)
+    assert head + b"".join(tail) == want.tobytes()
+    after = _control(mnt)
+    nchunks = _chunks_touched(want.shape, chunks, [range(n) for n in want.shape])
+    assert _decodes(after) - _decodes(before) == nchunks, "cells before the start were released"
