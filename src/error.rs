@@ -123,6 +123,13 @@ pub enum PendingError {
     },
     #[error("this h5tilefs daemon is shutting down (SIGTERM): writes are refused; write through a running mount")]
     ShuttingDown,
+    #[error("{dataset} tile {tile}: tile source {path} was made by an h5tilefs of another version or HDF5 build (its header differs from this daemon's at byte {byte}); run the same h5tilefs build on every node, then rmdir the dataset and write it again")]
+    ForeignSource {
+        dataset: String,
+        tile: String,
+        path: String,
+        byte: u64,
+    },
     #[error("{what}: malformed tile source or pending state")]
     Corrupt { what: String },
     #[error("no memory for {what}")]
@@ -143,7 +150,7 @@ impl PendingError {
             SourceDeleted { .. } => libc::ESTALE,
             ViewLagging { .. } => libc::EAGAIN,
             ShuttingDown => libc::EROFS,
-            Corrupt { .. } => libc::EIO,
+            Corrupt { .. } | ForeignSource { .. } => libc::EIO,
             NoMemory { .. } => libc::ENOMEM,
         }
     }

@@ -72,7 +72,19 @@ impl Call<'_> {
         } else {
             warn!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         }
-        Errno::from_i32(e.errno)
+        Errno::from_i32(wire_errno(e.errno))
+    }
+}
+
+/// The errno a client gets for a core error. ENOTCONN and ECONNABORTED from the mount
+/// mean "the daemon is gone" (the kernel answers them once it is): the same errno
+/// passed on from a backing file system whose client died (GlusterFS answers ENOTCONN)
+/// made `h5tilefs status` and the Python adapter tell users to unmount a daemon that
+/// was alive. They reach clients as EIO; the log keeps the original.
+fn wire_errno(errno: i32) -> i32 {
+    match errno {
+        libc::ENOTCONN | libc::ECONNABORTED => libc::EIO,
+        e => e,
     }
 }
 

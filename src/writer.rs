@@ -172,6 +172,7 @@ pub fn create_tile_source(path: &Path, dtype: &str, shape: &[u64]) -> Result<u64
     let ftype = file_type(dtype)?;
     let space = simple_space(shape)?;
     let fapl = plist(*hdf5::globals::H5P_FILE_ACCESS, "H5Pcreate(fapl)")?;
+    let fcpl = plist(*hdf5::globals::H5P_FILE_CREATE, "H5Pcreate(fcpl)")?;
     let dcpl = plist(*hdf5::globals::H5P_DATASET_CREATE, "H5Pcreate(dcpl)")?;
     let name = path_cstr(path)?;
     let dname = cstr(SOURCE_DSET)?;
@@ -207,15 +208,22 @@ pub fn create_tile_source(path: &Path, dtype: &str, shape: &[u64]) -> Result<u64
             // same bytes for a (dtype, shape), so one that finds a tile source another
             // daemon published learns its data offset by comparing headers (read with
             // O_DIRECT), never by reading the file through its page cache.
+            // The same for the root group (its object header is made from the file
+            // creation list): with its creation time in it, two daemons' templates
+            // differed whenever they were made in different seconds.
             check(
                 hdf5_sys::h5p::H5Pset_obj_track_times(dcpl.id(), 0),
                 "H5Pset_obj_track_times",
+            )?;
+            check(
+                hdf5_sys::h5p::H5Pset_obj_track_times(fcpl.id(), 0),
+                "H5Pset_obj_track_times(fcpl)",
             )?;
             let f = hid(
                 hdf5_sys::h5f::H5Fcreate(
                     name.as_ptr(),
                     hdf5_sys::h5f::H5F_ACC_TRUNC,
-                    hdf5_sys::h5p::H5P_DEFAULT,
+                    fcpl.id(),
                     fapl.id(),
                 ),
                 hdf5_sys::h5f::H5Fclose,
@@ -594,6 +602,25 @@ mod tests {
     use super::*;
     use crate::geometry::TileGrid;
     use std::os::unix::fs::FileExt;
+
+    /// Every daemon must make the same tile source bytes for a (dtype, shape), whenever
+    /// it makes them: a daemon learns the data offset of another's source by comparing
+    /// headers (docs/reliability.md, "Stale client cache after a commit"). The root
+    /// group's creation time made sources made in different seconds differ.
+    #[test]
+    fn tile_sources_made_at_different_times_are_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.h5");
+        let b = dir.path().join("b.h5");
+        let off_a = create_tile_source(&a, "<f8", &[64, 1024]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let off_b = create_tile_source(&b, "<f8", &[64, 1024]).unwrap();
+        assert_eq!(off_a, off_b);
+        let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        assert_eq!(ba.len(), bb.len());
+        let first = ba.iter().zip(&bb).position(|(x, y)| x != y);
+        assert_eq!(first, None, "tile sources differ at byte {first:?}");
+    }
 
     #[test]
     fn tiles_then_vds_read_back() {

@@ -164,21 +164,6 @@ impl Pending {
             let written = self.collect(file_rel, &n.path)?;
             t_ranges += t.elapsed();
             let (miss, unwritten) = ranges::incomplete(&written.ranges, m);
-            if !miss.is_empty() {
-                let first: Vec<String> = miss
-                    .iter()
-                    .take(10)
-                    .map(|(t, r)| format!("{t} {r:?}"))
-                    .collect();
-                problems.push(format!(
-                    "{}: {} of {} tiles incomplete (first: {})",
-                    n.path,
-                    miss.len(),
-                    m.grid().num_tiles(),
-                    first.join(", ")
-                ));
-                continue;
-            }
             let gen = self.gen(file_rel, &n.path)?;
             let rel_dir = format!("{}/{}/{gen}", Self::sources_rel(file_rel)?, encode(&n.path));
             let src_dir = dir.join(&rel_dir);
@@ -215,11 +200,28 @@ impl Pending {
                     source: format!("{rel_dir}/{file_name}"),
                 });
             }
+            // Deleted sources first: the writes refused after the deletion (ESTALE)
+            // also leave their tiles incomplete, and "incomplete" alone hid the cause.
             if !lost.is_empty() {
                 problems.push(format!(
                     "{}: tile sources deleted outside h5tilefs: {} (rmdir the dataset and write it again)",
                     n.path,
                     lost.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                ));
+                continue;
+            }
+            if !miss.is_empty() {
+                let first: Vec<String> = miss
+                    .iter()
+                    .take(10)
+                    .map(|(t, r)| format!("{t} {r:?}"))
+                    .collect();
+                problems.push(format!(
+                    "{}: {} of {} tiles incomplete (first: {})",
+                    n.path,
+                    miss.len(),
+                    m.grid().num_tiles(),
+                    first.join(", ")
                 ));
                 continue;
             }

@@ -186,18 +186,24 @@ pub(super) fn read_head_direct(path: &Path, len: usize) -> Result<Option<Vec<u8>
 }
 
 /// The data offset of a tile source another writer (maybe on another node) made.
-/// Every daemon of this version makes the same header for a (dtype, shape): when the
-/// header, read with O_DIRECT, equals ours, so does the offset. Reading it through
-/// HDF5 instead would put the file's first pages in this node's page cache before the
-/// other node writes them; a distributed file system's client keeps such pages across
-/// opens, and this node then read zeros where the other wrote data. A header still
-/// being written (sources are made in place with O_EXCL) is finished here when `repair`
-/// is set (same bytes as its maker's); a foreign one (another HDF5 version) is parsed.
+/// Every daemon of this version makes the same header for a (dtype, shape) (no times
+/// in it: `writer::create_tile_source`): when the header, read with O_DIRECT, equals
+/// ours, so does the offset. A header still being written (sources are made in place
+/// with O_EXCL) is finished here when `repair` is set (same bytes as its maker's).
+///
+/// A daemon never learns a source's structure by reading it through its page cache:
+/// a distributed file system's client keeps such pages across opens, and a node that
+/// read the first pages of a source before the other node's bytes reached the server
+/// then read zeros where the other wrote data (docs/reliability.md). So a header that
+/// is neither ours nor unfinished (a daemon of another version, or linked to another
+/// HDF5, made the source) is refused with [`PendingError::ForeignSource`].
 pub(super) fn adopted_offset(
     f: &std::fs::File,
     path: &Path,
     t: &Template,
     repair: bool,
+    dataset: &str,
+    tile: &str,
 ) -> Result<u64> {
     let head = match read_head_direct(path, t.head.len())? {
         Some(h) => h,
@@ -226,25 +232,25 @@ pub(super) fn adopted_offset(
         }
         return Ok(data_offset(t));
     }
-    // Another header (another HDF5 version): parse it, then drop what that cached.
-    let off = source_offset(path)?;
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: advisory call on an fd owned by `f`.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let at = head
+        .iter()
+        .zip(&t.head)
+        .position(|(a, b)| a != b)
+        .unwrap_or(head.len().min(t.head.len()));
+    tracing::warn!(
+        dataset,
+        tile,
+        path = %path.display(),
+        byte = at,
+        "tile source header differs from this daemon's template"
+    );
+    Err(PendingError::ForeignSource {
+        dataset: dataset.to_string(),
+        tile: tile.to_string(),
+        path: path.display().to_string(),
+        byte: at as u64,
     }
-    Ok(off)
-}
-
-/// The data offset of an existing tile source file.
-pub(super) fn source_offset(path: &Path) -> Result<u64> {
-    let f = hdf5::File::open(path)
-        .map_err(|e| Error::from_h5(format!("opening {}", path.display()), e))?;
-    let d = f
-        .dataset(writer::SOURCE_DSET)
-        .map_err(|e| Error::from_h5("opening tile dataset", e))?;
-    crate::h5::contiguous_offset(d.id())
-        .ok_or_else(|| Error::io(format!("{}: tile source has no data", path.display())))
+    .into())
 }
 
 impl Pending {
@@ -406,7 +412,7 @@ impl Pending {
                     // made by another client just now: retry a name hidden for a moment
                     let f = crate::durable::retry_missing(open_rw)
                         .map_err(io(format!("opening {}", path.display())))?;
-                    let off = adopted_offset(&f, &path, &tpl, true)?;
+                    let off = adopted_offset(&f, &path, &tpl, true, h5path, &name)?;
                     (f, off)
                 }
                 Err(e) => return Err(Error::from_io(format!("creating {}", path.display()), e)),
@@ -417,7 +423,7 @@ impl Pending {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(Error::from_io(format!("opening {}", path.display()), e)),
             };
-            let off = adopted_offset(&f, &path, &tpl, false)?;
+            let off = adopted_offset(&f, &path, &tpl, false, h5path, &name)?;
             (f, off)
         };
         let t = Arc::new(TileTarget {

@@ -284,3 +284,55 @@ def size(path):
 def append(path, data):
     with open(path, "ab") as f:
         f.write(data)
+
+
+# ----------------------------------------------------------------------------- many writers
+def write_pages_forked(d, shape, tile, dtype, seed, nproc, first, stride, page, t0=None):
+    """Writes, from NPROC processes forked here (they share this node's namespace), the
+    PAGE-byte pages of every tile whose page number % STRIDE is FIRST + k for process k:
+    interleaved writers of the same tiles. Returns how many pages were written; a
+    failed child raises naming its error."""
+    if t0 is not None:
+        at(t0)
+    a = array(shape, dtype, seed)
+    tiles = [(idx, np.ascontiguousarray(a[sl]).tobytes()) for idx, sl in tiles_of(shape, tile)]
+    r, w = os.pipe()
+    kids = []
+    for k in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            n, err = 0, ""
+            try:
+                for idx, b in tiles:
+                    fd = os.open(os.path.join(d, "tiles", tname(idx)), os.O_WRONLY)
+                    try:
+                        for p in range(-(-len(b) // page)):
+                            if p % stride == first + k:
+                                os.pwrite(fd, b[p * page:(p + 1) * page], p * page)
+                                n += 1
+                    finally:
+                        os.close(fd)
+            except OSError as e:
+                err = f"{errno.errorcode.get(e.errno, e.errno)} on {e.filename}"
+            os.write(w, (json.dumps([n, err]) + "\n").encode())
+            os._exit(0)
+        kids.append(pid)
+    os.close(w)
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    for pid in kids:
+        os.waitpid(pid, 0)
+    got = [json.loads(ln) for ln in lines]
+    errs = [e for _, e in got if e]
+    if len(got) != nproc or errs:
+        raise OSError(errno.EIO, f"{nproc - len(got)} writers gave no answer; errors: {errs}")
+    return sum(n for n, _ in got)
+
+
+def read_or_errno(path):
+    """Bytes of PATH read once, at once (no retry), or the errno the read failed with."""
+    try:
+        return read(path)
+    except OSError as e:
+        return e.errno

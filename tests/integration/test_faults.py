@@ -366,6 +366,30 @@ def test_staged_tile_source_deleted(env):
     assert np.array_equal(h5read(env.b("p.h5"), "y"), y)
 
 
+def test_source_deleted_mid_tile_is_named(env):
+    """A tile source deleted while its tile was half written: the writes after the
+    deletion are refused (ESTALE) and never recorded, so the tile is also incomplete.
+    The commit's message must name the cause the docs promise ("tile sources deleted
+    outside h5tilefs"), not only "incomplete" (it said "1 of 4 tiles incomplete")."""
+    a = np.random.default_rng(5).random(4096)
+    dx = create(env, "p.h5", "x", a.shape, a.dtype, (1024,))
+    for i in (0, 2, 3):
+        pwrite_all(os.path.join(dx, "tiles", str(i)), a[i * 1024:(i + 1) * 1024].tobytes())
+    fd = os.open(os.path.join(dx, "tiles", "1"), os.O_WRONLY)
+    try:
+        os.pwrite(fd, a[1024:1536].tobytes(), 0)  # the first half
+        srcs = glob.glob(env.b("p_h5tilefs_vds", "x-*", "*", "1.h5"))
+        assert len(srcs) == 1, srcs
+        os.unlink(srcs[0])
+        assert oserr(lambda: os.pwrite(fd, a[1536:2048].tobytes(), 4096)) == errno.ESTALE
+    finally:
+        os.close(fd)
+    assert commit_errno(env, "p.h5") == errno.ENODATA
+    lc = last_commit(env, "p.h5")
+    assert lc["ok"] is False and "/x: tile sources deleted outside h5tilefs: 1 " in lc["error"], lc
+    alive(env)
+
+
 # ----------------------------------------------------------------------------- d) errnos
 def test_refused_writes_errnos(env):
     """What test_write_path.py does not cover already (it checks a write straddling a
