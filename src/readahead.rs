@@ -332,8 +332,8 @@ impl Stream {
 /// read. Their bytes are in the kernel's page cache; keeping them too made a streaming
 /// read fill the cache with fresh memory, and the page faults of that cost a 2-CPU
 /// node about a fifth of the daemon's CPU (docs/perf-log/2026-11-26-cell-release.md).
-/// With them released, the allocator reuses their memory for the cells ahead. A later reader of the same
-/// chunks through another view (tiles, slices) decodes them again.
+/// With them released, the allocator reuses their memory for the cells ahead. A later
+/// reader of the same chunks through another view (tiles, slices) decodes them again.
 ///
 /// Only chunk grids of the dataset itself: the view is the selection in C order, and a
 /// cell's bytes repeat the same in-slice pattern on every first-dimension slice it
