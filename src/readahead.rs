@@ -6,7 +6,7 @@
 //! since the kernel's FUSE readahead keeps only one 4 MiB window of requests in flight.
 //! Asking the backing file for its pages instead, with `POSIX_FADV_WILLNEED`, queued
 //! tens of MiB in front of the reads the kernel was waiting for; measured, it made cold reads of
-//! tiles slower (docs/performance.md, "Where a cold read's time goes"). It stays as an
+//! tiles slower (docs/perf-log/2026-11-26-request-traces.md). It stays as an
 //! opt-in (`H5TILEFS_READAHEAD_FILES=1`) for measurements on other storage.
 //!
 //! The kernel sends a sequential reader's requests several at a time, on several
@@ -103,8 +103,8 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 /// Why blocks of the view, read into memory: the kernel keeps one 4 MiB window of a
 /// FUSE file in flight; reading the next 8 MiB blocks ahead of it raised cold reads of
 /// a 512 MiB `data` from 0.88× to 0.92× of a direct read (medians of seven A/B pairs)
-/// and unfiltered square chunks by 11–31 % (H100 machine, docs/performance.md, "The
-/// thinnest FUSE daemon over the same bytes"). Blocks aligned in the backing file
+/// and unfiltered square chunks by 11–31 % (H100 machine,
+/// docs/perf-log/2026-11-26-thinnest-fuse-daemon.md). Blocks aligned in the backing file
 /// instead were slower: a request that crossed into the next block waited for all of it.
 pub const VIEW_BLOCK: u64 = 8 << 20;
 pub const VIEW_DEPTH: u64 = 2;
@@ -331,9 +331,9 @@ impl Stream {
 /// has passed: every byte of theirs lies more than [`BEHIND`] before the furthest end
 /// read. Their bytes are in the kernel's page cache; keeping them too made a streaming
 /// read fill the cache with fresh memory, and the page faults of that cost a 2-CPU
-/// node about a fifth of the daemon's CPU (docs/performance.md). With them released,
-/// the allocator reuses their memory for the cells ahead. A later reader of the same
-/// chunks through another view (tiles, slices) decodes them again.
+/// node about a fifth of the daemon's CPU (docs/perf-log/2026-11-26-cell-release.md).
+/// With them released, the allocator reuses their memory for the cells ahead. A later
+/// reader of the same chunks through another view (tiles, slices) decodes them again.
 ///
 /// Only chunk grids of the dataset itself: the view is the selection in C order, and a
 /// cell's bytes repeat the same in-slice pattern on every first-dimension slice it

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a cold h5tilefs.legate.from_file spends its time, next to legate.io.hdf5 and a
-plain read of the same tile sources (a diagnostic behind docs/performance.md).
+plain read of the same tile sources (a diagnostic behind docs/perf-log/2026-11-23-adapter.md).
 
 Writes one array through the mount (ours) and with legate.io.hdf5, then for each round
 drops the page cache and times: our from_file (with the start and end of every read

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs tests/bench/adapter_bench.py on a machine that has no cuPyNumeric and no network:
-# Legate comes as a wheel carried with the checkout (see docs/performance.md). One run
+# Legate comes as a wheel carried with the checkout (see docs/perf-log/2026-11-23-adapter.md). One run
 # of the benchmark per LEGATE_CONFIG given; JSON results land in OUT.
 #
 #   tests/bench/device_adapter_bench.sh WHEEL OUT "--cpus 8 --gpus 0 --sysmem 40000" ...

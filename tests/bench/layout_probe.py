@@ -2,7 +2,7 @@
 """Does on-disk layout matter for cold reads on this disk? Writes N files of SIZE
 concurrently in 1 MiB pieces (as parallel tile writers do), once sparse and once
 fallocate-d first, then reads them cold with 1..8 threads of 16 MiB (page cache dropped
-with benchlib.drop_caches). Prints a table; used for docs/performance.md.
+with benchlib.drop_caches). Prints a table; used for docs/perf-log/2026-11-23-adapter.md.
 
     python tests/bench/layout_probe.py DIR --files 2 --mib 512
 """
