@@ -93,6 +93,20 @@ pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path)
     let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
 }
 
+/// What a commit writes, found under the lock from the range logs.
+struct CommitPlan {
+    specs: Vec<VdsSpec>,
+    groups: Vec<String>,
+    /// Every tile source the new file maps.
+    sources: Vec<PathBuf>,
+    /// Sources some daemon wrote without syncing them since.
+    to_sync: Vec<(PathBuf, Option<Arc<TileTarget>>)>,
+    /// Per dataset: its sources dir, its pending node, and the sources' recorded
+    /// `(data offset, file length)`.
+    recorded: Vec<(PathBuf, PathBuf, HashMap<String, (u64, u64)>)>,
+    t_ranges: std::time::Duration,
+}
+
 /// Age after which a trash directory is taken as left by a daemon that died.
 const STALE_TRASH: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -136,6 +150,9 @@ impl Pending {
         result.map(|_| v)
     }
 
+    /// The commit, under the file's lock, in the phases it times: `plan` (the range
+    /// logs and the checks), `write_index`, the fsync of tile bytes, `publish` (the new
+    /// file renamed into place), then `retire` (the pending state moves to the trash).
     pub(super) fn commit_locked(&self, file_rel: &Path, stage: &Path) -> Result<Value> {
         let t0 = std::time::Instant::now();
         let nodes = self.nodes(file_rel)?;
@@ -147,6 +164,48 @@ impl Pending {
                 json!({"file": target, "datasets": [], "note": "nothing pending; file unchanged"}),
             );
         }
+        let plan = self.plan(file_rel, &nodes, &dir)?;
+        let t_check = t0.elapsed();
+        Self::write_index(&plan)?;
+        let t_index = t0.elapsed();
+        // Tile bytes must be durable before the file that points at them appears.
+        fsync_all(&plan.to_sync)?;
+        let t_fsync = t0.elapsed();
+        let t_vds = self.publish(file_rel, stage, &dir, &target, &plan)?;
+        self.retire(file_rel, stage, &dir, &nodes)?;
+        let CommitPlan {
+            specs,
+            groups,
+            sources,
+            to_sync,
+            t_ranges,
+            ..
+        } = plan;
+        let synced_before = sources.len() - to_sync.len();
+        let committed: std::collections::HashSet<PathBuf> = sources.into_iter().collect();
+        self.targets.retain(|p, _| !committed.contains(p));
+        let phases = json!({
+            "ranges_s": t_ranges.as_secs_f64(),
+            "check_s": t_check.as_secs_f64(),
+            "index_s": (t_index - t_check).as_secs_f64(),
+            "fsync_s": (t_fsync - t_index).as_secs_f64(),
+            "synced_before": synced_before,
+            "vds_s": t_vds.as_secs_f64(),
+            "total_s": t0.elapsed().as_secs_f64(),
+        });
+        tracing::info!(tiles = committed.len(), %phases, "commit phases");
+        Ok(json!({
+            "file": target,
+            "datasets": specs.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            "groups": groups,
+            "tiles": committed.len(),
+            "phases": phases,
+        }))
+    }
+
+    /// The datasets and groups to commit, from the range logs; refuses (ENODATA) when a
+    /// dataset is incomplete or lost tile sources.
+    fn plan(&self, file_rel: &Path, nodes: &[PendingNode], dir: &Path) -> Result<CommitPlan> {
         let mut specs = Vec::new();
         let mut groups = Vec::new();
         let mut problems = Vec::new();
@@ -155,7 +214,7 @@ impl Pending {
         // per dataset: its sources dir and what the range logs say of its sources
         let mut recorded = Vec::new();
         let mut t_ranges = std::time::Duration::ZERO;
-        for n in &nodes {
+        for n in nodes {
             let Some(m) = &n.meta else {
                 groups.push(n.path.clone());
                 continue;
@@ -243,12 +302,22 @@ impl Pending {
             }
             .into());
         }
-        let t_check = t0.elapsed();
+        Ok(CommitPlan {
+            specs,
+            groups,
+            sources,
+            to_sync,
+            recorded,
+            t_ranges,
+        })
+    }
+
+    fn write_index(plan: &CommitPlan) -> Result<()> {
         // An index of data offsets next to each dataset's sources lets readers (ours)
         // serve the committed file without opening every source through HDF5. Offsets
         // and lengths come from the range logs (recorded by each source's creator); a
         // source made by an older version is looked up in its offsets log and stat'ed.
-        for (spec, (src_dir, node, recorded)) in specs.iter().zip(&recorded) {
+        for (spec, (src_dir, node, recorded)) in plan.specs.iter().zip(&plan.recorded) {
             let mut old: Option<HashMap<String, u64>> = None;
             let mut text = String::new();
             for t in &spec.tiles {
@@ -267,31 +336,47 @@ impl Pending {
             let idx = src_dir.join(crate::writer::SOURCE_INDEX);
             write_atomic(&idx, text.as_bytes())?;
         }
-        let t_index = t0.elapsed();
-        // Tile bytes must be durable before the file that points at them appears.
-        fsync_all(&to_sync)?;
-        let t_fsync = t0.elapsed();
+        Ok(())
+    }
+
+    /// Writes the new file beside the target and renames it into place (then fsyncs
+    /// the directory); returns how long that took.
+    fn publish(
+        &self,
+        file_rel: &Path,
+        stage: &Path,
+        dir: &Path,
+        target: &Path,
+        plan: &CommitPlan,
+    ) -> Result<std::time::Duration> {
+        let t = std::time::Instant::now();
         let tmp = stage.join(format!("commit.{}.{}.tmp.h5", self.writer_id, unique()));
-        let base = (target.is_file()).then_some(target.as_path());
-        if let Err(e) = writer::write_vds_file(&tmp, base, &specs, &groups) {
+        let base = (target.is_file()).then_some(target);
+        if let Err(e) = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups) {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        set_owner(
-            &tmp,
-            &dir.join(Self::sources_rel(file_rel)?),
-            &target,
-            stage,
-        );
-        let t_vds = t0.elapsed();
-        if let Err(e) = std::fs::rename(&tmp, &target) {
+        set_owner(&tmp, &dir.join(Self::sources_rel(file_rel)?), target, stage);
+        let took = t.elapsed();
+        if let Err(e) = std::fs::rename(&tmp, target) {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::from_io(
                 format!("renaming into {}", target.display()),
                 e,
             ));
         }
-        fsync_dir(&dir)?;
+        fsync_dir(dir)?;
+        Ok(took)
+    }
+
+    /// After the rename: the committed nodes' pending state and older generations go.
+    fn retire(
+        &self,
+        file_rel: &Path,
+        stage: &Path,
+        dir: &Path,
+        nodes: &[PendingNode],
+    ) -> Result<()> {
         // Committed. The pending state (range logs: one per daemon) and older
         // generations of replaced datasets go: renamed out of the way now, so a dataset
         // created again at once starts clean, and deleted in the background.
@@ -324,7 +409,7 @@ impl Pending {
                 }
             }
         };
-        for n in &nodes {
+        for n in nodes {
             let gen = self.gen(file_rel, &n.path).ok();
             let node = self.node_dir(file_rel, &n.path)?;
             self.logs.forget(&node);
@@ -363,25 +448,6 @@ impl Pending {
                 }
             }
         });
-        let synced_before = sources.len() - to_sync.len();
-        let committed: std::collections::HashSet<PathBuf> = sources.into_iter().collect();
-        self.targets.retain(|p, _| !committed.contains(p));
-        let phases = json!({
-            "ranges_s": t_ranges.as_secs_f64(),
-            "check_s": t_check.as_secs_f64(),
-            "index_s": (t_index - t_check).as_secs_f64(),
-            "fsync_s": (t_fsync - t_index).as_secs_f64(),
-            "synced_before": synced_before,
-            "vds_s": (t_vds - t_fsync).as_secs_f64(),
-            "total_s": t0.elapsed().as_secs_f64(),
-        });
-        tracing::info!(tiles = committed.len(), %phases, "commit phases");
-        Ok(json!({
-            "file": target,
-            "datasets": specs.iter().map(|s| &s.path).collect::<Vec<_>>(),
-            "groups": groups,
-            "tiles": committed.len(),
-            "phases": phases,
-        }))
+        Ok(())
     }
 }

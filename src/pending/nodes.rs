@@ -59,13 +59,8 @@ impl Pending {
     /// mount) fails with ENOENT, as below a removed directory, instead of making the
     /// file again. A new file starts with `create_file` (mkdir of its directory).
     pub fn create_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
-        self.transition(file_rel, Transition::DeclareNode, |before| {
-            if before == FileState::Absent {
-                return Err(PendingError::Gone {
-                    what: format!("mkdir {h5path} in {}", file_rel.display()),
-                }
-                .into());
-            }
+        // An absent file is refused by the transition table (`FileState::next`).
+        self.transition(file_rel, Transition::DeclareNode, |_| {
             self.create_node_locked(file_rel, h5path)
         })
     }

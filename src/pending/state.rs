@@ -89,7 +89,13 @@ impl FileState {
             }
             .into()),
             (Declared { .. } | Writing { .. }, Declare) => Ok(self),
-            (Absent | Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
+            // mkdir of a node in a file that is not there (removed by another process
+            // or node since the kernel looked it up) would make the file pending again
+            // out of nothing. A description accepted for a new file declares it (the
+            // core's `accept_meta` makes the node with it).
+            (Absent, DeclareNode) => Err(gone()),
+            (Absent, AcceptMeta) => Ok(Declared { committed }),
+            (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
             (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta) => Ok(self),
             (Declared { .. } | Writing { .. }, RemoveNode) => Ok(self),
             (Absent | Committed, RemoveNode) => Err(gone()),
@@ -248,6 +254,51 @@ mod tests {
     use super::FileState::*;
     use super::Transition::*;
     use super::*;
+
+    /// Every (state, transition) pair: the state after it, or the errno refusing it.
+    #[test]
+    fn whole_table() {
+        let states = [
+            Absent,
+            Declared { committed: false },
+            Declared { committed: true },
+            Writing { committed: false },
+            Writing { committed: true },
+            Committed,
+        ];
+        let ts = [
+            Declare,
+            DeclareNode,
+            AcceptMeta,
+            RemoveNode,
+            Commit,
+            RemoveObject,
+            RemoveFile,
+        ];
+        let enoent = Err(libc::ENOENT);
+        for s in states {
+            let committed = matches!(
+                s,
+                Committed | Declared { committed: true } | Writing { committed: true }
+            );
+            for t in ts {
+                let want: std::result::Result<FileState, i32> = match (s, t) {
+                    (Absent, Declare | AcceptMeta) => Ok(Declared { committed: false }),
+                    (Absent, _) => enoent,
+                    (Committed, Declare) => Err(libc::EEXIST),
+                    (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed: true }),
+                    (Committed, RemoveNode) => enoent,
+                    (Committed, Commit | RemoveObject) => Ok(Committed),
+                    (_, RemoveFile) => Ok(Absent),
+                    (_, Commit) => Ok(Committed),
+                    (_, RemoveObject) if !committed => enoent,
+                    _ => Ok(s),
+                };
+                let got = s.next(t, "f.h5").map_err(|e| e.errno);
+                assert_eq!(got, want, "{s:?} --{t:?}-->");
+            }
+        }
+    }
 
     #[test]
     fn table() {
