@@ -241,8 +241,11 @@ impl Pending {
                 let file_name = format!("{tname}.h5");
                 let src = src_dir.join(&file_name);
                 // a name another client made may be missing from this listing for a
-                // moment (GlusterFS): looked up itself before it counts as lost
-                if !present.contains(&file_name)
+                // moment (GlusterFS): looked up itself before it counts as lost. A tile
+                // of an incomplete dataset that nobody wrote yet has no source to lose.
+                let expected = miss.is_empty() || written.ranges.contains_key(&tname);
+                if expected
+                    && !present.contains(&file_name)
                     && crate::durable::retry_missing(|| std::fs::metadata(&src)).is_err()
                 {
                     lost.push(tname.clone());

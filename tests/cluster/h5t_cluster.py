@@ -255,6 +255,15 @@ class Node:
                 out.append(int(d))
         return out
 
+    def daemons(self, mnt, backing):
+        """PIDs of this node's h5tilefs daemons serving MNT over BACKING."""
+        out = []
+        for pid in self.processes():
+            argv = _cmdline(pid).split(" ")
+            if argv and argv[0].endswith("h5tilefs") and mnt in argv and backing in argv:
+                out.append(pid)
+        return out
+
     def close(self, mounts):
         errs = []
         for w in self.workers:

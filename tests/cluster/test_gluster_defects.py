@@ -30,15 +30,9 @@ SLICE = "3:-5:3,17::7"
 
 
 def _daemon_pid(node, mnt, backing):
-    for pid in node.processes():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
-        except OSError:
-            continue
-        if argv and argv[0].endswith("h5tilefs") and mnt in argv and backing in argv:
-            return pid
-    raise AssertionError(f"node {node.name}: no daemon of {mnt} over {backing}")
+    pids = node.daemons(mnt, backing)
+    assert len(pids) == 1, f"node {node.name}: daemons of {mnt} over {backing}: {pids}"
+    return pids[0]
 
 
 def _ensure_strace():

@@ -51,19 +51,6 @@ def _wait_pending(node, d):
         time.sleep(0.1)
 
 
-def _daemon_pids(node, mnt, backing):
-    out = []
-    for pid in node.processes():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
-        except OSError:
-            continue
-        if argv and argv[0].endswith("h5tilefs") and mnt in argv and backing in argv:
-            out.append(pid)
-    return out
-
-
 def _check(cluster, rel, ds, a):
     """The committed file reads back A on both nodes' Gluster clients (within LAG: the
     clients' caches) and on the brick."""
@@ -108,7 +95,7 @@ def test_tiles_closed_on_b_survive_sigkill_of_bs_daemon(cluster):
     _wait_pending(B, d)
     for idx, _ in ops.tiles_of(shape, tile):
         B.call(_write_tile_in_pieces, d, shape, tile, dtype, seed, idx, 8192)
-    pids = _daemon_pids(B, cluster.mnt, cluster.backing)
+    pids = B.daemons(cluster.mnt, cluster.backing)
     assert len(pids) == 1, f"B's Gluster-backed daemon: {pids}"
     os.kill(pids[0], signal.SIGKILL)
     try:
