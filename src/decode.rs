@@ -15,6 +15,42 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A test hook for the panic safety of the decode path: with
+/// `H5TILEFS_FAULT_PANIC_CELL=N` set when the daemon starts, decoding chunk `N` of any
+/// filtered dataset panics (docs/operations.md). Off unless set.
+pub mod fault {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The chunk index whose decode panics; `u64::MAX`: none.
+    static PANIC_CELL: AtomicU64 = AtomicU64::new(u64::MAX);
+
+    /// Reads `H5TILEFS_FAULT_PANIC_CELL` once, at daemon start.
+    pub fn arm_from_env() {
+        let Ok(v) = std::env::var("H5TILEFS_FAULT_PANIC_CELL") else {
+            return;
+        };
+        match v.trim().parse::<u64>() {
+            Ok(n) if n != u64::MAX => {
+                PANIC_CELL.store(n, Ordering::Relaxed);
+                tracing::warn!(
+                    chunk = n,
+                    "test fault hook armed: decoding this chunk of any filtered dataset panics"
+                );
+            }
+            _ => {
+                tracing::warn!(value = %v, "H5TILEFS_FAULT_PANIC_CELL is not a chunk index; ignored")
+            }
+        }
+    }
+
+    /// Panics when the hook names chunk `index`.
+    pub fn check(index: u64) {
+        if PANIC_CELL.load(Ordering::Relaxed) == index {
+            panic!("test fault hook: H5TILEFS_FAULT_PANIC_CELL={index}");
+        }
+    }
+}
+
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh process-unique id for a cell source.
@@ -117,6 +153,7 @@ impl WorkerPool {
         let tx = self.tx.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let rx = Arc::new(Mutex::new(rx));
+            let self_name = self.name;
             for i in 0..self.threads {
                 let rx = rx.clone();
                 let queued = self.queued.clone();
@@ -127,7 +164,7 @@ impl WorkerPool {
                         match job {
                             Ok(job) => {
                                 queued.fetch_sub(1, Ordering::Relaxed);
-                                job()
+                                run_job(self_name, job)
                             }
                             Err(_) => return,
                         }
@@ -144,6 +181,29 @@ impl WorkerPool {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             e.0
         })
+    }
+}
+
+/// Runs one pool job; a panic is logged and stops there, so the worker thread lives
+/// on (a job that fails a cell publishes its error itself: [`CellCache::fill`]).
+fn run_job(pool: &'static str, job: Job) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        tracing::error!(
+            pool,
+            panic = %panic_message(payload.as_ref()),
+            "a pool job panicked; the worker goes on"
+        );
+    }
+}
+
+/// The message of a panic's payload (a `&str` or `String`, as `panic!` makes).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }
 
@@ -216,10 +276,32 @@ impl CellCache {
         }
     }
 
-    /// Decodes a claimed cell, publishes it (or its error) and wakes its waiters.
+    /// Decodes a claimed cell, publishes it (or its error) and wakes its waiters. A
+    /// decoder that panics fails the cell with EIO: its waiters wake with the error,
+    /// the slot goes so that a later read tries again, and the log names the cell.
     fn fill(&self, cell: &CellRef, slot: &Loading) -> Result<Arc<Vec<u8>>> {
         let key = cell.key();
-        let res = cell.source.load(cell.index).map(Arc::new);
+        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cell.source.load(cell.index)
+        }));
+        let res = match loaded {
+            Ok(r) => r.map(Arc::new),
+            Err(payload) => {
+                let what = cell.source.describe(cell.index);
+                let why = panic_message(payload.as_ref());
+                tracing::error!(
+                    source = cell.source.uid(),
+                    index = cell.index,
+                    cell = %what,
+                    panic = %why,
+                    "decoding a cell panicked: its readers get EIO"
+                );
+                Err(Error::new(
+                    libc::EIO,
+                    format!("{what}: decoding panicked ({why}); see the daemon log"),
+                ))
+            }
+        };
         {
             let mut g = self.inner.lock();
             g.tick += 1;
@@ -724,7 +806,14 @@ impl CellSource for ChunkStore {
         self.bytes
     }
 
+    fn describe(&self, index: u64) -> String {
+        self.what(index)
+    }
+
     fn load(&self, index: u64) -> Result<Vec<u8>> {
+        if !self.filters.is_empty() {
+            fault::check(index);
+        }
         if self.bytes > MAX_CELL_BYTES {
             return Err(Error::new(
                 libc::EFBIG,
@@ -786,6 +875,15 @@ impl CellSource for HdfCells {
 
     fn cell_bytes(&self) -> u64 {
         crate::geometry::checked_bytes(&self.cell, self.elem).unwrap_or(u64::MAX)
+    }
+
+    fn describe(&self, index: u64) -> String {
+        let start: Vec<u64> = unravel(index, &self.grid)
+            .iter()
+            .zip(&self.cell)
+            .map(|(i, c)| i * c)
+            .collect();
+        format!("block {index} at {start:?} read through libhdf5")
     }
 
     fn load(&self, index: u64) -> Result<Vec<u8>> {
@@ -1123,6 +1221,200 @@ mod tests {
             assert_eq!(cache.get(c).unwrap()[0], c.index as u8);
         }
         assert_eq!(src.loads.load(Ordering::Relaxed), 6, "warm cells are hits");
+    }
+
+    /// A source whose cell 7 panics in its decoder, after `delay` (so that other
+    /// readers of the cell find it loading and wait); other cells decode.
+    struct Panicky {
+        uid: u64,
+        delay: std::time::Duration,
+        loads: AtomicU64,
+    }
+    impl CellSource for Panicky {
+        fn uid(&self) -> u64 {
+            self.uid
+        }
+        fn cell_bytes(&self) -> u64 {
+            64
+        }
+        fn describe(&self, index: u64) -> String {
+            format!("test.h5: dataset /d: chunk {index}")
+        }
+        fn load(&self, index: u64) -> Result<Vec<u8>> {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(self.delay);
+            if index == 7 {
+                panic!("decoder bug on cell 7");
+            }
+            Ok(vec![index as u8; 64])
+        }
+    }
+
+    fn panicky(uid: u64, delay_ms: u64) -> Arc<Panicky> {
+        Arc::new(Panicky {
+            uid,
+            delay: std::time::Duration::from_millis(delay_ms),
+            loads: AtomicU64::new(0),
+        })
+    }
+
+    /// `f` on a thread of its own; fails the test if it has not returned within 10 s
+    /// (a reader stuck on a cell that will never be published).
+    fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(Ok(v)) => v,
+            Ok(Err(p)) => panic!("panicked: {}", panic_message(p.as_ref())),
+            Err(_) => panic!("still blocked after 10 s"),
+        }
+    }
+
+    fn assert_eio(r: Result<Arc<Vec<u8>>>) {
+        let e = r.expect_err("a panicking decode must fail its readers");
+        assert_eq!(e.errno, libc::EIO, "{}", e.message);
+        assert!(
+            e.message.contains("chunk 7") && e.message.contains("panicked"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_panicking_decode_fails_its_readers_with_eio_and_is_retried() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = panicky(1_000_010, 200);
+        let cell = |i| CellRef {
+            source: src.clone(),
+            index: i,
+        };
+        // The first reader claims the cell and decodes it; three more find it loading
+        // and wait on it: all four get EIO.
+        let c7 = cell(7);
+        let first = {
+            let (cache, c7) = (cache.clone(), c7.clone());
+            std::thread::spawn(move || cache.get(&c7))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (cache, c7) = (cache.clone(), c7.clone());
+                assert!(
+                    matches!(cache.claim(&c7), Claim::Wait(_)),
+                    "cell 7 is loading"
+                );
+                std::thread::spawn(move || cache.get(&c7))
+            })
+            .collect();
+        within(move || {
+            assert_eio(first.join().expect("the decoding reader's thread"));
+            for w in waiters {
+                assert_eio(w.join().expect("a waiter's thread"));
+            }
+        });
+        assert_eq!(
+            src.loads.load(Ordering::Relaxed),
+            1,
+            "waiters did not decode"
+        );
+        // The failed cell left no slot: a later read decodes again (and fails again).
+        let (c, c7) = (cache.clone(), c7.clone());
+        within(move || assert_eio(c.get(&c7)));
+        assert_eq!(src.loads.load(Ordering::Relaxed), 2);
+        // Other cells decode.
+        let (c, c3) = (cache.clone(), cell(3));
+        assert_eq!(within(move || c.get(&c3)).unwrap()[0], 3);
+        assert_eq!(cache.bytes(), 64);
+        assert!(cache.inner.lock().map.len() == 1, "no slot left behind");
+    }
+
+    #[test]
+    fn a_panicking_decode_in_warm_and_prefetch_fails_the_cell_only() {
+        let cache = Arc::new(CellCache::new(1 << 20));
+        let src = panicky(1_000_011, 20);
+        let cells: Vec<_> = (5..10)
+            .map(|i| CellRef {
+                source: src.clone(),
+                index: i,
+            })
+            .collect();
+        // warm: cell 7 fails on a pool thread or this one; the call returns.
+        let (c, cs) = (cache.clone(), cells.clone());
+        within(move || c.warm(&cs));
+        for cl in &cells {
+            let (c, cl) = (cache.clone(), cl.clone());
+            let r = within(move || c.get(&cl));
+            if r.is_err() {
+                assert_eq!(cl_index(&r), 7);
+            }
+        }
+        let (c, c7) = (cache.clone(), cells[2].clone());
+        within(move || assert_eio(c.get(&c7)));
+        // prefetch: the background decode of cell 7 fails; readers of it get EIO and
+        // the pool's workers still run (the other cells arrive).
+        let src2 = panicky(1_000_012, 20);
+        let cells2: Vec<_> = (5..10)
+            .map(|i| CellRef {
+                source: src2.clone(),
+                index: i,
+            })
+            .collect();
+        cache.prefetch(&cells2);
+        for cl in cells2 {
+            let (c, i) = (cache.clone(), cl.index);
+            let r = within(move || c.get(&cl));
+            if i == 7 {
+                assert_eio(r);
+            } else {
+                assert_eq!(r.unwrap()[0], i as u8);
+            }
+        }
+        // The pool still takes work after its jobs panicked.
+        for _ in 0..2 * cache.pool.threads {
+            cache.background(Box::new(|| panic!("a background job's bug")));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..cache.pool.threads {
+            let tx = tx.clone();
+            cache.background(Box::new(move || {
+                let _ = tx.send(i);
+            }));
+        }
+        for _ in 0..cache.pool.threads {
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("a worker died with its job's panic");
+        }
+    }
+
+    /// The index a failed `get` names (only cell 7 may fail).
+    fn cl_index(r: &Result<Arc<Vec<u8>>>) -> u64 {
+        match r {
+            Err(e) if e.message.contains("chunk 7") => 7,
+            _ => u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_panicking_pool_job_does_not_kill_its_worker() {
+        let pool = WorkerPool::new("test", 1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..3 {
+            let tx = tx.clone();
+            let job: Job = Box::new(move || {
+                if i < 2 {
+                    panic!("job {i} panics");
+                }
+                let _ = tx.send(i);
+            });
+            assert!(pool.submit(job).is_ok());
+        }
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(2),
+            "the only worker ran the job after two panicking ones"
+        );
     }
 
     #[test]
