@@ -1,12 +1,12 @@
 //! The decoded-cell cache: each cell decoded once however many readers want it, bounded
-//! in bytes, least recently used evicted first.
+//! in bytes, least recently used evicted first. Generic over the sync family
+//! (src/sync.rs) so the concurrency tests run this very code under shuttle.
 
-use super::pool::{panic_message, WorkerPool};
+use super::pool::{panic_message, Executor, WorkerPool};
 use crate::error::{Error, Result};
 use crate::extent::{CellKey, CellRef};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Counter, Family, Monitor, Mutex, Real};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Decoded cells, least recently used evicted first once `cap` bytes are held.
@@ -16,96 +16,122 @@ use std::sync::Arc;
 /// decoded in parallel on a pool of `available_parallelism` threads ([`Self::warm`]),
 /// and a sequential reader's next cells are decoded ahead of it ([`Self::prefetch`]).
 /// Lock order: the cache lock, then a slot's lock; neither is held across decoding.
-pub struct CellCache {
+pub struct CellCache<S: Family = Real> {
     cap: u64,
-    inner: Mutex<CacheInner>,
-    pool: WorkerPool,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub prefetched: AtomicU64,
+    inner: S::Mutex<CacheInner<S>>,
+    pool: Box<dyn Executor>,
+    pub hits: S::AtomicU64,
+    pub misses: S::AtomicU64,
+    pub prefetched: S::AtomicU64,
     /// Cells dropped because a sequential reader had passed them (`release`).
-    pub released: AtomicU64,
+    pub released: S::AtomicU64,
 }
 
 /// A decoded cell, or the errno and message of why it could not be decoded.
 type Decoded = std::result::Result<Arc<Vec<u8>>, (i32, String)>;
 
-/// A cell being decoded: waiters sleep on `done` until `result` is set.
-#[derive(Default)]
-struct Loading {
-    result: Mutex<Option<Decoded>>,
-    done: parking_lot::Condvar,
+/// A cell being decoded: waiters sleep until its result is set.
+struct Loading<S: Family> {
+    result: S::Monitor<Option<Decoded>>,
 }
 
-impl Loading {
+impl<S: Family> Loading<S> {
+    fn new() -> Self {
+        Loading {
+            result: Monitor::new(None),
+        }
+    }
+
     fn wait(&self) -> Result<Arc<Vec<u8>>> {
-        let mut g = self.result.lock();
-        while g.is_none() {
-            self.done.wait(&mut g);
-        }
-        match g.as_ref() {
-            Some(Ok(d)) => Ok(d.clone()),
-            Some(Err((errno, m))) => Err(Error::new(*errno, m.clone())),
-            None => Err(Error::io("cell decode vanished")),
-        }
+        self.result.wait_for(|r| match r.as_ref()? {
+            Ok(d) => Some(Ok(d.clone())),
+            Err((errno, m)) => Some(Err(Error::new(*errno, m.clone()))),
+        })
+    }
+
+    fn publish(&self, res: &Result<Arc<Vec<u8>>>) {
+        let d = match res {
+            Ok(d) => Ok(d.clone()),
+            Err(e) => Err((e.errno, e.message.clone())),
+        };
+        self.result.update(|r| *r = Some(d));
     }
 }
 
-enum Slot {
+enum Slot<S: Family> {
     Ready(Arc<Vec<u8>>, u64),
-    Loading(Arc<Loading>),
+    Loading(Arc<Loading<S>>),
 }
 
 /// (source uid, cell index) -> slot.
-type CellMap = HashMap<CellKey, Slot>;
+type CellMap<S> = HashMap<CellKey, Slot<S>, <S as Family>::Hasher>;
 
-#[derive(Default)]
-struct CacheInner {
-    map: CellMap,
+struct CacheInner<S: Family> {
+    map: CellMap<S>,
     /// Ready cells by last use (tick -> key): eviction takes the first, in O(log n)
     /// under the lock (it scanned the whole map per insert before).
-    lru: std::collections::BTreeMap<u64, CellKey>,
+    lru: BTreeMap<u64, CellKey>,
     bytes: u64,
     tick: u64,
 }
 
-/// What a reader found for one cell.
-enum Claim {
-    Hit(Arc<Vec<u8>>),
-    Wait(Arc<Loading>),
-    Mine(Arc<Loading>),
+impl<S: Family> Default for CacheInner<S> {
+    fn default() -> Self {
+        CacheInner {
+            map: HashMap::default(),
+            lru: BTreeMap::new(),
+            bytes: 0,
+            tick: 0,
+        }
+    }
 }
 
-impl CellCache {
+/// What a reader found for one cell.
+enum Claim<S: Family> {
+    Hit(Arc<Vec<u8>>),
+    Wait(Arc<Loading<S>>),
+    Mine(Arc<Loading<S>>),
+}
+
+impl CellCache<Real> {
+    /// A cache of `cap` bytes decoding on a pool of one thread per core.
     pub fn new(cap: u64) -> Self {
-        CellCache {
+        Self::with_pool(
             cap,
-            inner: Mutex::new(CacheInner::default()),
-            pool: WorkerPool::new(
+            Box::new(WorkerPool::new(
                 "decode",
                 std::thread::available_parallelism()
                     .map_or(2, |n| n.get())
                     .clamp(1, 64),
-            ),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            prefetched: AtomicU64::new(0),
-            released: AtomicU64::new(0),
+            )),
+        )
+    }
+}
+
+impl<S: Family> CellCache<S> {
+    /// A cache of `cap` bytes whose background decodes run on `pool`.
+    pub fn with_pool(cap: u64, pool: Box<dyn Executor>) -> Self {
+        CellCache {
+            cap,
+            inner: Mutex::new(CacheInner::default()),
+            pool,
+            hits: Counter::new(0),
+            misses: Counter::new(0),
+            prefetched: Counter::new(0),
+            released: Counter::new(0),
         }
     }
 
     pub fn bytes(&self) -> u64 {
-        self.inner.lock().bytes
+        self.inner.lock(|g| g.bytes)
     }
 
     /// Drops `cells` that are decoded and cached (cells still loading stay): a
     /// sequential reader is done with them (`readahead::release_behind`). Their memory
     /// is freed outside the lock, once no reader holds them.
     pub fn release(&self, cells: &[CellRef]) {
-        let mut dropped = Vec::new();
-        {
-            let mut g = self.inner.lock();
-            let g = &mut *g;
+        let dropped = self.inner.lock(|g| {
+            let mut dropped = Vec::new();
             for c in cells {
                 let key = c.key();
                 if let Some(Slot::Ready(_, used)) = g.map.get(&key) {
@@ -117,38 +143,38 @@ impl CellCache {
                     g.lru.remove(&used);
                 }
             }
-        }
-        self.released
-            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+            dropped
+        });
+        self.released.fetch_add(dropped.len() as u64);
         drop(dropped);
     }
 
-    fn claim(&self, cell: &CellRef) -> Claim {
+    fn claim(&self, cell: &CellRef) -> Claim<S> {
         let key = cell.key();
-        let mut g = self.inner.lock();
-        g.tick += 1;
-        let t = g.tick;
-        let g = &mut *g;
-        match g.map.get_mut(&key) {
-            Some(Slot::Ready(d, used)) => {
-                g.lru.remove(used);
-                *used = t;
-                g.lru.insert(t, key);
-                Claim::Hit(d.clone())
+        self.inner.lock(|g| {
+            g.tick += 1;
+            let t = g.tick;
+            match g.map.get_mut(&key) {
+                Some(Slot::Ready(d, used)) => {
+                    g.lru.remove(used);
+                    *used = t;
+                    g.lru.insert(t, key);
+                    Claim::Hit(d.clone())
+                }
+                Some(Slot::Loading(l)) => Claim::Wait(l.clone()),
+                None => {
+                    let l = Arc::new(Loading::new());
+                    g.map.insert(key, Slot::Loading(l.clone()));
+                    Claim::Mine(l)
+                }
             }
-            Some(Slot::Loading(l)) => Claim::Wait(l.clone()),
-            None => {
-                let l = Arc::new(Loading::default());
-                g.map.insert(key, Slot::Loading(l.clone()));
-                Claim::Mine(l)
-            }
-        }
+        })
     }
 
     /// Decodes a claimed cell, publishes it (or its error) and wakes its waiters. A
     /// decoder that panics fails the cell with EIO: its waiters wake with the error,
     /// the slot goes so that a later read tries again, and the log names the cell.
-    fn fill(&self, cell: &CellRef, slot: &Loading) -> Result<Arc<Vec<u8>>> {
+    fn fill(&self, cell: &CellRef, slot: &Loading<S>) -> Result<Arc<Vec<u8>>> {
         let key = cell.key();
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             cell.source.load(cell.index)
@@ -171,8 +197,7 @@ impl CellCache {
                 ))
             }
         };
-        {
-            let mut g = self.inner.lock();
+        self.inner.lock(|g| {
             g.tick += 1;
             let t = g.tick;
             match &res {
@@ -198,12 +223,8 @@ impl CellCache {
                     g.map.remove(&key);
                 }
             }
-        }
-        *slot.result.lock() = Some(match &res {
-            Ok(d) => Ok(d.clone()),
-            Err(e) => Err((e.errno, e.message.clone())),
         });
-        slot.done.notify_all();
+        slot.publish(&res);
         res
     }
 
@@ -211,15 +232,15 @@ impl CellCache {
     pub fn get(&self, cell: &CellRef) -> Result<Arc<Vec<u8>>> {
         match self.claim(cell) {
             Claim::Hit(d) => {
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.fetch_add(1);
                 Ok(d)
             }
             Claim::Wait(l) => {
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.fetch_add(1);
                 l.wait()
             }
             Claim::Mine(l) => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.misses.fetch_add(1);
                 self.fill(cell, &l)
             }
         }
@@ -228,7 +249,10 @@ impl CellCache {
     /// Decodes the cells of one request that are not cached, in parallel: all but one
     /// on the pool, one on the caller's thread, then waits for all of them. Errors are
     /// left for the reader's own `get` to report.
-    pub fn warm(self: &Arc<Self>, cells: &[CellRef]) {
+    pub fn warm(self: &Arc<Self>, cells: &[CellRef])
+    where
+        Self: Send + Sync + 'static,
+    {
         let mut mine = Vec::new();
         let mut waits = Vec::new();
         for c in cells {
@@ -241,7 +265,7 @@ impl CellCache {
         if mine.is_empty() {
             return;
         }
-        self.misses.fetch_add(mine.len() as u64, Ordering::Relaxed);
+        self.misses.fetch_add(mine.len() as u64);
         let last = mine.pop();
         for (c, l) in mine {
             waits.push(l.clone());
@@ -271,15 +295,18 @@ impl CellCache {
     /// Starts decoding `cells` in the background if they are not cached, as long as
     /// the pool has less than twice its threads of work queued (read-ahead must not
     /// crowd out the cells readers wait for).
-    pub fn prefetch(self: &Arc<Self>, cells: &[CellRef]) {
+    pub fn prefetch(self: &Arc<Self>, cells: &[CellRef])
+    where
+        Self: Send + Sync + 'static,
+    {
         for c in cells {
-            if self.pool.queued.load(Ordering::Relaxed) >= 2 * self.pool.threads as u64 {
+            if self.pool.queued() >= 2 * self.pool.threads() as u64 {
                 return;
             }
             let Claim::Mine(l) = self.claim(c) else {
                 continue;
             };
-            self.prefetched.fetch_add(1, Ordering::Relaxed);
+            self.prefetched.fetch_add(1);
             let me = self.clone();
             let c = c.clone();
             if let Err(job) = self.pool.submit(Box::new(move || {
@@ -289,12 +316,51 @@ impl CellCache {
             }
         }
     }
+
+    /// The cache's own bookkeeping agrees with itself: the byte count is the sum of
+    /// the ready cells, within `cap`, and the LRU holds exactly the ready cells, each
+    /// at its last use. For tests.
+    #[cfg(test)]
+    fn check(&self) {
+        self.inner.lock(|g| {
+            let mut bytes = 0;
+            let mut ready = BTreeMap::new();
+            for (k, s) in g.map.iter() {
+                if let Slot::Ready(v, used) = s {
+                    bytes += v.len() as u64;
+                    ready.insert(*used, *k);
+                }
+            }
+            assert_eq!(g.bytes, bytes, "byte count vs the ready cells");
+            assert!(
+                g.bytes <= self.cap,
+                "{} bytes over the cap {}",
+                g.bytes,
+                self.cap
+            );
+            assert_eq!(g.lru, ready, "LRU vs the ready cells");
+        });
+    }
+
+    /// Cells still loading. For tests.
+    #[cfg(test)]
+    fn loading(&self) -> usize {
+        self.inner.lock(|g| {
+            g.map
+                .values()
+                .filter(|s| matches!(s, Slot::Loading(_)))
+                .count()
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::Job;
     use crate::extent::CellSource;
+    use crate::sync::Shuttle;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     struct Counting(AtomicU64);
     impl CellSource for Counting {
@@ -375,7 +441,7 @@ mod tests {
         assert_eq!(cache.bytes(), 200);
         assert_eq!(cache.released.load(Ordering::Relaxed), 2);
         assert_eq!(held[0], 1, "a held cell keeps its bytes");
-        assert_eq!(cache.inner.lock().lru.len(), 2);
+        assert_eq!(Mutex::lock(&cache.inner, |g| g.lru.len()), 2);
         cache.get(&cell(0)).unwrap();
         assert_eq!(
             src.0.load(Ordering::Relaxed),
@@ -591,7 +657,10 @@ mod tests {
         let (c, c3) = (cache.clone(), cell(3));
         assert_eq!(within(move || c.get(&c3)).unwrap()[0], 3);
         assert_eq!(cache.bytes(), 64);
-        assert!(cache.inner.lock().map.len() == 1, "no slot left behind");
+        assert!(
+            Mutex::lock(&cache.inner, |g| g.map.len()) == 1,
+            "no slot left behind"
+        );
     }
 
     #[test]
@@ -636,17 +705,17 @@ mod tests {
             }
         }
         // The pool still takes work after its jobs panicked.
-        for _ in 0..2 * cache.pool.threads {
+        for _ in 0..2 * cache.pool.threads() {
             cache.background(Box::new(|| panic!("a background job's bug")));
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        for i in 0..cache.pool.threads {
+        for i in 0..cache.pool.threads() {
             let tx = tx.clone();
             cache.background(Box::new(move || {
                 let _ = tx.send(i);
             }));
         }
-        for _ in 0..cache.pool.threads {
+        for _ in 0..cache.pool.threads() {
             rx.recv_timeout(std::time::Duration::from_secs(10))
                 .expect("a worker died with its job's panic");
         }
@@ -672,5 +741,145 @@ mod tests {
         }
         assert_eq!(src.loads.load(Ordering::Relaxed), 3);
         assert_eq!(cache.prefetched.load(Ordering::Relaxed), 3);
+    }
+
+    // Concurrency tests under shuttle: this CellCache code on shuttle's locks, so the
+    // checker picks which thread runs at every lock, wait and counter operation. Each
+    // execution ends with the bookkeeping checked and no slot left loading; a reader
+    // that never wakes is a deadlock, which fails the test.
+
+    /// A source of 64-byte cells holding their index; cell `bad` panics in its decoder.
+    /// Decoding yields, so other threads claim, wait, evict and release meanwhile.
+    struct ShSource {
+        bad: u64,
+    }
+    impl CellSource for ShSource {
+        fn uid(&self) -> u64 {
+            7
+        }
+        fn cell_bytes(&self) -> u64 {
+            64
+        }
+        fn load(&self, index: u64) -> Result<Vec<u8>> {
+            shuttle::thread::yield_now();
+            if index == self.bad {
+                panic!("decoder bug on cell {index}");
+            }
+            Ok(vec![index as u8; 64])
+        }
+    }
+
+    /// Background decodes, each on a shuttle thread of its own.
+    struct ShuttleThreads;
+    impl Executor for ShuttleThreads {
+        fn submit(&self, job: Job) -> std::result::Result<(), Job> {
+            shuttle::thread::spawn(job);
+            Ok(())
+        }
+        fn queued(&self) -> u64 {
+            0
+        }
+        fn threads(&self) -> usize {
+            2
+        }
+    }
+
+    /// One step of a reader thread.
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        Get(u64),
+        Warm(u64, u64),
+        Prefetch(u64, u64),
+        Release(u64),
+        Check,
+    }
+
+    const BAD: u64 = 3;
+
+    fn sh_cell(src: &Arc<ShSource>, index: u64) -> CellRef {
+        CellRef {
+            source: src.clone(),
+            index,
+        }
+    }
+
+    /// A `get` returns the cell's bytes, or EIO for the panicking cell.
+    fn sh_get(cache: &CellCache<Shuttle>, src: &Arc<ShSource>, i: u64) {
+        match cache.get(&sh_cell(src, i)) {
+            Ok(d) => assert!(i != BAD && *d == vec![i as u8; 64], "cell {i}"),
+            Err(e) => assert!(i == BAD && e.errno == libc::EIO, "cell {i}: {}", e.message),
+        }
+    }
+
+    fn play(cache: &Arc<CellCache<Shuttle>>, src: &Arc<ShSource>, steps: &[Step]) {
+        let cells = |a: u64, b: u64| (a..b).map(|i| sh_cell(src, i)).collect::<Vec<_>>();
+        for s in steps {
+            match *s {
+                Step::Get(i) => sh_get(cache, src, i),
+                Step::Warm(a, b) => cache.warm(&cells(a, b)),
+                Step::Prefetch(a, b) => cache.prefetch(&cells(a, b)),
+                Step::Release(i) => cache.release(&cells(i, i + 1)),
+                Step::Check => cache.check(),
+            }
+        }
+    }
+
+    /// One execution: a thread per script over a cache of `cap` bytes, then every cell
+    /// read once more (which also waits out background decodes), then the checks.
+    fn run_steps(cap: u64, scripts: &'static [&'static [Step]]) {
+        let cache = Arc::new(CellCache::<Shuttle>::with_pool(
+            cap,
+            Box::new(ShuttleThreads),
+        ));
+        let src = Arc::new(ShSource { bad: BAD });
+        let threads: Vec<_> = scripts
+            .iter()
+            .map(|steps| {
+                let (cache, src) = (cache.clone(), src.clone());
+                shuttle::thread::spawn(move || play(&cache, &src, steps))
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a reader thread panicked");
+        }
+        for i in 0..6 {
+            sh_get(&cache, &src, i);
+        }
+        cache.check();
+        assert_eq!(cache.loading(), 0, "a slot left loading");
+    }
+
+    /// Readers of the panicking cell and of others, a warm over both, releases and
+    /// evictions (the cap holds two cells).
+    const CONTEND: &[&[Step]] = &[
+        &[Step::Get(BAD), Step::Get(1), Step::Check],
+        &[Step::Get(BAD), Step::Get(2), Step::Release(1)],
+        &[Step::Warm(0, 4), Step::Get(0), Step::Check],
+    ];
+
+    /// Prefetches racing readers and releases of the same cells.
+    const PREFETCH: &[&[Step]] = &[
+        &[Step::Prefetch(0, 5), Step::Get(4), Step::Release(4)],
+        &[Step::Get(BAD), Step::Get(0), Step::Check],
+        &[Step::Get(2), Step::Release(2), Step::Get(2), Step::Check],
+    ];
+
+    #[test]
+    fn shuttle_cell_cache_random_schedules() {
+        shuttle::check_random(|| run_steps(128, CONTEND), 2_000);
+        shuttle::check_random(|| run_steps(192, PREFETCH), 2_000);
+    }
+
+    #[test]
+    fn shuttle_cell_cache_pct_schedules() {
+        shuttle::check_pct(|| run_steps(128, CONTEND), 2_000, 3);
+        shuttle::check_pct(|| run_steps(192, PREFETCH), 2_000, 3);
+    }
+
+    /// Two readers of the panicking cell, one of them then reading another.
+    #[test]
+    fn shuttle_panicking_load_two_readers() {
+        const TWO: &[&[Step]] = &[&[Step::Get(BAD)], &[Step::Get(BAD), Step::Get(1)]];
+        shuttle::check_random(|| run_steps(64, TWO), 1_000);
     }
 }

@@ -10,5 +10,5 @@ mod store;
 
 pub use cache::CellCache;
 pub use pipeline::{decode_chunk, fletcher32, rust_decodable, unshuffle, Failure, MAX_CELL_BYTES};
-pub use pool::{panic_message, Job, WorkerPool};
+pub use pool::{panic_message, Executor, Job, WorkerPool};
 pub use store::{next_uid, ChunkStore, HdfCells};

@@ -13,8 +13,8 @@ pub type Job = Box<dyn FnOnce() + Send>;
 pub struct WorkerPool {
     name: &'static str,
     tx: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
-    pub(super) queued: Arc<AtomicU64>,
-    pub(super) threads: usize,
+    queued: Arc<AtomicU64>,
+    threads: usize,
 }
 
 impl WorkerPool {
@@ -61,6 +61,29 @@ impl WorkerPool {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             e.0
         })
+    }
+}
+
+/// Where a [`crate::decode::CellCache`] runs its background decodes: the decode pool
+/// in the daemon, a thread per job under the concurrency checker.
+pub trait Executor: Send + Sync {
+    /// Queues `job`; gives it back when it could not be queued (the caller runs it).
+    fn submit(&self, job: Job) -> Result<(), Job>;
+    /// Jobs queued and not yet started.
+    fn queued(&self) -> u64;
+    /// Threads running the jobs.
+    fn threads(&self) -> usize;
+}
+
+impl Executor for WorkerPool {
+    fn submit(&self, job: Job) -> Result<(), Job> {
+        WorkerPool::submit(self, job)
+    }
+    fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+    fn threads(&self) -> usize {
+        self.threads
     }
 }
 
