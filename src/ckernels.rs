@@ -3,7 +3,7 @@
 //! shuffle.c, which carries bitshuffle's own kernels) and its bundled LZ4's block
 //! decoder. Measured on a 2-CPU development VM, they decode 2-5x faster than our SSE2
 //! bit unshuffle and scalar byte unshuffle (docs/performance.md, "Decoder kernels").
-//! codecs.rs keeps all parsing and bounds checks. Each wrapper here checks the sizes
+//! codecs/ keeps all parsing and bounds checks. Each wrapper here checks the sizes
 //! it passes on against what the C code is known to handle (buffer lengths, `int32_t`
 //! ranges, element sizes) and says when it did not run, so that the caller falls back
 //! to Rust.

@@ -1,65 +1,23 @@
-//! The filter pipeline of a stored chunk, run backwards: HDF5's own filters (deflate,
-//! shuffle, Fletcher-32) here, the others through the codecs.
+//! The filter pipeline of a stored chunk, run backwards through the codec registry
+//! (`codecs::filter`).
 
-use crate::codecs;
+use crate::codecs::{self, Params};
 use crate::h5::FilterInfo;
-use std::io::Read;
 
-/// HDF5's Fletcher-32 checksum (H5_checksum_fletcher32).
-pub fn fletcher32(data: &[u8]) -> u32 {
-    let (mut s1, mut s2) = (0u32, 0u32);
-    for block in data.chunks(720) {
-        let mut words = block.chunks_exact(2);
-        for w in &mut words {
-            s1 = s1.wrapping_add(((w[0] as u32) << 8) | w[1] as u32);
-            s2 = s2.wrapping_add(s1);
-        }
-        if let [b] = words.remainder() {
-            s1 = s1.wrapping_add((*b as u32) << 8);
-            s2 = s2.wrapping_add(s1);
-        }
-        s1 = (s1 & 0xffff) + (s1 >> 16);
-        s2 = (s2 & 0xffff) + (s2 >> 16);
-    }
-    s1 = (s1 & 0xffff) + (s1 >> 16);
-    s2 = (s2 & 0xffff) + (s2 >> 16);
-    (s2 << 16) | s1
-}
-
-/// Reverses HDF5's byte shuffle for elements of `es` bytes.
-pub fn unshuffle(data: &[u8], es: usize) -> Vec<u8> {
-    if es <= 1 || data.len() < es {
-        return data.to_vec();
-    }
-    let mut out = vec![0u8; data.len()];
-    codecs::unshuffle_into(data, es, &mut out);
-    out
-}
+pub use crate::codecs::{fletcher32, unshuffle, Failure};
+pub use crate::h5::MAX_CELL_BYTES;
 
 /// Whether every filter of the pipeline has a Rust decoder.
 pub fn rust_decodable(filters: &[FilterInfo]) -> bool {
     filters.iter().all(|f| codecs::builtin(f.id))
 }
 
-pub use crate::codecs::Failure;
-pub use crate::h5::MAX_CELL_BYTES;
-
-/// Inflates `input` into at most `cap` bytes; a stream inflating beyond `cap` is
-/// refused after `cap + 1` bytes, so a deflate bomb never costs more than one chunk.
-fn inflate_bounded(input: &[u8], cap: usize) -> std::result::Result<Vec<u8>, Failure> {
-    let mut out = Vec::with_capacity(cap.saturating_add(1));
-    let limit = (cap as u64).saturating_add(1);
-    match flate2::read::ZlibDecoder::new(input)
-        .take(limit)
-        .read_to_end(&mut out)
-    {
-        Ok(_) if out.len() > cap => Err(Failure::Refused(format!(
-            "its deflate stream inflates beyond the chunk's decoded size of {cap} bytes \
-             (corrupt or crafted file)"
-        ))),
-        Ok(_) => Ok(out),
-        Err(e) => Err(Failure::Corrupt(format!("deflate stream is corrupt: {e}"))),
-    }
+/// Whether libhdf5 may decode a chunk our decoders found corrupt: it has every filter
+/// of the pipeline, and no decoder of ours says its verdict must stand.
+pub fn hdf5_may_retry(filters: &[FilterInfo]) -> bool {
+    filters
+        .iter()
+        .all(|f| f.hdf5 && codecs::filter(f.id).is_none_or(|c| c.hdf5_may_retry()))
 }
 
 /// Runs the pipeline backwards over a stored chunk whose decoded size is `expect`.
@@ -81,42 +39,21 @@ pub fn decode_chunk(
         }
         // The bytes before this filter ran: the chunk plus the checksums of the
         // Fletcher-32 filters that ran earlier.
-        let sums = (0..i).filter(|&j| active(j) && filters[j].id == 3).count();
+        let sums = (0..i)
+            .filter(|&j| active(j) && filters[j].id == codecs::FLETCHER32)
+            .count();
         let cap = expect.saturating_add(4 * sums);
-        buf = match f.id {
-            1 => inflate_bounded(&buf, cap)?,
-            2 => {
-                let es = f.cd_values.first().map(|&v| v as usize).unwrap_or(elem);
-                unshuffle(&buf, es)
-            }
-            3 => {
-                if buf.len() < 4 {
-                    return Err(Failure::Corrupt(
-                        "Fletcher-32 chunk shorter than its checksum".into(),
-                    ));
-                }
-                let n = buf.len() - 4;
-                let stored = u32::from_le_bytes([buf[n], buf[n + 1], buf[n + 2], buf[n + 3]]);
-                let sum = fletcher32(&buf[..n]);
-                if stored != sum && stored != sum.swap_bytes() {
-                    return Err(Failure::Corrupt(format!(
-                        "Fletcher-32 checksum mismatch (stored {stored:#010x}, computed {sum:#010x})"
-                    )));
-                }
-                buf.truncate(n);
-                buf
-            }
-            id => match id {
-                #[cfg(h5tilefs_szip)]
-                codecs::SZIP => crate::ccodecs::szip_filter(&buf, &f.cd_values, cap),
-                codecs::BLOSC2 => crate::ccodecs::blosc2_filter(&buf, cap),
-                _ => codecs::decode(id, &f.cd_values, elem, &buf, cap),
-            }
-            .map_err(|e| match e {
-                Failure::Corrupt(m) => Failure::Corrupt(format!("{} filter: {m}", f.name)),
-                Failure::Refused(m) => Failure::Refused(format!("{} filter: {m}", f.name)),
-            })?,
+        let Some(codec) = codecs::filter(f.id) else {
+            return Err(Failure::Corrupt(format!(
+                "{} filter: filter {} has no Rust decoder",
+                f.name, f.id
+            )));
         };
+        let params = Params {
+            cd: &f.cd_values,
+            elem,
+        };
+        buf = codec.decode(buf, &params, cap)?;
     }
     if buf.len() != expect {
         return Err(Failure::Corrupt(format!(

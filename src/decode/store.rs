@@ -2,7 +2,7 @@
 //! here, or through libhdf5) and blocks of datasets only libhdf5 can read.
 
 use super::fault;
-use super::pipeline::{decode_chunk, rust_decodable, Failure, MAX_CELL_BYTES};
+use super::pipeline::{decode_chunk, hdf5_may_retry, rust_decodable, Failure, MAX_CELL_BYTES};
 use crate::error::{Error, ModelError, Result};
 use crate::extent::{BackingFile, CellSource};
 use crate::geometry::unravel;
@@ -253,7 +253,7 @@ impl ChunkStore {
                 "filters [{}]: {why}; the chunk is not served",
                 self.pipeline()
             ))),
-            Err(Failure::Corrupt(why)) if self.filters.iter().all(|f| f.hdf5) => {
+            Err(Failure::Corrupt(why)) if hdf5_may_retry(&self.filters) => {
                 tracing::debug!(
                     file = %self.file.path.display(),
                     dataset = %self.name,
