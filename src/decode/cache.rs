@@ -86,6 +86,22 @@ impl<S: Family> Default for CacheInner<S> {
     }
 }
 
+impl<S: Family> CacheInner<S> {
+    /// Removes cell `key` if it is decoded (a cell still loading stays), with its LRU
+    /// entry and its bytes; returns it so the caller frees it outside the lock.
+    fn remove_ready(&mut self, key: &CellKey) -> Option<Arc<Vec<u8>>> {
+        if !matches!(self.map.get(key), Some(Slot::Ready(..))) {
+            return None;
+        }
+        let Some(Slot::Ready(v, used)) = self.map.remove(key) else {
+            return None;
+        };
+        self.lru.remove(&used);
+        self.bytes -= v.len() as u64;
+        Some(v)
+    }
+}
+
 /// What a reader found for one cell.
 enum Claim<S: Family> {
     Hit(Arc<Vec<u8>>),
@@ -130,20 +146,11 @@ impl<S: Family> CellCache<S> {
     /// sequential reader is done with them (`readahead::release_behind`). Their memory
     /// is freed outside the lock, once no reader holds them.
     pub fn release(&self, cells: &[CellRef]) {
-        let dropped = self.inner.lock(|g| {
-            let mut dropped = Vec::new();
-            for c in cells {
-                let key = c.key();
-                if let Some(Slot::Ready(_, used)) = g.map.get(&key) {
-                    let used = *used;
-                    if let Some(Slot::Ready(v, _)) = g.map.remove(&key) {
-                        g.bytes -= v.len() as u64;
-                        dropped.push(v);
-                    }
-                    g.lru.remove(&used);
-                }
-            }
-            dropped
+        let dropped: Vec<_> = self.inner.lock(|g| {
+            cells
+                .iter()
+                .filter_map(|c| g.remove_ready(&c.key()))
+                .collect()
         });
         self.released.fetch_add(dropped.len() as u64);
         drop(dropped);
@@ -214,9 +221,7 @@ impl<S: Family> CellCache<S> {
                         let Some((_, victim)) = g.lru.pop_first() else {
                             break;
                         };
-                        if let Some(Slot::Ready(v, _)) = g.map.remove(&victim) {
-                            g.bytes -= v.len() as u64;
-                        }
+                        g.remove_ready(&victim);
                     }
                 }
                 _ => {
