@@ -1,4 +1,4 @@
-//! Links libaec (SZIP decoding, src/ccodecs.rs) statically when its static libraries are
+//! Links libaec (SZIP decoding, src/codecs/c.rs) statically when its static libraries are
 //! installed: the daemon must run on machines without it (a static binary is copied to
 //! the GPU machines).
 

@@ -4,7 +4,7 @@
 //! decoder. Measured on a 2-CPU development VM, they decode 2-5x faster than our SSE2
 //! bit unshuffle and scalar byte unshuffle
 //! (docs/perf-log/2026-11-26-decoder-kernels-cpu-budget.md).
-//! codecs.rs keeps all parsing and bounds checks. Each wrapper here checks the sizes
+//! codecs/ keeps all parsing and bounds checks. Each wrapper here checks the sizes
 //! it passes on against what the C code is known to handle (buffer lengths, `int32_t`
 //! ranges, element sizes) and says when it did not run, so that the caller falls back
 //! to Rust.

@@ -162,7 +162,7 @@ impl From<PendingError> for Error {
     }
 }
 
-/// Why reading a dataset failed (src/model.rs, src/decode.rs): the file's content or a
+/// Why reading a dataset failed (src/model.rs, src/decode/): the file's content or a
 /// request the dataset cannot serve. [`ModelError::errno`] is its errno table.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -37,6 +37,11 @@ pub trait CellSource: Send + Sync {
     fn load(&self, index: u64) -> Result<Vec<u8>>;
     /// The cell's size in bytes once decoded.
     fn cell_bytes(&self) -> u64;
+    /// Cell `index` for logs and errors: the file, dataset and place where the source
+    /// knows them.
+    fn describe(&self, index: u64) -> String {
+        format!("cell {index} of source {}", self.uid())
+    }
 }
 
 /// One decoded cell of a [`CellSource`].

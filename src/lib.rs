@@ -6,7 +6,6 @@
 //! (backing files), `fs` (the filesystem core, fuser-free) and `fuse` (the adapter).
 
 pub mod attrs;
-pub mod ccodecs;
 pub mod ckernels;
 pub mod codecs;
 pub mod decode;

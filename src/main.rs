@@ -524,6 +524,7 @@ fn start(
     // make them unreadable to us.
     // SAFETY: called before any thread is spawned.
     unsafe { std::env::set_var("HDF5_USE_FILE_LOCKING", "FALSE") };
+    h5tilefs::decode::fault::arm_from_env();
     let threads = opts.threads;
     let read_only = opts.read_only;
     let allow_other = opts.allow_other;

@@ -13,10 +13,12 @@ use std::hash::{BuildHasher, Hash};
 /// The primitives a table is built on.
 pub trait Family: Sized + 'static {
     type RwLock<T>: RwLock<T>;
-    type AtomicU64: Counter;
+    type Mutex<T: Send>: Mutex<T> + Send + Sync;
+    type Monitor<T: Send>: Monitor<T> + Send + Sync;
+    type AtomicU64: Counter + Send + Sync;
     /// Shard choice and the shards' own maps. Deterministic under a checker, which
     /// replays a schedule only if the program does the same thing again.
-    type Hasher: BuildHasher + Default;
+    type Hasher: BuildHasher + Default + Send + Sync;
     /// Number of shards of a [`ShardMap`].
     fn shards() -> usize;
 }
@@ -29,11 +31,60 @@ pub trait RwLock<T> {
     fn write<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
 }
 
-/// A counter handing out unique numbers.
+/// A mutex used through closures, as [`RwLock`].
+pub trait Mutex<T> {
+    fn new(value: T) -> Self;
+    fn lock<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
+}
+
+/// A value behind a mutex with a condition variable (a monitor): threads sleep until
+/// an update makes true what they wait for.
+pub trait Monitor<T> {
+    fn new(value: T) -> Self;
+    /// `f` under the lock, then wakes every waiter.
+    fn update<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
+    /// Sleeps until `f`, called under the lock at once and after every wake, says
+    /// `Some`.
+    fn wait_for<R>(&self, f: impl FnMut(&mut T) -> Option<R>) -> R;
+}
+
+/// A counter: unique numbers, statistics, queue lengths (relaxed ordering).
 pub trait Counter {
     fn new(value: u64) -> Self;
     /// Adds `n`, returns the value before.
     fn fetch_add(&self, n: u64) -> u64;
+    /// Subtracts `n`, returns the value before.
+    fn fetch_sub(&self, n: u64) -> u64;
+    fn get(&self) -> u64;
+}
+
+/// [`Monitor`] on parking_lot.
+pub struct PlMonitor<T> {
+    value: parking_lot::Mutex<T>,
+    changed: parking_lot::Condvar,
+}
+
+impl<T> Monitor<T> for PlMonitor<T> {
+    fn new(value: T) -> Self {
+        PlMonitor {
+            value: parking_lot::Mutex::new(value),
+            changed: parking_lot::Condvar::new(),
+        }
+    }
+    fn update<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let r = f(&mut self.value.lock());
+        self.changed.notify_all();
+        r
+    }
+    fn wait_for<R>(&self, mut f: impl FnMut(&mut T) -> Option<R>) -> R {
+        let mut g = self.value.lock();
+        loop {
+            if let Some(r) = f(&mut g) {
+                return r;
+            }
+            self.changed.wait(&mut g);
+        }
+    }
 }
 
 /// The daemon's primitives.
@@ -41,6 +92,8 @@ pub struct Real;
 
 impl Family for Real {
     type RwLock<T> = parking_lot::RwLock<T>;
+    type Mutex<T: Send> = parking_lot::Mutex<T>;
+    type Monitor<T: Send> = PlMonitor<T>;
     type AtomicU64 = std::sync::atomic::AtomicU64;
     type Hasher = std::hash::RandomState;
 
@@ -63,12 +116,27 @@ impl<T> RwLock<T> for parking_lot::RwLock<T> {
     }
 }
 
+impl<T> Mutex<T> for parking_lot::Mutex<T> {
+    fn new(value: T) -> Self {
+        parking_lot::Mutex::new(value)
+    }
+    fn lock<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut parking_lot::Mutex::lock(self))
+    }
+}
+
 impl Counter for std::sync::atomic::AtomicU64 {
     fn new(value: u64) -> Self {
         std::sync::atomic::AtomicU64::new(value)
     }
     fn fetch_add(&self, n: u64) -> u64 {
         std::sync::atomic::AtomicU64::fetch_add(self, n, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn fetch_sub(&self, n: u64) -> u64 {
+        std::sync::atomic::AtomicU64::fetch_sub(self, n, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn get(&self) -> u64 {
+        std::sync::atomic::AtomicU64::load(self, std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -80,6 +148,8 @@ pub struct Shuttle;
 #[cfg(test)]
 impl Family for Shuttle {
     type RwLock<T> = shuttle::sync::RwLock<T>;
+    type Mutex<T: Send> = shuttle::sync::Mutex<T>;
+    type Monitor<T: Send> = ShuttleMonitor<T>;
     type AtomicU64 = shuttle::sync::atomic::AtomicU64;
     type Hasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 
@@ -104,12 +174,59 @@ impl<T> RwLock<T> for shuttle::sync::RwLock<T> {
 }
 
 #[cfg(test)]
+impl<T> Mutex<T> for shuttle::sync::Mutex<T> {
+    fn new(value: T) -> Self {
+        shuttle::sync::Mutex::new(value)
+    }
+    fn lock<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut shuttle::sync::Mutex::lock(self).unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// [`Monitor`] on shuttle's mutex and condition variable.
+#[cfg(test)]
+pub struct ShuttleMonitor<T> {
+    value: shuttle::sync::Mutex<T>,
+    changed: shuttle::sync::Condvar,
+}
+
+#[cfg(test)]
+impl<T> Monitor<T> for ShuttleMonitor<T> {
+    fn new(value: T) -> Self {
+        ShuttleMonitor {
+            value: shuttle::sync::Mutex::new(value),
+            changed: shuttle::sync::Condvar::new(),
+        }
+    }
+    fn update<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let r = f(&mut self.value.lock().unwrap_or_else(|e| e.into_inner()));
+        self.changed.notify_all();
+        r
+    }
+    fn wait_for<R>(&self, mut f: impl FnMut(&mut T) -> Option<R>) -> R {
+        let mut g = self.value.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = f(&mut g) {
+                return r;
+            }
+            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
 impl Counter for shuttle::sync::atomic::AtomicU64 {
     fn new(value: u64) -> Self {
         shuttle::sync::atomic::AtomicU64::new(value)
     }
     fn fetch_add(&self, n: u64) -> u64 {
         shuttle::sync::atomic::AtomicU64::fetch_add(self, n, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn fetch_sub(&self, n: u64) -> u64 {
+        shuttle::sync::atomic::AtomicU64::fetch_sub(self, n, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn get(&self) -> u64 {
+        shuttle::sync::atomic::AtomicU64::load(self, std::sync::atomic::Ordering::Relaxed)
     }
 }
 

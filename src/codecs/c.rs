@@ -1,10 +1,10 @@
 //! Decoders that call well-known C libraries, linked statically: c-blosc2 for the Blosc2
 //! filter (32026) and libaec for SZIP (filter 4). The pure-Rust decoders are in
-//! codecs.rs; this module only adapts the C entry points to its `Failure` contract:
+//! the other files of codecs/; this module only adapts the C entry points to its `Failure` contract:
 //! every output is bounded by the chunk's decoded size, checked before anything is
 //! written, and a C error becomes `Failure::Corrupt` naming what the library said.
 
-use crate::codecs::Failure;
+use super::Failure;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Once;
 
