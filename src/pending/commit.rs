@@ -93,6 +93,10 @@ pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path)
     let _ = std::fs::set_permissions(sources, std::fs::Permissions::from_mode(dir_mode));
 }
 
+/// One dataset's sources dir, its pending node, and its sources' recorded `(data
+/// offset, file length)`.
+type Recorded = (PathBuf, PathBuf, HashMap<String, (u64, u64)>);
+
 /// What a commit writes, found under the lock from the range logs.
 struct CommitPlan {
     specs: Vec<VdsSpec>,
@@ -103,7 +107,7 @@ struct CommitPlan {
     to_sync: Vec<(PathBuf, Option<Arc<TileTarget>>)>,
     /// Per dataset: its sources dir, its pending node, and the sources' recorded
     /// `(data offset, file length)`.
-    recorded: Vec<(PathBuf, PathBuf, HashMap<String, (u64, u64)>)>,
+    recorded: Vec<Recorded>,
     t_ranges: std::time::Duration,
 }
 
