@@ -102,3 +102,20 @@ def test_large_group_listed_once_each(tmp_path):
             assert sorted(names) == [f"member_{i:05d}" for i in range(5000)]
     finally:
         unmount(str(m))
+
+
+def test_a_name_that_is_not_utf8_is_einval_in_every_operation(env):
+    """One cause, one errno (docs/namespace.md "Names"): the mount shows and makes UTF-8
+    names only, so a name that is not UTF-8 is EINVAL whether it is looked up, made or
+    removed. Before, a lookup answered ENOENT and a mkdir EINVAL."""
+    import errno
+    b, m = env
+    bad = os.path.join(os.fsencode(m), b"n.h5", b"g\xff")
+    top = os.path.join(os.fsencode(m), b"x\xff.h5")
+    for op in (lambda: os.stat(bad), lambda: os.mkdir(bad), lambda: os.mkdir(top),
+               lambda: os.rmdir(bad), lambda: os.unlink(bad),
+               lambda: open(bad, "wb"),
+               lambda: os.rename(os.path.join(os.fsencode(m), b"n.h5", b"g"), bad)):
+        with pytest.raises(OSError) as e:
+            op()
+        assert e.value.errno == errno.EINVAL, e.value
