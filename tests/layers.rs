@@ -22,6 +22,15 @@ const FS_LAYERS: &[&[&str]] = &[
     &["fs::open"],
     &["fs::views"],
     &[
+        "fs::views::backing",
+        "fs::views::file_root",
+        "fs::views::group",
+        "fs::views::tiles",
+        "fs::views::slices",
+        "fs::views::zarr",
+    ],
+    &["fs::views::dataset"],
+    &[
         "fs::zarr_view",
         "fs::pending_io",
         "fs::listing",
@@ -153,7 +162,12 @@ fn modules() -> Graph {
                 continue;
             }
             let mut p = parent.clone();
-            p.extend(path_after(text, i + 7));
+            let mut rest = path_after(text, i + 7);
+            while rest.first().is_some_and(|s| s == "super") {
+                rest.remove(0);
+                p.pop();
+            }
+            p.extend(rest);
             if let Some(d) = longest_module(&mods, &p) {
                 add(d);
             }

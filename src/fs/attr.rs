@@ -23,6 +23,16 @@ pub enum Kind {
     Symlink,
 }
 
+impl Kind {
+    pub fn of_dir(dir: bool) -> Kind {
+        if dir {
+            Kind::Dir
+        } else {
+            Kind::File
+        }
+    }
+}
+
 /// File attributes, fuser-free.
 #[derive(Clone, Debug)]
 pub struct Attr {

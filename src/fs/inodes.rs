@@ -24,7 +24,7 @@ pub struct Entry {
 }
 
 /// An inode given up because its node now shows another version: what the kernel must
-/// be told (see `Fs::notify_stale`).
+/// be told (see `Mount::notify_stale`).
 #[derive(Clone, Debug)]
 pub struct Stale {
     pub ino: u64,

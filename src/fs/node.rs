@@ -1,7 +1,8 @@
 //! The objects the mount shows (`Node`), by the name the kernel sees, and what a
 //! node's object path is now (`Resolved`).
 
-use crate::h5file::H5File;
+use super::attr::Kind;
+use crate::h5file::{H5File, Ident};
 use crate::names::{tile_name, DatasetEntry, COMMIT_NAME, CONTROL_NAME, STATUS_NAME};
 use crate::staging::PendingMeta;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 /// Every object the mount shows, by the name the kernel sees: stable across lookups and
 /// forgets. A name inside an HDF5 file is one node whether it is pending or committed
-/// now: `Fs::resolve` decides that once per operation. The kernel still gets a new inode
+/// now: `Mount::resolve` decides that once per operation. The kernel still gets a new inode
 /// when a data name changes side, as committed nodes are bound to a file version and
 /// pending ones to none (see `InodeTable::lookup`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -129,7 +130,11 @@ impl Node {
     }
 }
 
-/// What the object path of a node is now, decided once per operation (`Fs::resolve`):
+/// An entry of a listing: the node, the committed version it shows (for its inode
+/// number), its kind and its name.
+pub type Listed = (Node, Option<Ident>, Kind, String);
+
+/// What the object path of a node is now, decided once per operation (`Mount::resolve`):
 /// the pending state first (this or another daemon may have declared the path since the
 /// kernel looked it up), then the committed file, as `child` resolves names.
 pub enum Resolved {

@@ -55,7 +55,7 @@ pub enum OpenFile {
         meta: Box<PendingMeta>,
         /// Some(idx) for a tile file; None for `data`.
         tile: Option<Vec<u64>>,
-        /// What it reads through: revalidated at each read (see `Fs::pending_read`).
+        /// What it reads through: revalidated at each read (see `pending_io::pending_read`).
         view: parking_lot::Mutex<PendingView>,
     },
     Commit {
