@@ -229,12 +229,64 @@ impl From<GpuError> for Error {
     }
 }
 
-/// Builds an [`Error`] with a formatted message: `err!(ENOENT, "no {x}")`.
-#[macro_export]
-macro_rules! err {
-    ($errno:ident, $($arg:tt)*) => {
-        $crate::error::Error::new(libc::$errno, format!($($arg)*))
-    };
+/// Why a name or a node of the mount cannot be served (src/fs, src/namespace.rs):
+/// [`NamespaceError::errno`] is its errno table (docs/namespace.md).
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    /// A name that is not UTF-8: the mount shows only UTF-8 names, so it can neither
+    /// hold nor find one. EINVAL in every operation (lookup, mkdir, create, unlink,
+    /// rmdir, rename): the cause is the name, not a missing entry.
+    #[error("name {0:?} is not UTF-8: this mount shows and makes UTF-8 names only")]
+    NotUtf8(String),
+    /// Nothing is shown at this name (absent, hidden, or outside the backing root).
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}: not a directory")]
+    NotADirectory(String),
+    #[error("{0}: is a directory")]
+    IsADirectory(String),
+    #[error("{0}: not a symbolic link")]
+    NotASymlink(String),
+    /// The kernel asked for an inode the daemon no longer knows.
+    #[error("unknown inode {0}")]
+    UnknownInode(u64),
+    #[error("unknown handle {0}")]
+    UnknownHandle(u64),
+    /// An ioctl for data files on another file.
+    #[error("{0}: not a data file")]
+    NotADataFile(String),
+    /// Mounted read-only, or committed data (which is never written in place).
+    #[error("{0}")]
+    ReadOnly(String),
+}
+
+impl NamespaceError {
+    /// The errno table of the namespace.
+    pub fn errno(&self) -> i32 {
+        use NamespaceError::*;
+        match self {
+            NotUtf8(_) => libc::EINVAL,
+            NotFound(_) => libc::ENOENT,
+            NotADirectory(_) => libc::ENOTDIR,
+            IsADirectory(_) => libc::EISDIR,
+            NotASymlink(_) => libc::EINVAL,
+            UnknownInode(_) => libc::ESTALE,
+            UnknownHandle(_) => libc::EBADF,
+            NotADataFile(_) => libc::ENOTTY,
+            ReadOnly(_) => libc::EROFS,
+        }
+    }
+
+    /// The error for a name that is not UTF-8 (as the kernel gave it).
+    pub fn not_utf8(name: &std::ffi::OsStr) -> Error {
+        NamespaceError::NotUtf8(name.to_string_lossy().into_owned()).into()
+    }
+}
+
+impl From<NamespaceError> for Error {
+    fn from(e: NamespaceError) -> Error {
+        Error::new(e.errno(), e.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +343,33 @@ mod tests {
             assert_eq!(err.errno, errno, "{msg}");
             assert_eq!(err.message, msg);
         }
+    }
+
+    /// The namespace's errno table as docs/namespace.md documents it; a name that is not
+    /// UTF-8 is EINVAL whatever the operation.
+    #[test]
+    fn namespace_errnos() {
+        use std::os::unix::ffi::OsStrExt;
+        let s = || "x".to_string();
+        let cases = [
+            (NamespaceError::NotUtf8(s()), libc::EINVAL),
+            (NamespaceError::NotFound(s()), libc::ENOENT),
+            (NamespaceError::NotADirectory(s()), libc::ENOTDIR),
+            (NamespaceError::IsADirectory(s()), libc::EISDIR),
+            (NamespaceError::NotASymlink(s()), libc::EINVAL),
+            (NamespaceError::UnknownInode(1), libc::ESTALE),
+            (NamespaceError::UnknownHandle(1), libc::EBADF),
+            (NamespaceError::NotADataFile(s()), libc::ENOTTY),
+            (NamespaceError::ReadOnly(s()), libc::EROFS),
+        ];
+        for (e, errno) in cases {
+            let msg = e.to_string();
+            let err: Error = e.into();
+            assert_eq!(err.errno, errno, "{msg}");
+        }
+        let e = NamespaceError::not_utf8(std::ffi::OsStr::from_bytes(b"a\xffb"));
+        assert_eq!(e.errno, libc::EINVAL);
+        assert!(e.message.contains("not UTF-8"), "{}", e.message);
     }
 
     #[test]

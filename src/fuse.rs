@@ -1,7 +1,7 @@
 //! Thin adapter from fuser's callbacks to the filesystem core: one span per request,
 //! one place where core errors become errnos.
 
-use crate::error::Error;
+use crate::error::{Error, NamespaceError};
 use crate::fs::{Attr, Caller, Fs, Invalidator, Kind, ROOT_INO};
 use crate::stats::Op;
 use fuser::{
@@ -233,7 +233,7 @@ impl Filesystem for FuseFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let c = call!(self, req, Op::Lookup, "lookup", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(c.err(Error::not_found("name is not UTF-8")));
+            return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
         done!(c, reply, self.core.lookup(parent.0, name), |a| reply.entry(
             &ttl(&a),
@@ -448,7 +448,7 @@ impl Filesystem for FuseFs {
         call!(self, req, Op::Statfs, "statfs").ok(0);
         // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        let path = std::ffi::CString::new(self.core.ns.root.as_os_str().as_encoded_bytes())
+        let path = std::ffi::CString::new(self.core.mount.ns.root.as_os_str().as_encoded_bytes())
             .unwrap_or_default();
         // SAFETY: as above.
         if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
@@ -477,7 +477,7 @@ impl Filesystem for FuseFs {
     ) {
         let c = call!(self, req, Op::Mkdir, "mkdir", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(c.err(Error::invalid("name is not UTF-8")));
+            return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
         let r = self
             .core
@@ -501,7 +501,7 @@ impl Filesystem for FuseFs {
     ) {
         let c = call!(self, req, Op::Create, "create", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(c.err(Error::invalid("name is not UTF-8")));
+            return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
         done!(c, reply, self.core.create(parent.0, name), |(a, fh)| reply
             .created(
@@ -597,7 +597,7 @@ impl Filesystem for FuseFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let c = call!(self, req, Op::Rmdir, "rmdir", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(c.err(Error::not_found("name is not UTF-8")));
+            return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
         done!(c, reply, self.core.rmdir(parent.0, name), |()| reply.ok())
     }
@@ -605,7 +605,7 @@ impl Filesystem for FuseFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let c = call!(self, req, Op::Unlink, "unlink", parent = parent.0, ?name);
         let Some(name) = name.to_str() else {
-            return reply.error(c.err(Error::not_found("name is not UTF-8")));
+            return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
         done!(c, reply, self.core.unlink(parent.0, name), |()| reply.ok())
     }
@@ -631,7 +631,12 @@ impl Filesystem for FuseFs {
             ?newname
         );
         let (Some(name), Some(newname)) = (name.to_str(), newname.to_str()) else {
-            return reply.error(c.err(Error::not_found("name is not UTF-8")));
+            let bad = if name.to_str().is_none() {
+                name
+            } else {
+                newname
+            };
+            return reply.error(c.err(NamespaceError::not_utf8(bad)));
         };
         done!(
             c,

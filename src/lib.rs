@@ -20,6 +20,7 @@ pub mod h5;
 pub mod h5file;
 pub mod ioctl;
 pub mod model;
+pub mod names;
 pub mod namespace;
 pub mod pending;
 pub mod readahead;

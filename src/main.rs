@@ -213,9 +213,9 @@ fn main() -> ExitCode {
 /// `--gpu preload`: CUDA and cuFile loaded on a thread of their own while the mount
 /// already serves requests (a GPU request meanwhile waits for the same load).
 fn preload_gpu(core: &Arc<Fs>) {
-    if core.opts.gpu == h5tilefs::gpu::GpuMode::Preload {
+    if core.mount.opts.gpu == h5tilefs::gpu::GpuMode::Preload {
         let core = core.clone();
-        std::thread::spawn(move || core.gpu.preload());
+        std::thread::spawn(move || core.gpu.dev.preload());
     }
 }
 
@@ -467,7 +467,7 @@ fn shutdown_on_signal(
                 return;
             }
             tracing::info!(signal = sig, "shutting down: syncing and unmounting");
-            core.draining
+            core.writes.draining
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             if let Err(e) = core.sync_backing() {
                 tracing::warn!("{e}");
@@ -531,7 +531,7 @@ fn start(
     let core = Fs::new(backing, opts).map_err(|e| e.to_string())?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        fuser::MountOption::FSName(format!("h5tilefs:{}", core.ns.root.display())),
+        fuser::MountOption::FSName(format!("h5tilefs:{}", core.mount.ns.root.display())),
         fuser::MountOption::Subtype("h5tilefs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoAtime,

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::h5file::{H5File, Ident};
 use crate::model::SourceOpener;
+use crate::names::{CONTROL_NAME, STAGE_DIR};
 use dashmap::DashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -22,9 +23,6 @@ pub const MAX_OPEN_FILES: usize = 128;
 
 /// Names of non-HDF5 files remembered before the list is cleared.
 const MAX_REJECTED: usize = 16384;
-
-/// Name of the control file at the mount root (hides a backing entry of that name).
-pub const CONTROL_NAME: &str = ".h5tilefs";
 
 pub struct Namespace {
     /// Canonical backing root.
@@ -219,7 +217,7 @@ impl Namespace {
                 continue;
             };
             // The control file at the root, the staging areas everywhere.
-            if name == CONTROL_NAME || name == crate::pending::STAGE_DIR {
+            if name == CONTROL_NAME || name == STAGE_DIR {
                 continue;
             }
             if let Ok(k) = self.classify_listed(&rel.join(&name)) {

@@ -1,77 +1,14 @@
 //! GPU ioctls of the core: buffer registrations owned by (control handle, process),
 //! READ_TO_GPU through the extent map, QUERY_EXTENTS. Still fuser-free.
 
-use super::{Fs, Handle};
+use super::buffers::{tgid, validate_read, Registration};
+use super::open::OpenFile;
+use super::vfs::Fs;
 use crate::error::{Error, Result};
-use crate::gpu::Mapping;
 use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer};
 use crate::model::flatten;
 use crate::selection::Hyperslab;
 use std::sync::Arc;
-
-/// One registered client buffer.
-pub struct Registration {
-    /// Thread-group (process) id of the registering client.
-    pub owner: u32,
-    /// Control-file handle it was made on; closing it releases the registration.
-    pub ctl_fh: u64,
-    /// Shared with the transfers in flight: removing the registration (UNREGISTER, close
-    /// of the control file) drops this reference, and the mapping is unmapped when the
-    /// last transfer into it ends.
-    pub mapping: Option<Arc<Mapping>>,
-    /// The buffer inside the mapped allocation.
-    pub offset: u64,
-    pub length: u64,
-}
-
-/// The process (thread group) of a requesting thread: FUSE reports thread ids.
-pub fn tgid(pid: u32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:").map(|v| v.trim().parse().ok()))
-                .flatten()
-        })
-        .unwrap_or(pid)
-}
-
-/// The checks of READ_TO_GPU that need no GPU: ownership and ranges. Returns the
-/// clipped length.
-pub fn validate_read(
-    reg: &Registration,
-    owner: u32,
-    req: &ReadToGpu,
-    file_size: u64,
-) -> Result<u64> {
-    if reg.owner != owner {
-        return Err(Error::new(
-            libc::EPERM,
-            format!("buffer {} belongs to another process", req.buffer_id),
-        ));
-    }
-    let end = req
-        .buf_offset
-        .checked_add(req.length)
-        .ok_or_else(|| Error::invalid("buffer range overflows"))?;
-    if end > reg.length {
-        return Err(Error::invalid(format!(
-            "buffer range [{}, {end}) outside the {}-byte buffer",
-            req.buf_offset, reg.length
-        )));
-    }
-    let fend = req
-        .file_offset
-        .checked_add(req.length)
-        .ok_or_else(|| Error::invalid("file range overflows"))?;
-    if fend > file_size {
-        return Err(Error::invalid(format!(
-            "file range [{}, {fend}) outside the {file_size}-byte file",
-            req.file_offset
-        )));
-    }
-    Ok(req.length)
-}
 
 impl Fs {
     /// Answers an ioctl on handle `fh` from thread `pid`.
@@ -80,7 +17,7 @@ impl Fs {
             ioctl::REGISTER_BUFFER => self.register_buffer(fh, pid, input),
             ioctl::UNREGISTER_BUFFER => {
                 let req: UnregisterBuffer = ioctl::decode(input)?;
-                self.unregister_buffer(tgid(pid), req.buffer_id)?;
+                self.gpu.unregister(tgid(pid), req.buffer_id)?;
                 Ok(vec![])
             }
             ioctl::READ_TO_GPU => self.read_to_gpu(fh, pid, input),
@@ -92,8 +29,8 @@ impl Fs {
     fn register_buffer(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
         let mut req: RegisterBuffer = ioctl::decode(input)?;
         if !matches!(
-            self.handles.get(&fh).map(|h| h.clone()).as_deref(),
-            Some(Handle::Control(_))
+            self.open.get(fh).ok().as_deref(),
+            Some(OpenFile::Control(_))
         ) {
             return Err(Error::new(
                 libc::ENOTTY,
@@ -111,11 +48,15 @@ impl Fs {
                 req.offset, req.length, req.alloc_size
             )));
         }
-        let mapping = self.gpu.map(req.device, &req.ipc_handle, req.alloc_size)?;
+        let mapping = self
+            .gpu
+            .dev
+            .map(req.device, &req.ipc_handle, req.alloc_size)?;
         let id = self
+            .gpu
             .next_buffer
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.buffers.insert(
+        self.gpu.buffers.insert(
             id,
             Registration {
                 owner: tgid(pid),
@@ -129,48 +70,14 @@ impl Fs {
         Ok(ioctl::encode(&req))
     }
 
-    /// Drops a registration of `owner`. The IPC mapping is closed once no READ_TO_GPU
-    /// still writes into it (a read in flight finishes first, into a live mapping).
-    pub fn unregister_buffer(&self, owner: u32, id: u64) -> Result<()> {
-        match self.buffers.get(&id).map(|r| r.owner) {
-            None => return Err(Error::not_found(format!("no buffer {id}"))),
-            Some(o) if o != owner => {
-                return Err(Error::new(
-                    libc::EPERM,
-                    format!("buffer {id} belongs to another process"),
-                ))
-            }
-            _ => {}
-        }
-        // Dropped here, outside the map's guard: may unmap (CUDA calls).
-        let removed = self.buffers.remove(&id);
-        drop(removed);
-        Ok(())
-    }
-
-    /// Releases every registration made on a control handle (it was closed).
-    pub fn release_buffers(&self, ctl_fh: u64) {
-        let ids: Vec<u64> = self
-            .buffers
-            .iter()
-            .filter(|r| r.ctl_fh == ctl_fh)
-            .map(|r| *r.key())
-            .collect();
-        for id in ids {
-            // As in unregister_buffer: transfers in flight keep their mapping alive.
-            let removed = self.buffers.remove(&id);
-            drop(removed);
-        }
-    }
-
     fn read_to_gpu(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
         let mut req: ReadToGpu = ioctl::decode(input)?;
         let (model, sel) = {
-            let h = self.handle(fh)?;
+            let h = self.open.get(fh)?;
             match &*h {
                 // As read(): a file rewritten in place while open no longer matches the
                 // extents planned from it; its bytes would be read at the old offsets.
-                Handle::View {
+                OpenFile::View {
                     _file: f, model, ..
                 } if f.modified_in_place() => {
                     return Err(Error::new(
@@ -183,9 +90,9 @@ impl Fs {
                         ),
                     ));
                 }
-                Handle::View { model, sel, .. } => (model.clone(), sel.clone()),
+                OpenFile::View { model, sel, .. } => (model.clone(), sel.clone()),
                 // revalidated as `read` does (tiles first written since the open)
-                Handle::PendingIo { .. } => self.handle_view(fh)?,
+                OpenFile::PendingIo { .. } => self.handle_view(fh)?,
                 _ => return Err(Error::new(libc::ENOTTY, "not a data file")),
             }
         };
@@ -195,6 +102,7 @@ impl Fs {
         // reference keeps it mapped even if the buffer is unregistered meanwhile.
         let (base, offset) = {
             let reg = self
+                .gpu
                 .buffers
                 .get(&req.buffer_id)
                 .ok_or_else(|| Error::not_found(format!("no buffer {}", req.buffer_id)))?;
@@ -221,12 +129,12 @@ impl Fs {
                     e
                 })
                 .collect();
-            let (d, s) = self.gpu.transfer(
+            let (d, s) = self.gpu.dev.transfer(
                 &base,
                 offset + req.buf_offset + (pos - req.file_offset),
                 &shifted,
                 (pos, pos + n),
-                &self.cache,
+                &self.mount.cache,
             )?;
             direct += d;
             staged += s;
@@ -235,7 +143,8 @@ impl Fs {
         req.bytes_read = req.length;
         req.direct_bytes = direct;
         req.staged_bytes = staged;
-        self.gpu_bytes
+        self.gpu
+            .bytes
             .fetch_add(req.length, std::sync::atomic::Ordering::Relaxed);
         Ok(ioctl::encode(&req))
     }
@@ -334,7 +243,9 @@ pub fn query(
 mod tests {
     use super::*;
     use crate::extent::BackingFile;
+    use crate::gpu::Mapping;
     use crate::model::{DatasetModel, Storage};
+    use crate::sync::{ShardMap, Shuttle};
     use std::sync::Arc;
 
     fn contiguous(shape: Vec<u64>, offset: u64) -> (tempfile::NamedTempFile, DatasetModel) {
@@ -467,7 +378,7 @@ mod tests {
 
     fn probe_fs() -> (tempfile::TempDir, Fs) {
         let dir = tempfile::tempdir().unwrap();
-        let opts = crate::fs::FsOptions {
+        let opts = crate::fs::attr::FsOptions {
             gpu: crate::gpu::GpuMode::Off,
             ..Default::default()
         };
@@ -476,7 +387,7 @@ mod tests {
     }
 
     fn probe_reg(fs: &Fs, id: u64, ctl_fh: u64, drops: &Arc<std::sync::atomic::AtomicUsize>) {
-        fs.buffers.insert(
+        fs.gpu.buffers.insert(
             id,
             Registration {
                 owner: 7,
@@ -497,28 +408,31 @@ mod tests {
         probe_reg(&fs, 2, 100, &drops);
         probe_reg(&fs, 3, 200, &drops);
         // A transfer in flight holds what read_to_gpu clones out of the map.
-        let in_flight = fs.buffers.get(&1).unwrap().mapping.clone().unwrap();
+        let in_flight = fs.gpu.buffers.get(&1).unwrap().mapping.clone().unwrap();
         assert_eq!(
-            fs.unregister_buffer(8, 1).unwrap_err().errno,
+            fs.gpu.unregister(8, 1).unwrap_err().errno,
             libc::EPERM,
             "another process's buffer"
         );
-        fs.unregister_buffer(7, 1).unwrap();
-        assert!(fs.buffers.get(&1).is_none(), "gone from the map at once");
+        fs.gpu.unregister(7, 1).unwrap();
+        assert!(
+            fs.gpu.buffers.get(&1).is_none(),
+            "gone from the map at once"
+        );
         assert_eq!(drops.load(SeqCst), 0, "not unmapped under the transfer");
         drop(in_flight);
         assert_eq!(drops.load(SeqCst), 1, "unmapped after the last transfer");
         // Closing the control file: same, for every registration made on it.
-        let in_flight = fs.buffers.get(&2).unwrap().mapping.clone().unwrap();
-        fs.release_buffers(100);
+        let in_flight = fs.gpu.buffers.get(&2).unwrap().mapping.clone().unwrap();
+        fs.gpu.release(100);
         assert_eq!(drops.load(SeqCst), 1);
         assert!(
-            fs.buffers.get(&3).is_some(),
+            fs.gpu.buffers.get(&3).is_some(),
             "another control handle's buffer stays"
         );
         drop(in_flight);
         assert_eq!(drops.load(SeqCst), 2);
-        fs.unregister_buffer(7, 3).unwrap();
+        fs.gpu.unregister(7, 3).unwrap();
         assert_eq!(drops.load(SeqCst), 3, "no transfer: unmapped at once");
     }
 
@@ -532,10 +446,12 @@ mod tests {
             d.write_raw(&vec![v; 256]).unwrap();
         };
         write(1.0);
-        let file = fs.lookup(crate::fs::ROOT_INO, "r.h5").unwrap().ino;
+        let file = fs.lookup(crate::fs::inodes::ROOT_INO, "r.h5").unwrap().ino;
         let x = fs.lookup(file, "x").unwrap().ino;
         let data = fs.lookup(x, "data").unwrap().ino;
-        let (fh, _, _) = fs.open(data, false, &crate::fs::Caller::DAEMON).unwrap();
+        let (fh, _, _) = fs
+            .open(data, false, &crate::fs::access::Caller::DAEMON)
+            .unwrap();
         let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         probe_reg(&fs, 1, 999, &drops);
         // Same inode, new bytes and mtime (as h5py "r+" or "w" would leave it).
@@ -550,7 +466,7 @@ mod tests {
             ..Default::default()
         };
         let pid = std::process::id();
-        fs.buffers.alter(&1, |_, mut r| {
+        fs.gpu.buffers.alter(&1, |_, mut r| {
             r.owner = tgid(pid);
             r
         });
@@ -591,5 +507,85 @@ mod tests {
         let spans: Vec<(u64, u64, u64)> = segs.iter().map(|(s, t, _, k)| (*s, *t, *k)).collect();
         assert_eq!(spans, vec![(0, 40, 0), (40, 60, 0), (60, 100, 60)]);
         drop(f);
+    }
+
+    /// The lifetime of a GPU buffer registration (src/fs/gpu.rs), on a map of the same
+    /// kind: a transfer clones the mapping out of the map and writes into it with no lock
+    /// held, while UNREGISTER and the close of the control file remove the registration.
+    /// The mapping (a probe counting its unmaps) is unmapped exactly once, never while a
+    /// transfer holds it, and by the end.
+    #[test]
+    fn shuttle_mapping_outlives_unregister() {
+        use crate::gpu::Mapping;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        shuttle::check_random(
+            || {
+                let map = shuttle::sync::Arc::new(ShardMap::<u64, Registration, Shuttle>::new());
+                let drops: Vec<_> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+                for (id, d) in (1u64..).zip(&drops) {
+                    let mapping = Mapping::probe(1 << 20, d.clone());
+                    map.insert(
+                        id,
+                        Registration {
+                            owner: 7,
+                            ctl_fh: 100,
+                            mapping: Some(Arc::new(mapping)),
+                            offset: 0,
+                            length: 1 << 20,
+                        },
+                    );
+                }
+                let transfer = |id: u64, drops: Arc<AtomicUsize>| {
+                    let map = map.clone();
+                    shuttle::thread::spawn(move || {
+                        // As read_to_gpu: the mapping is cloned out under the lock.
+                        let Some(m) = map.with(&id, |r| r.mapping.clone()).flatten() else {
+                            return;
+                        };
+                        for _ in 0..2 {
+                            shuttle::thread::yield_now();
+                            assert_eq!(drops.load(SeqCst), 0, "unmapped under a transfer");
+                        }
+                        drop(m);
+                    })
+                };
+                let threads = [
+                    transfer(1, drops[0].clone()),
+                    transfer(2, drops[1].clone()),
+                    {
+                        // UNREGISTER of buffer 1 by its owner.
+                        let map = map.clone();
+                        shuttle::thread::spawn(move || {
+                            if map.with(&1, |r| r.owner) == Some(7) {
+                                drop(map.remove(&1));
+                            }
+                        })
+                    },
+                    {
+                        // The control file closed: every registration made on it goes.
+                        let map = map.clone();
+                        shuttle::thread::spawn(move || {
+                            let mut ids = Vec::new();
+                            map.for_each(|&id, r| {
+                                if r.ctl_fh == 100 {
+                                    ids.push(id);
+                                }
+                            });
+                            for id in ids {
+                                drop(map.remove(&id));
+                            }
+                        })
+                    },
+                ];
+                for th in threads {
+                    th.join().expect("thread panicked");
+                }
+                assert!(map.is_empty());
+                for d in &drops {
+                    assert_eq!(d.load(SeqCst), 1, "unmapped once");
+                }
+            },
+            3000,
+        );
     }
 }

@@ -1,38 +1,26 @@
 //! The write half of the filesystem core: creating pending files, nodes and datasets,
 //! tile and data writes, commit, and removal. Still fuser-free.
 
-use super::{Attr, Fs, Handle, Node, Resolved};
+use super::attr::Attr;
+use super::node::{Node, Resolved};
+use super::open::OpenFile;
+use super::vfs::Fs;
+use super::views;
 use crate::error::{Error, Result};
 use crate::h5file::join;
+use crate::names::is_h5_name;
 use crate::namespace::EntryKind;
 use crate::pending::Pending;
 use crate::staging::PendingMeta;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-/// Whether a directory name made outside any HDF5 file starts a new HDF5 file.
-pub fn is_h5_name(name: &str) -> bool {
-    name.ends_with(".h5") || name.ends_with(".hdf5")
-}
-
 impl Fs {
-    pub(super) fn writable(&self) -> Result<()> {
-        if self.opts.read_only {
-            return Err(Error::new(libc::EROFS, "mounted read-only"));
-        }
-        // After SIGTERM the backing file system was synced: a write accepted now could
-        // be lost with the node, so refuse it (reads are still served).
-        if self.draining.load(Ordering::Relaxed) {
-            return Err(crate::error::PendingError::ShuttingDown.into());
-        }
-        Ok(())
-    }
-
     /// fsync: a tile's (or `data`'s) written bytes and their written-range records are
     /// durable when this returns. Other files have nothing to sync.
     pub fn fsync(&self, fh: u64) -> Result<()> {
-        let h = self.handle(fh)?;
-        if let Handle::PendingIo {
+        let h = self.open.get(fh)?;
+        if let OpenFile::PendingIo {
             file,
             path,
             meta,
@@ -47,16 +35,17 @@ impl Fs {
                     tiles.values().map(|(idx, _)| idx.clone()).collect()
                 }
             };
-            self.pending.sync_tiles(file, path, meta, &idxs)?;
+            self.mount.pending.sync_tiles(file, path, meta, &idxs)?;
         }
-        if let Handle::ZarrChunkWrite {
+        if let OpenFile::ZarrChunkWrite {
             file,
             path,
             meta,
             idx,
         } = &*h
         {
-            self.pending
+            self.mount
+                .pending
                 .sync_tiles(file, path, meta, std::slice::from_ref(idx))?;
         }
         Ok(())
@@ -68,8 +57,8 @@ impl Fs {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::invalid(format!("bad name {name:?}")));
         }
-        let pnode = self.inodes.node(parent)?;
-        if self.child(&pnode, name).is_ok() {
+        let pnode = self.mount.inodes.node(parent)?;
+        if views::child(&self.mount, &pnode, name).is_ok() {
             return Err(Error::new(libc::EEXIST, format!("{name} exists")));
         }
         let node = match &pnode {
@@ -79,9 +68,9 @@ impl Fs {
                 }
                 let crel = rel.join(name);
                 if is_h5_name(name) {
-                    self.pending.create_file(&crel)?;
+                    self.mount.pending.create_file(&crel)?;
                     self.touch(&crel);
-                    let stage = self.pending.stage_dir(&crel)?;
+                    let stage = self.mount.pending.stage_dir(&crel)?;
                     chown(&stage, uid, gid);
                     // The mkdir's mode becomes the committed file's (see pending::set_owner).
                     use std::os::unix::fs::PermissionsExt;
@@ -94,7 +83,7 @@ impl Fs {
                         path: "/".into(),
                     }
                 } else {
-                    let abs = self.ns.abs(&crel)?;
+                    let abs = self.mount.ns.abs(&crel)?;
                     std::fs::create_dir(&abs)
                         .map_err(|e| Error::from_io(format!("mkdir {}", abs.display()), e))?;
                     use std::os::unix::fs::PermissionsExt;
@@ -109,12 +98,13 @@ impl Fs {
             Node::Object { file, path } => {
                 // A group, pending or committed, takes new nodes; so does a group the
                 // kernel still holds whose path is gone (`make_ancestors` makes it again).
-                match self.resolve(&pnode) {
+                match self.mount.resolve(&pnode) {
                     Ok(Resolved::Group { .. } | Resolved::Pending { meta: None }) => {}
                     Ok(Resolved::Pending { meta: Some(_) }) => {
                         return Err(Error::new(libc::ENOTDIR, format!("{path} is a dataset")))
                     }
-                    Err(e) if e.errno == libc::ENOENT && self.held_unbound(parent, &pnode) => {}
+                    Err(e)
+                        if e.errno == libc::ENOENT && self.mount.held_unbound(parent, &pnode) => {}
                     Err(e) if e.errno != libc::ENOENT => return Err(e),
                     _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
                 }
@@ -133,7 +123,7 @@ impl Fs {
                 })?;
                 let cpath = join(path, &real);
                 self.make_ancestors(file, path)?;
-                self.pending.create_node(file, &cpath)?;
+                self.mount.pending.create_node(file, &cpath)?;
                 self.touch(file);
                 Node::Object {
                     file: file.clone(),
@@ -155,11 +145,11 @@ impl Fs {
         if path == "/" {
             return Ok(());
         }
-        let committed = self.ns.file(file).ok();
+        let committed = self.mount.ns.file(file).ok();
         let mut at = String::new();
         for part in path.trim_start_matches('/').split('/') {
             at = join(&at, part);
-            if let Some(n) = self.pending.node(file, &at) {
+            if let Some(n) = self.mount.pending.node(file, &at) {
                 if n.meta.is_some() {
                     return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset")));
                 }
@@ -170,7 +160,7 @@ impl Fs {
                 Some(Ok(_)) => return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset"))),
                 _ => {
                     tracing::debug!(file = %file.display(), group = at, "making a removed group again");
-                    self.pending.create_node(file, &at)?;
+                    self.mount.pending.create_node(file, &at)?;
                 }
             }
         }
@@ -180,10 +170,10 @@ impl Fs {
     /// create: only `meta.json` of a pending node can be created.
     pub fn create(&self, parent: u64, name: &str) -> Result<(Attr, u64)> {
         self.writable()?;
-        let pnode = self.inodes.node(parent)?;
+        let pnode = self.mount.inodes.node(parent)?;
         match (&pnode, name) {
             (Node::Object { file, path }, "meta.json")
-                if matches!(self.resolve(&pnode), Ok(Resolved::Pending { .. })) =>
+                if matches!(self.mount.resolve(&pnode), Ok(Resolved::Pending { .. })) =>
             {
                 let node = Node::Meta {
                     file: file.clone(),
@@ -209,9 +199,9 @@ impl Fs {
     /// write: meta.json of a pending node, pending tiles and data, `.commit`.
     pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
-        let h = self.handle(fh)?;
+        let h = self.open.get(fh)?;
         match &*h {
-            Handle::MetaWrite {
+            OpenFile::MetaWrite {
                 file,
                 path,
                 buf,
@@ -233,14 +223,14 @@ impl Fs {
                 }
                 match parse_declaration(&b, *zarr) {
                     Ok(m) => {
-                        self.pending.accept_meta(file, path, &m)?;
+                        self.mount.pending.accept_meta(file, path, &m)?;
                         accepted.store(true, Ordering::Relaxed);
                         Ok(data.len() as u32)
                     }
                     Err(e) => {
                         let what = if *zarr { "zarr.json" } else { "meta.json" };
                         tracing::warn!(file = %file.display(), dataset = path, error = %e.message, "{what} refused");
-                        self.pending.record_status(
+                        self.mount.pending.record_status(
                             file,
                             serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
                         );
@@ -248,18 +238,20 @@ impl Fs {
                     }
                 }
             }
-            Handle::PendingIo {
+            OpenFile::PendingIo {
                 file,
                 path,
                 meta,
                 tile: Some(idx),
                 ..
             } => {
-                self.pending.write_tile(file, path, meta, idx, off, data)?;
+                self.mount
+                    .pending
+                    .write_tile(file, path, meta, idx, off, data)?;
                 self.touch(file);
                 Ok(data.len() as u32)
             }
-            Handle::PendingIo {
+            OpenFile::PendingIo {
                 file,
                 path,
                 meta,
@@ -294,12 +286,13 @@ impl Fs {
                         .ok_or_else(|| Error::io("unknown tile source"))?;
                     let tile_off = offset + (cs - s) - doff;
                     let bytes = &data[(cs - off) as usize..(ct - off) as usize];
-                    self.pending
+                    self.mount
+                        .pending
                         .write_tile(file, path, meta, idx, tile_off, bytes)?;
                 }
                 Ok(data.len() as u32)
             }
-            Handle::ZarrChunkWrite {
+            OpenFile::ZarrChunkWrite {
                 file,
                 path,
                 meta,
@@ -309,10 +302,10 @@ impl Fs {
                 self.touch(file);
                 Ok(data.len() as u32)
             }
-            Handle::Commit { file } => {
+            OpenFile::Commit { file } => {
                 let file = file.clone();
                 drop(h);
-                match self.pending.commit(&file) {
+                match self.mount.pending.commit(&file) {
                     Ok(v) => {
                         tracing::info!(file = %file.display(), result = %v, "committed");
                         Ok(data.len() as u32)
@@ -333,15 +326,15 @@ impl Fs {
     /// or `data`'s written ranges are appended to this daemon's range log before close
     /// returns, so a commit through any daemon sees them (durability: docs/namespace.md).
     pub fn flush(&self, fh: u64) -> Result<()> {
-        if let Ok(h) = self.handle(fh) {
-            if let Handle::PendingIo { file, path, .. }
-            | Handle::ZarrChunkWrite { file, path, .. } = &*h
+        if let Ok(h) = self.open.get(fh) {
+            if let OpenFile::PendingIo { file, path, .. }
+            | OpenFile::ZarrChunkWrite { file, path, .. } = &*h
             {
                 let (file, path) = (file.clone(), path.clone());
                 drop(h);
-                return self.pending.flush_ranges(&file, &path);
+                return self.mount.pending.flush_ranges(&file, &path);
             }
-            if let Handle::MetaWrite {
+            if let OpenFile::MetaWrite {
                 file,
                 path,
                 buf,
@@ -355,7 +348,7 @@ impl Fs {
                     let e = parse_declaration(&b, *zarr)
                         .err()
                         .unwrap_or_else(|| Error::invalid(format!("{what} incomplete")));
-                    self.pending.record_status(
+                    self.mount.pending.record_status(
                         file,
                         serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
                     );
@@ -369,9 +362,9 @@ impl Fs {
     /// setattr: tiles and data have their final size from the start, so truncating to
     /// 0 (as `cp` and `>` do) or to that size is accepted and changes nothing.
     pub fn setattr_size(&self, ino: u64, size: u64) -> Result<Attr> {
-        let node = self.inodes.node(ino)?;
-        let r = self.resolve(&node)?;
-        let a = self.attr_in(ino, &node, &r)?;
+        let node = self.mount.inodes.node(ino)?;
+        let r = self.mount.resolve(&node)?;
+        let a = views::attr_in(&self.mount, ino, &node, &r)?;
         match (&node, &r) {
             (Node::Tile { .. } | Node::Data { .. }, Resolved::Pending { .. }) => {
                 if size == 0 || size == a.size {
@@ -391,7 +384,7 @@ impl Fs {
                 Resolved::Pending { .. },
             )
             | (Node::Commit { .. }, _) => Ok(a),
-            _ if self.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
+            _ if self.mount.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
             _ => Err(Error::new(libc::EPERM, "committed data is read-only")),
         }
     }
@@ -401,18 +394,18 @@ impl Fs {
     /// removing them succeeds and does nothing, so `rm -r` works.
     pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         self.writable()?;
-        let pnode = self.inodes.node(parent)?;
-        let node = self.child(&pnode, name)?;
+        let pnode = self.mount.inodes.node(parent)?;
+        let node = views::child(&self.mount, &pnode, name)?;
         let r = match &node {
             Node::Tiles { .. } | Node::Slices { .. } | Node::ZarrDir { .. } => Ok(()),
             Node::Dir(rel) => {
-                let abs = self.ns.abs(rel)?;
+                let abs = self.mount.ns.abs(rel)?;
                 std::fs::remove_dir(&abs)
                     .map_err(|e| Error::from_io(format!("rmdir {}", abs.display()), e))
             }
             Node::Object { file, path } if path == "/" => self.remove_file(file),
-            Node::Object { file, path } => match self.resolve(&node)? {
-                Resolved::Pending { .. } => self.pending.remove_node(file, path),
+            Node::Object { file, path } => match self.mount.resolve(&node)? {
+                Resolved::Pending { .. } => self.mount.pending.remove_node(file, path),
                 // a group that only the pending nodes below it hold up
                 Resolved::Group { file: None } => Err(crate::error::PendingError::NotEmpty {
                     group: format!("{}:{path}", file.display()),
@@ -427,7 +420,7 @@ impl Fs {
             // The kernel now holds a dead inode for this name, views (`tiles/`, `slice/`)
             // included: the next lookup must get a new one (see InodeTable::detach).
             // One node per name, pending or committed: its dentry cannot name another.
-            self.inodes.detach(&node);
+            self.mount.inodes.detach(&node);
         }
         r
     }
@@ -436,8 +429,8 @@ impl Fs {
     /// succeeds and does nothing, so `rm -r` of a dataset or file works.
     pub fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         self.writable()?;
-        let pnode = self.inodes.node(parent)?;
-        let node = self.child(&pnode, name)?;
+        let pnode = self.mount.inodes.node(parent)?;
+        let node = views::child(&self.mount, &pnode, name)?;
         if let Some(r) = self.unlink_zarr(&node)? {
             return Ok(r);
         }
@@ -457,15 +450,15 @@ impl Fs {
     /// Deletes an HDF5 file, the tile sources we made for it and its pending state, as
     /// one transition of the file (under its lock).
     fn remove_file(&self, file: &Path) -> Result<()> {
-        let abs = self.ns.abs(file)?;
-        let is_h5 = matches!(self.ns.classify(file), Ok(EntryKind::H5File));
+        let abs = self.mount.ns.abs(file)?;
+        let is_h5 = matches!(self.mount.ns.classify(file), Ok(EntryKind::H5File));
         let sources = abs
             .parent()
             .unwrap_or(Path::new("/"))
             .join(Pending::sources_rel(file)?);
-        self.pending.remove_file(file, || {
+        self.mount.pending.remove_file(file, || {
             // dropped first, so the sources' space is free when rmdir returns
-            self.ns.forget(file);
+            self.mount.ns.forget(file);
             if is_h5 {
                 match std::fs::remove_file(&abs) {
                     Ok(()) => {}
@@ -484,10 +477,10 @@ impl Fs {
     /// from the file as it is then, so removals and commits through several daemons at
     /// once all land, one after another.
     fn remove_object(&self, file: &Path, path: &str) -> Result<()> {
-        let abs = self.ns.abs(file)?;
+        let abs = self.mount.ns.abs(file)?;
         let dir = abs.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let stage = self.pending.stage_dir(file)?;
-        self.pending.remove_object(file, path, || {
+        let stage = self.mount.pending.stage_dir(file)?;
+        self.mount.pending.remove_object(file, path, || {
             let tmp = stage.join(format!(
                 "remove.{}.{}.tmp.h5",
                 crate::durable::node_tag(),
@@ -503,11 +496,11 @@ impl Fs {
                 return Err(e);
             }
             crate::durable::fsync_dir(&dir)?;
-            self.ns.forget(file);
+            self.mount.ns.forget(file);
             // The removed dataset's tile sources go; a generation a pending dataset of
             // the same name (declared again, maybe through another daemon) writes to
             // stays.
-            let keep = self.pending.generation(file, path);
+            let keep = self.mount.pending.generation(file, path);
             let srcs = dir
                 .join(Pending::sources_rel(file)?)
                 .join(crate::pending::encode(path));

@@ -102,3 +102,43 @@ def test_large_group_listed_once_each(tmp_path):
             assert sorted(names) == [f"member_{i:05d}" for i in range(5000)]
     finally:
         unmount(str(m))
+
+
+def test_a_name_that_is_not_utf8_is_einval_in_every_operation(env):
+    """One cause, one errno (docs/namespace.md "Names"): the mount shows and makes UTF-8
+    names only, so a name that is not UTF-8 is EINVAL whether it is looked up, made or
+    removed. Before, a lookup answered ENOENT and a mkdir EINVAL."""
+    import errno
+    b, m = env
+    bad = os.path.join(os.fsencode(m), b"n.h5", b"g\xff")
+    top = os.path.join(os.fsencode(m), b"x\xff.h5")
+    for op in (lambda: os.stat(bad), lambda: os.mkdir(bad), lambda: os.mkdir(top),
+               lambda: os.rmdir(bad), lambda: os.unlink(bad),
+               lambda: open(bad, "wb"),
+               lambda: os.rename(os.path.join(os.fsencode(m), b"n.h5", b"g"), bad)):
+        with pytest.raises(OSError) as e:
+            op()
+        assert e.value.errno == errno.EINVAL, e.value
+
+
+def test_a_failed_lookup_in_a_dataset_directory_is_logged_with_its_cause(env):
+    """Names inside a dataset's directory exist whenever the dataset does, so a failed
+    lookup there is logged at info with the file, the dataset, the name and the cause
+    (docs/namespace.md); a miss in a group stays quiet."""
+    import time
+    b, m = env
+    d = os.path.join(m, "n.h5", "g", "data")
+    assert not os.path.exists(os.path.join(d, "tiles", "99"))
+    assert not os.path.exists(os.path.join(d, "nope"))
+    assert not os.path.exists(os.path.join(m, "n.h5", "g", "no_such_member"))
+    log = os.path.join(os.path.dirname(b), "daemon.log")
+    lines = []
+    for _ in range(50):
+        lines = [l for l in open(log) if "lookup in a dataset directory failed" in l]
+        if len(lines) >= 2:
+            break
+        time.sleep(0.1)
+    assert any('name=tiles/99' in l and 'dataset="/g/data"' in l and "no tile" in l
+               and "n.h5" in l for l in lines), lines
+    assert any("name=nope" in l and "no nope in a dataset" in l for l in lines), lines
+    assert not any("no_such_member" in l for l in lines), lines

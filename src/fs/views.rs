@@ -1,0 +1,187 @@
+//! The views: what each kind of directory shows, one module per kind, each with the
+//! same small surface (`lookup`, `attr`, `list`) against the mount's context (`Mount`):
+//! a backing directory (`backing`), an HDF5 file's own directory (`file_root`: `.commit`
+//! and `.status`), a group (`group`), a dataset's directory (`dataset`, its entries from
+//! `names::DATASET_ENTRIES`), its `tiles/` and `slice/`, and its Zarr view (`zarr`; a
+//! pending dataset's is `fs::zarr_view`). This module only dispatches: on the node kind,
+//! and on what the node's path is now (`Mount::resolve`).
+
+mod backing;
+mod dataset;
+mod file_root;
+mod group;
+mod slices;
+mod tiles;
+mod zarr;
+
+pub use group::link_target;
+
+use crate::error::{Error, NamespaceError, Result};
+use crate::fs::attr::{Attr, DirEntry};
+use crate::fs::mount::Mount;
+use crate::fs::node::{Listed, Node, Resolved};
+use crate::fs::zarr_view;
+use crate::names::is_component;
+
+/// Attributes of `node` as its path is now; a group the kernel still holds whose path
+/// is gone answers as an empty directory (`attr_of_gone`).
+pub fn attr_of(cx: &Mount, ino: u64, node: &Node) -> Result<Attr> {
+    match cx.resolve(node) {
+        Ok(r) => attr_in(cx, ino, node, &r),
+        Err(e) if e.errno == libc::ENOENT => attr_of_gone(cx, ino, node).ok_or(e),
+        Err(e) => Err(e),
+    }
+}
+
+/// Attributes of a group the kernel still holds (1 s entry TTL) whose path is gone,
+/// typically removed through another mount. The kernel asks for them when it walks
+/// through the group (the permission check of `mkdir -p`), and an ENOENT fails that
+/// walk without making the kernel look the name up again. While the file exists, it
+/// answers as an empty, volatile directory, and `mkdir` below it makes the group
+/// again (`make_ancestors`). A committed dataset's inode (bound to a version, or
+/// detached with it) stays ENOENT.
+fn attr_of_gone(cx: &Mount, ino: u64, node: &Node) -> Option<Attr> {
+    let Node::Object { file, path } = node else {
+        return None;
+    };
+    if path == "/" || !cx.held_unbound(ino, node) {
+        return None;
+    }
+    let m = cx.file_meta(file).ok()?;
+    tracing::debug!(file = %file.display(), path, "attributes of a removed group");
+    let mut a =
+        crate::fs::attr::file_attr(ino, crate::fs::attr::Kind::Dir, 0, &m, cx.opts.read_only);
+    a.volatile = true;
+    Some(a)
+}
+
+/// Attributes of `node` resolved as `r`. Only nodes showing a committed dataset
+/// carry a version (the one the inode is bound to at lookup).
+pub fn attr_in(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
+    let mut a = match node {
+        Node::Dir(rel) => backing::attr(cx, ino, rel)?,
+        // Its size is the daemon's JSON: answered by the vfs (`Fs::attr_of`).
+        Node::Control => return Err(Error::io("the control file is the vfs's")),
+        Node::Commit { file } => file_root::commit_attr(cx, ino, file)?,
+        Node::Status { file } => file_root::status_attr(cx, ino, file)?,
+        Node::Object { file, path } => match r {
+            Resolved::Dataset { file: f } => dataset::committed(dataset::dir_attr(ino, f), f),
+            _ => group::attr(cx, ino, file, path, r)?,
+        },
+        Node::Meta { file, path } => dataset::meta_attr(cx, ino, file, path, r)?,
+        Node::Data { file, path } => dataset::data_attr(cx, ino, node, file, path, r)?,
+        Node::Tiles { file, path } => tiles::attr(cx, ino, file, path, r)?,
+        Node::Tile { file, path, idx } => tiles::tile_attr(cx, ino, node, file, path, idx, r)?,
+        Node::Slices { path, .. } => slices::attr(cx, ino, path, r)?,
+        Node::Slice { path, .. } => slices::slice_attr(cx, ino, node, path, r)?,
+        Node::Zarr { .. }
+        | Node::ZarrDir { .. }
+        | Node::ZarrChunk { .. }
+        | Node::ZarrTemp { .. } => zarr::attr(cx, ino, node, r)?,
+    };
+    a.volatile |= match (node, r) {
+        (Node::Commit { .. } | Node::Status { .. } | Node::Control, _) => true,
+        (_, Resolved::Pending { .. }) => true,
+        // a group only pending nodes below it hold up (see `resolve`)
+        (Node::Object { .. }, Resolved::Group { file: None }) => true,
+        (Node::Object { file, path }, Resolved::Group { .. }) => {
+            path == "/" && cx.pending.is_pending(file)
+        }
+        _ => false,
+    };
+    Ok(a)
+}
+
+/// The child `name` of `parent`, without registering it.
+pub fn child(cx: &Mount, parent: &Node, name: &str) -> Result<Node> {
+    child_of(cx, parent, name).map(|(n, _)| n)
+}
+
+/// `child`, with the resolution it was decided from when the child shows the same
+/// dataset (its files, tiles and slices), so `lookup` decides once.
+pub fn child_of(cx: &Mount, parent: &Node, name: &str) -> Result<(Node, Option<Resolved>)> {
+    if !is_component(name) {
+        return Err(Error::not_found(format!("bad name {name:?}")));
+    }
+    let (file, path) = match parent {
+        Node::Dir(rel) => return Ok((backing::lookup(cx, rel, name)?, None)),
+        Node::Object { file, path } if path == "/" => match file_root::lookup(file, name) {
+            Some(n) => return Ok((n, None)),
+            None => (file, path),
+        },
+        Node::Object { file, path }
+        | Node::Tiles { file, path }
+        | Node::Slices { file, path }
+        | Node::ZarrDir { file, path, .. } => (file, path),
+        _ => return Err(NamespaceError::NotADirectory(format!("{parent:?}")).into()),
+    };
+    let r = cx.resolve(parent)?;
+    let node = match (parent, &r) {
+        (Node::Object { .. }, Resolved::Dataset { file: f }) => {
+            dataset::lookup(cx, file, path, f, name)?
+        }
+        (Node::ZarrDir { prefix, .. }, Resolved::Dataset { file: f }) => {
+            zarr::lookup(cx, file, path, prefix, f, name)?
+        }
+        (Node::Object { .. } | Node::ZarrDir { .. }, Resolved::Pending { meta })
+            if zarr_view::is_name(cx, parent, meta.as_deref(), name) =>
+        {
+            zarr_view::child(cx, parent, meta.as_deref(), name)?
+        }
+        (Node::Object { .. }, r) => {
+            let entry = match r {
+                Resolved::Pending { meta: Some(_) } => dataset::lookup_pending(file, path, name),
+                _ => group::lookup_zarr(file, path, r, name),
+            };
+            match entry {
+                Some(n) => n,
+                None => group::lookup(cx, file, path, r, name)?,
+            }
+        }
+        (Node::Tiles { .. }, r) => tiles::lookup(cx, file, path, r, name)?,
+        (Node::Slices { .. }, r) => slices::lookup(cx, file, path, r, name)?,
+        _ => return Err(dataset::not_dataset(path)),
+    };
+    let same = !matches!(node, Node::Object { .. });
+    Ok((node, same.then_some(r)))
+}
+
+/// Every entry of directory `node` (without `.` and `..`).
+pub fn list(cx: &Mount, node: &Node) -> Result<Vec<DirEntry>> {
+    if let Node::Slices { .. } = node {
+        return Ok(vec![]); // slices are named by the reader
+    }
+    let r = cx.resolve(node)?;
+    let listed: Vec<Listed> = match (node, &r) {
+        (Node::Dir(rel), _) => backing::list(cx, rel)?,
+        (Node::Object { file, path }, Resolved::Dataset { file: f }) => {
+            dataset::list(cx, file, path, f)?
+        }
+        (Node::ZarrDir { file, path, prefix }, Resolved::Dataset { file: f }) => {
+            zarr::list(cx, file, path, prefix, f)?
+        }
+        (Node::Object { file, path }, Resolved::Pending { .. } | Resolved::Group { .. }) => {
+            let mut out = Vec::new();
+            if path == "/" {
+                out.extend(file_root::list(file));
+            }
+            out.extend(group::list_zarr(file, path, &r));
+            if let Resolved::Pending { meta: Some(_) } = r {
+                out.extend(dataset::list_pending(file, path));
+            }
+            out.extend(group::list(cx, file, path, &r)?);
+            out
+        }
+        (Node::Tiles { file, path }, r) => tiles::list(cx, file, path, r)?,
+        _ => return Err(NamespaceError::NotADirectory(format!("{node:?}")).into()),
+    };
+    // `version`: the committed version the entry shows, for its inode number.
+    Ok(listed
+        .into_iter()
+        .map(|(n, version, kind, name)| DirEntry {
+            ino: cx.inodes.peek(&n, version),
+            kind,
+            name,
+        })
+        .collect())
+}
