@@ -17,6 +17,7 @@
 mod commit;
 mod layout;
 mod nodes;
+mod rangelog;
 mod ranges;
 mod state;
 mod status;
