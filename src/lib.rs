@@ -22,6 +22,7 @@ pub mod h5file;
 pub mod ioctl;
 pub mod model;
 pub mod namespace;
+pub mod ondisk;
 pub mod pending;
 pub mod readahead;
 pub mod reaper;

@@ -22,12 +22,14 @@ mod ranges;
 mod state;
 mod status;
 mod tiles;
+mod view;
 
 pub use crate::durable::write_atomic;
 pub use layout::encode;
 use layout::*;
 pub use state::{FileState, Transition};
 use tiles::*;
+pub use view::{view_model, view_model_written};
 
 use crate::durable::{create_exclusive, fsync_dir, node_tag, unique, FileLock};
 use crate::error::{Error, PendingError, Result};
@@ -47,7 +49,7 @@ use std::sync::{Arc, OnceLock};
 pub const COMMIT_LOCK: &str = "commit.lock";
 
 /// Name of the hidden per-directory staging area.
-pub const STAGE_DIR: &str = ".h5tilefs";
+pub use crate::ondisk::STAGE_DIR;
 
 /// A tile name and the byte ranges of it never written.
 pub type MissingTile = (String, Vec<(u64, u64)>);
