@@ -11,6 +11,7 @@ pub mod ckernels;
 pub mod codecs;
 pub mod decode;
 pub mod durable;
+pub mod engine;
 pub mod error;
 pub mod extent;
 pub mod fs;

@@ -46,10 +46,6 @@ pub struct LazySource {
     resolved: OnceLock<std::result::Result<Arc<DatasetModel>, String>>,
 }
 
-/// Tile-source indexes read so far, by directory (process-wide).
-static SOURCE_INDEXES: std::sync::LazyLock<ondisk::SourceIndexCache> =
-    std::sync::LazyLock::new(Default::default);
-
 impl LazySource {
     pub(super) fn resolve(&self) -> std::result::Result<Arc<DatasetModel>, String> {
         self.resolved.get_or_init(|| self.open()).clone()
@@ -66,7 +62,12 @@ impl LazySource {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
-            if let Some((off, len)) = SOURCE_INDEXES.get(dir).and_then(|ix| ix.get(name).copied()) {
+            // TODO(engine): the mount's engine, through `ModelOptions`, once `Fs` owns one.
+            if let Some((off, len)) = crate::engine::Engine::global()
+                .sources
+                .get(dir)
+                .and_then(|ix| ix.get(name).copied())
+            {
                 if let Ok(f) = std::fs::File::open(&self.path) {
                     // The index is a file in the backing directory: checked sums only.
                     let end = crate::geometry::checked_bytes(&self.count, itemsize)
