@@ -8,7 +8,7 @@
 //!     nodes/<enc>/meta.json           accepted meta (present = dataset)
 //!     nodes/<enc>/gen                 generation of its tile sources
 //!     nodes/<enc>/ranges/log.<w>      append-only log of daemon w: written byte ranges
-//!                                     and tile sources it made (see ranges.rs)
+//!                                     and tile sources it made (see rangelog.rs)
 //!     commit.lock                     flock()ed while a commit runs
 //!     status.json                     result of the last commit
 //! D/<stem>_h5tilefs_vds/<enc>/<gen>/<tile>.h5   tile sources (final location)

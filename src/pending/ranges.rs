@@ -14,7 +14,7 @@ impl Pending {
         if let Some(l) = self.logs.get(node).filter(|l| l.gen == gen) {
             return Ok(l);
         }
-        let dir = node.join("ranges");
+        let dir = node.join(crate::ondisk::RANGES_DIR);
         let log = DatasetLog {
             gen: gen.to_string(),
             dir: dir.clone(),
@@ -158,7 +158,7 @@ impl Pending {
     /// older one-file-per-tile format.
     pub(super) fn collect(&self, file_rel: &Path, h5path: &str) -> Result<Written> {
         let node = self.node_dir(file_rel, h5path)?;
-        let d = node.join("ranges");
+        let d = node.join(crate::ondisk::RANGES_DIR);
         let mut out = Written::default();
         let mine = self
             .gen(file_rel, h5path)
