@@ -18,34 +18,19 @@
 //! handle, and queued decode work the pool's. View blocks belong to one open handle,
 //! which holds the backing file version it opened: they never serve another version's
 //! bytes, and an in-place rewrite is refused per request before any block is used.
+//!
+//! The knobs, the block budget and the block threads are the engine's
+//! ([`crate::engine::Engine`]); each [`Stream`] holds the engine it reads for.
 
 use crate::decode::CellCache;
+use crate::engine::Engine;
+pub use crate::engine::{VIEW_BLOCK, VIEW_BUDGET, VIEW_DEPTH, VIEW_START, WINDOW};
 use crate::extent::{BackingFile, Src};
 use crate::model::{cells_of, DatasetModel};
 use crate::selection::Hyperslab;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// How far ahead of a sequential reader bytes are fetched: enough that with chunks
-/// whose rows span many requests (an 8192 × 8192 `<f4` in 512 × 512 chunks has 16 MiB
-/// per row of chunks) the next row is decoding while this one is copied.
-pub const WINDOW: u64 = 32 << 20;
-/// The window in use: `H5TILEFS_READAHEAD_MIB` overrides [`WINDOW`] (0 turns the
-/// daemon's read-ahead off; the kernel's own stays).
-fn window() -> u64 {
-    static W: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *W.get_or_init(|| env_mib("H5TILEFS_READAHEAD_MIB", WINDOW))
-}
-
-/// Bytes from environment variable `var` given in MiB, or `default` when unset or not
-/// a number (measurement knobs).
-fn env_mib(var: &str, default: u64) -> u64 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(default, |m| m.saturating_mul(1 << 20))
-}
 
 /// The smallest extension of the window (fewer, larger prefetch calls).
 pub const STEP: u64 = 4 << 20;
@@ -60,8 +45,9 @@ pub const BEHIND: u64 = SLACK;
 const RELEASE_SPAN: u64 = 64 << 20;
 
 /// Per open handle: the furthest end read, and how far ahead has been prefetched.
-#[derive(Default)]
 pub struct Stream {
+    /// The engine whose knobs and block budget this handle's read-ahead uses.
+    engine: Arc<Engine>,
     end: AtomicU64,
     ahead: AtomicU64,
     /// The handle's bytes stay in the kernel's page cache (FOPEN_KEEP_CACHE): cells
@@ -76,6 +62,27 @@ pub struct Stream {
     blocks: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
 }
 
+/// A stream of the process's engine. TODO(engine): `Stream::new` with the mount's.
+impl Default for Stream {
+    fn default() -> Self {
+        Stream::new(Engine::global().clone())
+    }
+}
+
+impl Stream {
+    pub fn new(engine: Arc<Engine>) -> Stream {
+        Stream {
+            engine,
+            end: AtomicU64::new(0),
+            ahead: AtomicU64::new(0),
+            page_cached: Default::default(),
+            released: AtomicU64::new(0),
+            run_start: AtomicU64::new(0),
+            blocks: Default::default(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stream").field("end", &self.end).finish()
@@ -87,61 +94,32 @@ impl std::fmt::Debug for Stream {
 pub struct Slot {
     data: parking_lot::Mutex<Option<Option<Vec<u8>>>>,
     ready: parking_lot::Condvar,
+    /// Bytes of the engine's view budget this block holds, given back on drop.
     held: u64,
+    budget: Arc<AtomicU64>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        HELD.fetch_sub(self.held, Ordering::Relaxed);
+        self.budget.fetch_sub(self.held, Ordering::Relaxed);
     }
 }
 
-/// Bytes held in view blocks over every handle.
-static HELD: AtomicU64 = AtomicU64::new(0);
-
-/// Bytes per view block read ahead of a sequential reader, and how many blocks ahead.
-/// Why blocks of the view, read into memory: the kernel keeps one 4 MiB window of a
-/// FUSE file in flight; reading the next 8 MiB blocks ahead of it raised cold reads of
-/// a 512 MiB `data` from 0.88× to 0.92× of a direct read (medians of seven A/B pairs)
-/// and unfiltered square chunks by 11–31 % (H100 machine,
-/// docs/perf-log/2026-11-26-thinnest-fuse-daemon.md). Blocks aligned in the backing file
-/// instead were slower: a request that crossed into the next block waited for all of it.
-pub const VIEW_BLOCK: u64 = 8 << 20;
-pub const VIEW_DEPTH: u64 = 2;
-/// Most bytes held in view blocks over every handle; past it, no block is read ahead.
-pub const VIEW_BUDGET: u64 = 128 << 20;
 /// Requests smaller than this never start a read-ahead (a random reader's 4 KiB reads
 /// near each other are not a stream).
 const VIEW_MIN_REQUEST: u64 = 128 << 10;
 
-/// Sequential bytes a handle reads before its first block is read ahead: one block,
-/// so that a file's first window is not queued behind blocks at the disk (a single
-/// `numpy.fromfile` of a tile on GlusterFS read at 0.78–0.80× with blocks from the
-/// first request). `H5TILEFS_VIEW_AHEAD_START_MIB` overrides it, for measurements.
-pub const VIEW_START: u64 = 8 << 20;
-
+/// Sequential bytes before view blocks are read ahead ([`VIEW_START`], or
+/// `H5TILEFS_VIEW_AHEAD_START_MIB`). TODO(engine): `engine.config.view_start`.
 pub fn view_ahead_start() -> u64 {
-    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_mib("H5TILEFS_VIEW_AHEAD_START_MIB", VIEW_START))
+    Engine::global().config.view_start
 }
 
-/// The view read-ahead in use: `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` overrides
-/// [`VIEW_BLOCK`] and [`VIEW_DEPTH`] (`0:0` turns it off), for measurements.
+/// The view read-ahead in use: [`VIEW_BLOCK`] and [`VIEW_DEPTH`], or
+/// `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` (`0:0` turns it off), for measurements.
+/// TODO(engine): `engine.config.view_ahead()`.
 pub fn view_ahead() -> (u64, u64) {
-    static V: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("H5TILEFS_VIEW_AHEAD")
-            .ok()
-            .and_then(|v| {
-                let (b, d) = v.split_once(':')?;
-                Some((
-                    b.parse::<u64>().ok()?.saturating_mul(1 << 20),
-                    d.parse::<u64>().ok()?,
-                ))
-            })
-            .map(|(b, d)| if b == 0 { (0, 0) } else { (b, d) })
-            .unwrap_or((VIEW_BLOCK, VIEW_DEPTH))
-    })
+    Engine::global().config.view_ahead()
 }
 
 impl Stream {
@@ -202,14 +180,18 @@ impl Stream {
                     if map.contains_key(&i) {
                         continue;
                     }
-                    if HELD.fetch_add(b, Ordering::Relaxed).saturating_add(b) > VIEW_BUDGET {
-                        HELD.fetch_sub(b, Ordering::Relaxed);
+                    let budget = &self.engine.view_held;
+                    if budget.fetch_add(b, Ordering::Relaxed).saturating_add(b)
+                        > self.engine.config.view_budget
+                    {
+                        budget.fetch_sub(b, Ordering::Relaxed);
                         continue;
                     }
                     let slot = Arc::new(Slot {
                         data: Default::default(),
                         ready: Default::default(),
                         held: b,
+                        budget: budget.clone(),
                     });
                     map.insert(i, slot.clone());
                     queue.push((i, slot));
@@ -250,22 +232,10 @@ impl Stream {
     }
 }
 
-/// Threads that read view blocks. Not the decode pool: a block's read may decode cells
-/// on that pool and wait for them (a virtual dataset whose sources turn out compressed),
-/// and a pool thread waiting on jobs queued behind it would wait forever.
-const VIEW_THREADS: usize = 4;
-
-/// Runs `job` on the view-block threads (or here, if none could be started). A job
-/// that panics fails its slot (`SlotGuard`); the thread stays for the next one.
+/// Runs `job` on the engine's view-block threads ([`Engine::view_background`]).
+/// TODO(engine): `engine.view_background(job)`.
 pub fn view_background(job: crate::decode::Job) {
-    static POOL: std::sync::LazyLock<crate::decode::WorkerPool> =
-        std::sync::LazyLock::new(|| crate::decode::WorkerPool::new("view", VIEW_THREADS));
-    let job: crate::decode::Job = Box::new(move || {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-    });
-    if let Err(job) = POOL.submit(job) {
-        job();
-    }
+    Engine::global().view_background(job)
 }
 
 /// Fails its slot if dropped before the slot was filled (a block read that panicked),
@@ -309,7 +279,7 @@ impl Stream {
             return None; // a seek: random access, or a new position
         }
         let furthest = prev.max(end);
-        let window = window();
+        let window = self.engine.config.window;
         if window == 0 {
             return None;
         }
@@ -400,14 +370,27 @@ pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, ca
     cache.release(&gone);
 }
 
-/// Prefetches bytes `[from, to)` of the image of `sel`: background decoding of the
-/// cells, and with `H5TILEFS_READAHEAD_FILES=1` WILLNEED on the backing file runs.
+/// [`prefetch_with`] the process's engine. TODO(engine): the mount's.
 pub fn prefetch(model: &DatasetModel, sel: &Hyperslab, from: u64, to: u64, cache: &Arc<CellCache>) {
+    prefetch_with(Engine::global(), model, sel, from, to, cache)
+}
+
+/// Prefetches bytes `[from, to)` of the image of `sel`: background decoding of the
+/// cells, and with `files_too` (`H5TILEFS_READAHEAD_FILES=1`) WILLNEED on the backing
+/// file runs.
+pub fn prefetch_with(
+    engine: &Engine,
+    model: &DatasetModel,
+    sel: &Hyperslab,
+    from: u64,
+    to: u64,
+    cache: &Arc<CellCache>,
+) {
     let Ok((_, extents)) = model.plan(sel, from, to.saturating_sub(from)) else {
         return;
     };
     cache.prefetch(&cells_of(&extents));
-    if !files_too() {
+    if !engine.config.files_too {
         return;
     }
     // Backing runs, merged per file: a row-by-row plan has one extent per row.
@@ -448,16 +431,17 @@ pub fn prefetch(model: &DatasetModel, sel: &Hyperslab, from: u64, to: u64, cache
     }
 }
 
-/// `H5TILEFS_READAHEAD_FILES=1`: also WILLNEED the backing runs (off by default).
-fn files_too() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("H5TILEFS_READAHEAD_FILES").is_ok_and(|v| v == "1"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::EngineConfig;
     use std::sync::Mutex;
+
+    /// A handle's stream of an engine of its own, with the compiled-in knobs: what it
+    /// reads ahead does not depend on the environment or on other tests' blocks.
+    fn stream() -> Stream {
+        Stream::new(Arc::new(Engine::new(EngineConfig::default())))
+    }
 
     /// A view's bytes read through `read_blocks` as a sequential reader and as a random
     /// one, with blocks filled on other threads: every byte as a direct read gives it,
@@ -487,7 +471,7 @@ mod tests {
                 }));
         };
         let cfg = (256 << 10, 2);
-        let s = Stream::default();
+        let s = stream();
         let mut out = Vec::new();
         let mut off = 0;
         let step = 200_000u64; // not a divisor of the block: requests cross blocks
@@ -515,7 +499,7 @@ mod tests {
             t.join().expect("join");
         }
         // Random reads on a fresh handle: right bytes, nothing read ahead.
-        let s = Stream::default();
+        let s = stream();
         for (o, l) in [(2_000_000u64, 4096u64), (17, 300_000), (total - 10, 4096)] {
             let seq = s.sequential(o, l).is_some();
             s.advance(o, l);
@@ -548,7 +532,7 @@ mod tests {
                 }));
         };
         let cfg = (1 << 20, 2);
-        let s = Stream::default();
+        let s = stream();
         let mut out = Vec::new();
         let mut off = 0;
         while off < total {
@@ -574,19 +558,18 @@ mod tests {
         let spawn = |_o: u64, _l: u64, _slot: Arc<Slot>| {
             queued.fetch_add(1, Ordering::Relaxed);
         };
-        // Blocks of a quarter of the budget, 8 ahead: at most 4 can be held at once
-        // (others' blocks may hold some of the budget too while tests run).
+        // Blocks of a quarter of the budget, 8 ahead: 4 can be held at once.
         let b = VIEW_BUDGET / 4;
-        let s = Stream::default();
+        let s = stream();
         s.read_blocks((b, 8), 0, 1 << 20, total, true, &read, &spawn)
             .expect("read");
-        assert!(queued.load(Ordering::Relaxed) <= 4);
+        assert_eq!(queued.load(Ordering::Relaxed), 4);
         drop(s);
     }
 
     #[test]
     fn sequential_reads_extend_the_window_once() {
-        let s = Stream::default();
+        let s = stream();
         let mib = 1u64 << 20;
         assert_eq!(s.advance(0, mib), Some((mib, mib + WINDOW)));
         // The next 3 MiB fit in one STEP: nothing new.
@@ -602,7 +585,7 @@ mod tests {
 
     #[test]
     fn reads_out_of_order_by_a_few_requests_still_count() {
-        let s = Stream::default();
+        let s = stream();
         let mib = 1u64 << 20;
         assert!(s.advance(0, mib).is_some());
         assert!(s.advance(3 * mib, mib).is_none()); // within STEP of the last extension
@@ -612,7 +595,7 @@ mod tests {
 
     #[test]
     fn random_reads_prefetch_nothing_after_a_seek() {
-        let s = Stream::default();
+        let s = stream();
         let mib = 1u64 << 20;
         assert!(s.advance(0, 4096).is_some()); // any first read may start a stream
         assert_eq!(s.advance(900 * mib, 4096), None);

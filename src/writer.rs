@@ -10,13 +10,7 @@ use serde_json::Value;
 use std::ffi::CString;
 use std::path::Path;
 
-/// Name of the dataset inside every tile source file (as legate.io.hdf5 does).
-pub const SOURCE_DSET: &str = "/data";
-/// Name of the index (`<tile>.h5 <data offset> <file length>` per line) that commit
-/// leaves in each directory of tile sources.
-pub const SOURCE_INDEX: &str = "h5tilefs-index";
-/// Alignment of raw data in tile source files, for O_DIRECT / cuFile reads.
-pub const ALIGN: u64 = 4096;
+pub use crate::ondisk::{ALIGN, SOURCE_DSET, SOURCE_INDEX};
 
 fn sync<T>(f: impl FnOnce() -> T) -> T {
     hdf5::sync::sync(f)

@@ -266,7 +266,7 @@ pub fn pending_read(
 
 /// The model of a pending handle for the extent map (READ_TO_GPU, QUERY_EXTENTS),
 /// which reads no range log: when the fill value is not all zero bytes, the tiles
-/// not known complete map only their written elements (`DatasetModel::pending_written`).
+/// not known complete map only their written elements (`pending::view_model_written`).
 pub fn extent_model(
     pending: &Pending,
     file: &Path,
@@ -310,12 +310,12 @@ pub fn extent_model(
         return Ok(model);
     }
     let m = match tile {
-        None => DatasetModel::pending_written(path, meta, &targets, &written),
+        None => crate::pending::view_model_written(path, meta, &targets, &written),
         Some(idx) => {
             let sub = tile_meta(meta, idx)?;
             let t = targets.first().and_then(|(_, t)| t.clone());
             let zero = [(vec![0; sub.shape.len()], t)];
-            DatasetModel::pending_written(path, &sub, &zero, &written)
+            crate::pending::view_model_written(path, &sub, &zero, &written)
         }
     };
     Ok(Arc::new(m))
@@ -348,11 +348,11 @@ fn pending_model(
         }
     }
     let model = match tile {
-        None => DatasetModel::pending(path, meta, targets),
+        None => crate::pending::view_model(path, meta, targets),
         Some(idx) => {
             let sub = tile_meta(meta, idx)?;
             let t = targets.first().and_then(|(_, t)| t.clone());
-            DatasetModel::pending(path, &sub, &[(vec![0; sub.shape.len()], t)])
+            crate::pending::view_model(path, &sub, &[(vec![0; sub.shape.len()], t)])
         }
     };
     Ok((Arc::new(model), Arc::new(map)))

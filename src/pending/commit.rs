@@ -331,16 +331,16 @@ impl Pending {
                 let name = t.source.rsplit('/').next().unwrap_or_default();
                 let tile = name.strip_suffix(".h5").unwrap_or(name);
                 if let Some((o, len)) = recorded.get(tile) {
-                    text.push_str(&format!("{name} {o} {len}\n"));
+                    text.push_str(&crate::ondisk::source_index_line(name, *o, *len));
                     continue;
                 }
                 let old = old.get_or_insert_with(|| old_offsets(node));
                 let len = std::fs::metadata(src_dir.join(name)).map(|m| m.len());
                 if let (Some(o), Ok(len)) = (old.get(name), len) {
-                    text.push_str(&format!("{name} {o} {len}\n"));
+                    text.push_str(&crate::ondisk::source_index_line(name, *o, len));
                 }
             }
-            let idx = src_dir.join(crate::writer::SOURCE_INDEX);
+            let idx = src_dir.join(crate::ondisk::SOURCE_INDEX);
             write_atomic(&idx, text.as_bytes())?;
         }
         Ok(())

@@ -62,11 +62,14 @@ impl Pending {
             .strip_suffix(".h5")
             .or_else(|| name.strip_suffix(".hdf5"))
             .unwrap_or(&name);
-        Ok(format!("{stem}_h5tilefs_vds"))
+        Ok(format!("{stem}{}", crate::ondisk::SOURCES_SUFFIX))
     }
 
     pub(super) fn node_dir(&self, file_rel: &Path, h5path: &str) -> Result<PathBuf> {
-        Ok(self.stage_dir(file_rel)?.join("nodes").join(encode(h5path)))
+        Ok(self
+            .stage_dir(file_rel)?
+            .join(crate::ondisk::NODES_DIR)
+            .join(encode(h5path)))
     }
 
     pub(super) fn sources_dir(&self, file_rel: &Path, h5path: &str, gen: &str) -> Result<PathBuf> {

@@ -8,7 +8,7 @@
 //!     nodes/<enc>/meta.json           accepted meta (present = dataset)
 //!     nodes/<enc>/gen                 generation of its tile sources
 //!     nodes/<enc>/ranges/log.<w>      append-only log of daemon w: written byte ranges
-//!                                     and tile sources it made (see ranges.rs)
+//!                                     and tile sources it made (see rangelog.rs)
 //!     commit.lock                     flock()ed while a commit runs
 //!     status.json                     result of the last commit
 //! D/<stem>_h5tilefs_vds/<enc>/<gen>/<tile>.h5   tile sources (final location)
@@ -17,16 +17,19 @@
 mod commit;
 mod layout;
 mod nodes;
+mod rangelog;
 mod ranges;
 mod state;
 mod status;
 mod tiles;
+mod view;
 
 pub use crate::durable::write_atomic;
 pub use layout::encode;
 use layout::*;
 pub use state::{FileState, Transition};
 use tiles::*;
+pub use view::{view_model, view_model_written};
 
 use crate::durable::{create_exclusive, fsync_dir, node_tag, unique, FileLock};
 use crate::error::{Error, PendingError, Result};
@@ -46,7 +49,7 @@ use std::sync::{Arc, OnceLock};
 pub const COMMIT_LOCK: &str = "commit.lock";
 
 /// Name of the hidden per-directory staging area.
-pub const STAGE_DIR: &str = ".h5tilefs";
+pub use crate::ondisk::STAGE_DIR;
 
 /// A tile name and the byte ranges of it never written.
 pub type MissingTile = (String, Vec<(u64, u64)>);

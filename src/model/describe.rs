@@ -1,0 +1,385 @@
+//! What a dataset is: its type, shape, layout, fill value and attributes, gathered
+//! once through HDF5 ([`DatasetModel::build`], in named phases), and the model built
+//! without HDF5 for datasets that exist only as pending tiles ([`DatasetModel::raw`]).
+
+use super::storage::{self, Placement};
+use super::Storage;
+use crate::error::{Error, Result};
+use crate::extent::BackingFile;
+use crate::geometry::TileGrid;
+use crate::h5::{self, DType, FilterInfo, Hid, Layout};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// Widest variable-length string served (fixed width, every string padded to it).
+const MAX_VSTR_WIDTH: u64 = 1 << 20;
+
+/// Knobs that shape models.
+#[derive(Clone)]
+pub struct ModelOptions {
+    pub tile_bytes: u64,
+    /// Virtual sources are only followed inside this directory (canonical).
+    pub root: PathBuf,
+    /// Opens virtual sources directly (no cache) when lazy sources resolve.
+    pub direct: Arc<dyn SourceOpener + Send + Sync>,
+}
+
+impl std::fmt::Debug for ModelOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelOptions")
+            .field("tile_bytes", &self.tile_bytes)
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+/// An open HDF5 file as the model needs it. The file layer (`h5file`) implements it,
+/// so the model does not depend on that layer (which builds and caches models).
+pub trait SourceFile: Send + Sync {
+    fn abs(&self) -> &Path;
+    fn hfile(&self) -> &hdf5::File;
+    /// The backing file whose bytes the extents of this file's datasets read.
+    fn backing(&self) -> &Arc<BackingFile>;
+    fn model_at_depth(
+        &self,
+        path: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<Arc<DatasetModel>>;
+}
+
+/// Opens source files of virtual datasets (the namespace's file cache, or directly).
+pub trait SourceOpener {
+    fn open_source(&self, abs: &Path) -> Result<Arc<dyn SourceFile>>;
+}
+
+/// One dataset as the read view serves it: what it is (type, shape, layout, fill,
+/// attributes) and where its bytes live ([`Storage`]).
+pub struct DatasetModel {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub maxshape: Vec<Option<u64>>,
+    pub dtype: DType,
+    pub layout: Layout,
+    pub chunks: Option<Vec<u64>>,
+    pub filters: Vec<FilterInfo>,
+    pub fill: Arc<[u8]>,
+    pub fill_defined: bool,
+    pub attrs: serde_json::Map<String, Value>,
+    pub tile_shape: Vec<u64>,
+    pub storage: Storage,
+    pub virtual_count: usize,
+    pub missing_sources: Vec<String>,
+    pub(super) meta: OnceLock<Arc<Vec<u8>>>,
+    pub(super) zarr: OnceLock<Option<Arc<Vec<u8>>>>,
+    pub(super) plain: OnceLock<bool>,
+}
+
+impl DatasetModel {
+    pub fn itemsize(&self) -> u64 {
+        match &self.dtype {
+            DType::Numeric { itemsize, .. } => *itemsize,
+            DType::Unsupported { itemsize, .. } => *itemsize,
+        }
+    }
+
+    pub fn supported(&self) -> bool {
+        !matches!(self.storage, Storage::None)
+    }
+
+    /// Whether reads are plain backing bytes (no filter to decode): contiguous data,
+    /// unfiltered chunks, or a virtual dataset whose sources are (a source not opened
+    /// yet counts as plain: our own tiles are contiguous). Only such views are read
+    /// ahead in blocks; compressed data is decoded ahead by cells instead, and blocks
+    /// on top of that were measured slower.
+    pub fn plain_bytes(&self) -> bool {
+        *self.plain.get_or_init(|| match &self.storage {
+            Storage::Contiguous { .. } => true,
+            Storage::Chunked(_) => self.filters.is_empty(),
+            Storage::Virtual(blocks) => blocks
+                .iter()
+                .all(|b| b.source.as_ref().is_none_or(|s| s.plain_bytes())),
+            Storage::None | Storage::Fill | Storage::Cells(_) => false,
+        })
+    }
+
+    /// Saturating: `build` refuses to serve datasets this large, but still describes them.
+    pub fn nbytes(&self) -> u64 {
+        self.shape
+            .iter()
+            .fold(self.itemsize(), |a, &d| a.saturating_mul(d))
+    }
+
+    pub fn grid(&self) -> TileGrid {
+        TileGrid::new(self.shape.clone(), self.tile_shape.clone())
+    }
+
+    /// Builds the model of dataset `name` of `file`, in phases: open the dataset and
+    /// read its dataspace ([`Probe::open`]), settle the type served ([`Probe::settle_dtype`]),
+    /// read its chunking and filters ([`Probe::read_chunking`]), its fill value and
+    /// attributes, then place its bytes ([`storage::place`]).
+    pub fn build(
+        file: &dyn SourceFile,
+        name: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<DatasetModel> {
+        let mut p = Probe::open(file, name)?;
+        p.settle_dtype(file, name, opts)?;
+        p.read_chunking(file, name)?;
+        let (fill, fill_defined) = p.fill();
+        let attrs = crate::attrs::read_attrs(&p.ds);
+        let Placement {
+            storage,
+            tile_shape,
+            virtual_count,
+            missing_sources,
+        } = storage::place(&mut p, file, name, opts, opener, depth)?;
+        Ok(DatasetModel {
+            name: name.to_string(),
+            shape: p.shape,
+            maxshape: p.maxshape,
+            dtype: p.dtype,
+            layout: p.layout,
+            chunks: p.chunks,
+            filters: p.filters,
+            fill,
+            fill_defined,
+            attrs,
+            tile_shape,
+            storage,
+            virtual_count,
+            missing_sources,
+            meta: OnceLock::new(),
+            zarr: OnceLock::new(),
+            plain: OnceLock::new(),
+        })
+    }
+
+    pub fn raw(
+        name: &str,
+        shape: Vec<u64>,
+        dtype: &str,
+        itemsize: u64,
+        tile_shape: Vec<u64>,
+        fill: Vec<u8>,
+        storage: Storage,
+    ) -> DatasetModel {
+        DatasetModel {
+            name: name.to_string(),
+            maxshape: shape.iter().map(|&s| Some(s)).collect(),
+            shape,
+            dtype: DType::Numeric {
+                descr: dtype.to_string(),
+                itemsize,
+                ty: None,
+            },
+            layout: Layout::Virtual,
+            chunks: None,
+            filters: vec![],
+            fill_defined: true,
+            fill: fill.into(),
+            attrs: serde_json::Map::new(),
+            tile_shape,
+            storage,
+            virtual_count: 0,
+            missing_sources: vec![],
+            meta: OnceLock::new(),
+            zarr: OnceLock::new(),
+            plain: OnceLock::new(),
+        }
+    }
+}
+
+/// What `build` learns of a dataset through HDF5 before it places the bytes: each
+/// phase reads a little more and may turn `dtype` into `Unsupported` (described in
+/// meta.json, never served).
+pub(super) struct Probe {
+    pub ds: hdf5::Dataset,
+    pub dcpl: Hid,
+    pub ftype: Hid,
+    pub layout: Layout,
+    pub shape: Vec<u64>,
+    pub maxshape: Vec<Option<u64>>,
+    pub dtype: DType,
+    /// The file type, for types read from a file.
+    pub ty: Option<Arc<h5::Ty>>,
+    /// A variable-length string (served fixed width).
+    pub vstr: bool,
+    /// A type h5py converts on read: the stored bytes are not the served ones.
+    pub converts: bool,
+    /// Element size in bytes.
+    pub elem: u64,
+    pub chunks: Option<Vec<u64>>,
+    pub filters: Vec<FilterInfo>,
+}
+
+impl Probe {
+    /// Opens dataset `name`: its creation list, type, layout and dataspace.
+    fn open(file: &dyn SourceFile, name: &str) -> Result<Probe> {
+        let ds = file
+            .hfile()
+            .dataset(name)
+            .map_err(|e| Error::from_h5(format!("opening dataset {name}"), e))?;
+        let id = ds.id();
+        let dcpl = h5::dcpl(id)?;
+        let ftype = h5::dtype(id)?;
+        let space = h5::dspace(id)?;
+        let layout = h5::layout(&dcpl)?;
+        let mut dtype = h5::numpy_dtype(&ftype);
+        let (shape, maxshape) = match h5::space_dims(&space)? {
+            Some(d) => d,
+            None => {
+                dtype = DType::Unsupported {
+                    reason: "null dataspace (no elements)".into(),
+                    itemsize: 0,
+                };
+                (vec![], vec![])
+            }
+        };
+        let ty = match &dtype {
+            DType::Numeric { ty: Some(ty), .. } => Some(ty.clone()),
+            _ => None,
+        };
+        let vstr = matches!(ty.as_deref(), Some(h5::Ty::VStr { .. }));
+        Ok(Probe {
+            ds,
+            dcpl,
+            ftype,
+            layout,
+            shape,
+            maxshape,
+            dtype,
+            ty,
+            vstr,
+            converts: false,
+            elem: 0,
+            chunks: None,
+            filters: vec![],
+        })
+    }
+
+    /// Settles the type served: converted virtual types whose sources escape the
+    /// backing directory, variable-length strings (measured to a fixed width), and
+    /// dataspaces too large to serve.
+    fn settle_dtype(
+        &mut self,
+        file: &dyn SourceFile,
+        name: &str,
+        opts: &ModelOptions,
+    ) -> Result<()> {
+        let ty = self.ty.clone();
+        let vstr = self.vstr;
+        // Converted types are read through HDF5 (a virtual one too, without mapping it
+        // ourselves): HDF5 must not be sent to a source outside the backing directory.
+        if self.layout == Layout::Virtual && ty.as_deref().is_some_and(h5::Ty::converts) {
+            let escaping = match h5::virtual_mappings(&self.dcpl) {
+                Ok(maps) => super::vds::escaping_source(&maps, file.abs(), &opts.root)
+                    .map(|src| format!("virtual source {src} lies outside the backing directory")),
+                Err(e) => Some(e.message),
+            };
+            if let Some(reason) = escaping {
+                tracing::warn!(dataset = name, %reason, "not served");
+                self.dtype = DType::Unsupported {
+                    reason,
+                    itemsize: 0,
+                };
+            }
+        }
+        // The width scan reads the strings before external storage is checked below.
+        if vstr
+            && self.layout == Layout::Contiguous
+            && !h5::external_segments(&self.dcpl)?.is_empty()
+        {
+            self.dtype = DType::Unsupported {
+                reason: "variable-length strings in external storage; read them with h5py".into(),
+                itemsize: 0,
+            };
+        }
+        // Variable-length strings are served fixed width: the width is the longest
+        // string, measured once per model (that is, per version of the file).
+        if vstr && matches!(self.dtype, DType::Numeric { .. }) {
+            self.dtype = match h5::vstr_width(self.ds.id(), &self.ftype, &self.shape) {
+                Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
+                    reason: format!(
+                        "variable-length strings whose longest is {w} bytes: served fixed \
+                         width, every string would take that much; read them with h5py"
+                    ),
+                    itemsize: 0,
+                },
+                Ok(w) => DType::Numeric {
+                    descr: format!("|S{w}"),
+                    itemsize: w,
+                    ty: ty.clone(),
+                },
+                Err(e) => DType::Unsupported {
+                    reason: e.message,
+                    itemsize: 0,
+                },
+            };
+        }
+        // Types h5py converts on read (strings padded other than with NULs, variable-
+        // length strings) are read through HDF5 whatever their layout: the stored
+        // bytes are not the served ones.
+        self.converts = ty.as_deref().is_some_and(h5::Ty::converts);
+        let elem = match &self.dtype {
+            DType::Numeric { itemsize, .. } | DType::Unsupported { itemsize, .. } => *itemsize,
+        };
+        self.elem = elem;
+        // A dataspace from a corrupt (or absurd) file whose bytes do not fit in 2^62 would
+        // overflow the sizes and offsets computed from it: describe it, serve nothing.
+        // Zero-length dims count as 1 so that every partial product is bounded too.
+        let too_big = self
+            .shape
+            .iter()
+            .try_fold(elem.max(1), |a, &d| a.checked_mul(d.max(1)))
+            .is_none_or(|b| b >= 1 << 62);
+        if too_big && matches!(self.dtype, DType::Numeric { .. }) {
+            self.dtype = DType::Unsupported {
+                reason: format!("shape {:?} is too large to serve", self.shape),
+                itemsize: elem,
+            };
+        }
+        Ok(())
+    }
+
+    /// Reads the chunk shape and filters of a chunked dataset; a filter nothing here
+    /// can decode leaves the dataset described, not served.
+    fn read_chunking(&mut self, file: &dyn SourceFile, name: &str) -> Result<()> {
+        if self.layout == Layout::Chunked {
+            self.chunks = Some(h5::chunk_shape(&self.dcpl, self.shape.len())?);
+            self.filters = h5::filters(&self.dcpl)?;
+        }
+        if let Some(f) = self.filters.iter().find(|f| f.decoder == h5::Decoder::None) {
+            if matches!(self.dtype, DType::Numeric { .. }) {
+                let reason = crate::codecs::no_decoder_reason(f.id, &f.name);
+                tracing::warn!(file = %file.abs().display(), dataset = name, filter = f.id, %reason, "not served");
+                self.dtype = DType::Unsupported {
+                    reason,
+                    itemsize: self.elem,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The fill value's bytes, and whether the file defines one.
+    fn fill(&self) -> (Arc<[u8]>, bool) {
+        let elem = self.elem as usize;
+        let (fill, defined) = if self.vstr {
+            // A variable-length string's fill is a pointer: served as the empty string.
+            (vec![0; elem], false)
+        } else if self.converts {
+            match h5::mem_type(&self.ftype) {
+                Ok(mt) => h5::fill_bytes(&self.dcpl, &mt, elem),
+                Err(_) => (vec![0; elem], false),
+            }
+        } else {
+            h5::fill_bytes(&self.dcpl, &self.ftype, elem)
+        };
+        (fill.into(), defined)
+    }
+}
