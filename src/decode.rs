@@ -82,6 +82,22 @@ struct CacheInner {
     tick: u64,
 }
 
+impl CacheInner {
+    /// Removes cell `key` if it is decoded (a cell still loading stays), with its LRU
+    /// entry and its bytes; returns it so the caller frees it outside the lock.
+    fn remove_ready(&mut self, key: &CellKey) -> Option<Arc<Vec<u8>>> {
+        if !matches!(self.map.get(key), Some(Slot::Ready(..))) {
+            return None;
+        }
+        let Some(Slot::Ready(v, used)) = self.map.remove(key) else {
+            return None;
+        };
+        self.lru.remove(&used);
+        self.bytes -= v.len() as u64;
+        Some(v)
+    }
+}
+
 /// What a reader found for one cell.
 enum Claim {
     Hit(Arc<Vec<u8>>),
@@ -173,22 +189,13 @@ impl CellCache {
     /// sequential reader is done with them (`readahead::release_behind`). Their memory
     /// is freed outside the lock, once no reader holds them.
     pub fn release(&self, cells: &[CellRef]) {
-        let mut dropped = Vec::new();
-        {
+        let dropped: Vec<_> = {
             let mut g = self.inner.lock();
-            let g = &mut *g;
-            for c in cells {
-                let key = c.key();
-                if let Some(Slot::Ready(_, used)) = g.map.get(&key) {
-                    let used = *used;
-                    if let Some(Slot::Ready(v, _)) = g.map.remove(&key) {
-                        g.bytes -= v.len() as u64;
-                        dropped.push(v);
-                    }
-                    g.lru.remove(&used);
-                }
-            }
-        }
+            cells
+                .iter()
+                .filter_map(|c| g.remove_ready(&c.key()))
+                .collect()
+        };
         self.released
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
         drop(dropped);
@@ -238,9 +245,7 @@ impl CellCache {
                         let Some((_, victim)) = g.lru.pop_first() else {
                             break;
                         };
-                        if let Some(Slot::Ready(v, _)) = g.map.remove(&victim) {
-                            g.bytes -= v.len() as u64;
-                        }
+                        g.remove_ready(&victim);
                     }
                 }
                 _ => {
@@ -948,6 +953,14 @@ mod tests {
         }
     }
 
+    /// Cell `index` of a `Counting` source.
+    fn counted(src: &Arc<Counting>, index: u64) -> CellRef {
+        CellRef {
+            source: src.clone(),
+            index,
+        }
+    }
+
     #[test]
     fn cache_is_bounded_and_hits() {
         let cache = CellCache::new(250);
@@ -975,10 +988,7 @@ mod tests {
     fn eviction_takes_the_least_recently_used() {
         let cache = CellCache::new(300);
         let src = Arc::new(Counting(AtomicU64::new(0)));
-        let cell = |index| CellRef {
-            source: src.clone(),
-            index,
-        };
+        let cell = |index| counted(&src, index);
         for i in 0..3 {
             cache.get(&cell(i)).unwrap();
         }
@@ -1000,10 +1010,7 @@ mod tests {
     fn released_cells_leave_the_cache() {
         let cache = CellCache::new(1000);
         let src = Arc::new(Counting(AtomicU64::new(0)));
-        let cell = |index| CellRef {
-            source: src.clone(),
-            index,
-        };
+        let cell = |index| counted(&src, index);
         let held = cache.get(&cell(1)).unwrap();
         for i in [0, 2, 3] {
             cache.get(&cell(i)).unwrap();
