@@ -127,6 +127,25 @@ def overwrite(_):
     return res
 
 
+def _ensure_dir(d, timeout=10.0):
+    """Makes directory D through this rank's backing client and waits until this rank
+    sees it. Never raises (ranks must not diverge). Why: legate.io.hdf5.to_file makes
+    `<name>_legate_vds` on every rank; two GlusterFS clients making one directory at
+    once can fail on one of them ("cannot create directories: File exists" for a
+    directory that client does not see yet), so to_file raised on one rank alone, the
+    ranks' operations diverged and the launch hung until the harness killed it. With
+    the directory there and seen, to_file makes nothing."""
+    end = time.time() + timeout
+    while True:
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError:
+            pass
+        if os.path.isdir(d) or time.time() > end:
+            return
+        time.sleep(0.05)
+
+
 def legate_writes(_):
     """legate.io.hdf5 writes (to the backing directory); ours reads through each rank's
     mount, whole and batched."""
@@ -136,6 +155,7 @@ def legate_writes(_):
             continue   # legate.io.hdf5 26.1 aborts the process: "HDF5 write not supported for complex64"
         a = _array(shape, dtype, k=3)
         n = _name(shape, dtype)
+        _ensure_dir(os.path.join(BACKING, "lg", n + "_legate_vds"))
         lgh5.to_file(array=a, path=os.path.join(BACKING, "lg", n + ".h5"), dataset_name="/data")
         arrays[n] = (a, shape)
     RT.issue_execution_fence(block=True)
