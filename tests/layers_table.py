@@ -121,11 +121,11 @@ def levels(g):
             return level[m]
         if m in path:  # a cycle: tests/layers.rs fails on it (or lists it); print anyway
             return 0
-        ds = [d for d in g[m] if d in g]
+        ds = sorted(d for d in g[m] if d in g)  # sorted: the same levels every run
         level[m] = 1 + max((depth(d, path + (m,)) for d in ds), default=-1)
         return level[m]
 
-    for m in g:
+    for m in sorted(g):
         depth(m)
     return level
 
