@@ -64,7 +64,7 @@ impl WorkerPool {
     }
 }
 
-/// Where a [`crate::decode::CellCache`] runs its background decodes: the decode pool
+/// Where the cell cache (`cache.rs`) runs its background decodes: the decode pool
 /// in the daemon, a thread per job under the concurrency checker.
 pub trait Executor: Send + Sync {
     /// Queues `job`; gives it back when it could not be queued (the caller runs it).

@@ -5,6 +5,7 @@
 //! Nothing here is on the pread data path: it builds the dataset model and decodes
 //! what cannot be read verbatim.
 //!
+//! - `base`: identifiers, layouts, dataspaces, the error stack (what the others use);
 //! - `types`: element types, as numpy sees them;
 //! - `filters`: a chunked dataset's filter pipeline and who decodes each filter;
 //! - `storage`: where a dataset's bytes are (fill value, contiguous offset, chunk
@@ -12,163 +13,17 @@
 //! - `read`: reads through the library (regions, variable-length strings, attributes,
 //!   object references).
 
+mod base;
 mod filters;
 mod read;
 mod storage;
 mod types;
 
+pub use base::*;
+// What base.rs shares with its siblings only (`sync`, `Hid::new`).
+#[allow(unused_imports)]
+use base::*;
 pub use filters::*;
 pub use read::*;
 pub use storage::*;
 pub use types::*;
-
-use crate::error::{Error, Result};
-use hdf5_sys::h5::{herr_t, hsize_t};
-use hdf5_sys::h5d::H5D_layout_t;
-use hdf5_sys::h5i::hid_t;
-
-/// The largest cell (decoded chunk, or block read through HDF5) the daemon allocates.
-/// HDF5 allows chunks up to 4 GiB; a tiny crafted file can declare one, and every
-/// reader thread would then allocate that much. Larger cells are refused with EFBIG.
-pub const MAX_CELL_BYTES: u64 = 1 << 30;
-
-/// An owned HDF5 identifier closed by `close` on drop.
-pub struct Hid {
-    id: hid_t,
-    close: unsafe extern "C" fn(hid_t) -> herr_t,
-}
-
-impl Hid {
-    fn new(id: hid_t, close: unsafe extern "C" fn(hid_t) -> herr_t, what: &str) -> Result<Hid> {
-        if id < 0 {
-            return Err(Error::io(format!("HDF5: {what} failed")));
-        }
-        Ok(Hid { id, close })
-    }
-    pub fn id(&self) -> hid_t {
-        self.id
-    }
-
-    /// Takes ownership of an id the caller checked to be valid.
-    pub fn from_raw(id: hid_t, close: unsafe extern "C" fn(hid_t) -> herr_t) -> Hid {
-        Hid { id, close }
-    }
-}
-
-impl Drop for Hid {
-    fn drop(&mut self) {
-        // SAFETY: `id` is a valid identifier we own; closing it once is the contract.
-        hdf5::sync::sync(|| unsafe {
-            (self.close)(self.id);
-        });
-    }
-}
-
-fn sync<T>(f: impl FnOnce() -> T) -> T {
-    hdf5::sync::sync(f)
-}
-
-pub fn dcpl(dset: hid_t) -> Result<Hid> {
-    // SAFETY: plain library call on a dataset id owned by the caller.
-    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_create_plist(dset) });
-    Hid::new(id, hdf5_sys::h5p::H5Pclose, "H5Dget_create_plist")
-}
-
-pub fn dtype(dset: hid_t) -> Result<Hid> {
-    // SAFETY: plain library call on a dataset id owned by the caller.
-    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_type(dset) });
-    Hid::new(id, hdf5_sys::h5t::H5Tclose, "H5Dget_type")
-}
-
-pub fn dspace(dset: hid_t) -> Result<Hid> {
-    // SAFETY: plain library call on a dataset id owned by the caller.
-    let id = sync(|| unsafe { hdf5_sys::h5d::H5Dget_space(dset) });
-    Hid::new(id, hdf5_sys::h5s::H5Sclose, "H5Dget_space")
-}
-
-/// Storage layout as the library reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    Compact,
-    Contiguous,
-    Chunked,
-    Virtual,
-}
-
-impl Layout {
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::Compact => "compact",
-            Layout::Contiguous => "contiguous",
-            Layout::Chunked => "chunked",
-            Layout::Virtual => "virtual",
-        }
-    }
-}
-
-pub fn layout(dcpl: &Hid) -> Result<Layout> {
-    // SAFETY: dcpl is a valid property list.
-    let l = sync(|| unsafe { hdf5_sys::h5p::H5Pget_layout(dcpl.id()) });
-    match l {
-        H5D_layout_t::H5D_COMPACT => Ok(Layout::Compact),
-        H5D_layout_t::H5D_CONTIGUOUS => Ok(Layout::Contiguous),
-        H5D_layout_t::H5D_CHUNKED => Ok(Layout::Chunked),
-        H5D_layout_t::H5D_VIRTUAL => Ok(Layout::Virtual),
-        other => Err(Error::io(format!("unknown dataset layout {other:?}"))),
-    }
-}
-
-/// Current and maximum dimensions of a simple dataspace; `None` for a null dataspace.
-/// Current dimensions and maximum dimensions (`None` = unlimited).
-pub type Dims = (Vec<u64>, Vec<Option<u64>>);
-
-pub fn space_dims(space: &Hid) -> Result<Option<Dims>> {
-    sync(|| {
-        // SAFETY: space is a valid dataspace id; buffers are sized by the reported rank.
-        unsafe {
-            let class = hdf5_sys::h5s::H5Sget_simple_extent_type(space.id());
-            if class == hdf5_sys::h5s::H5S_class_t::H5S_NULL {
-                return Ok(None);
-            }
-            let rank = hdf5_sys::h5s::H5Sget_simple_extent_ndims(space.id());
-            if rank < 0 {
-                return Err(Error::io("H5Sget_simple_extent_ndims failed"));
-            }
-            let mut dims = vec![0 as hsize_t; rank as usize];
-            let mut maxd = vec![0 as hsize_t; rank as usize];
-            if rank > 0
-                && hdf5_sys::h5s::H5Sget_simple_extent_dims(
-                    space.id(),
-                    dims.as_mut_ptr(),
-                    maxd.as_mut_ptr(),
-                ) < 0
-            {
-                return Err(Error::io("H5Sget_simple_extent_dims failed"));
-            }
-            let maxd = maxd
-                .iter()
-                .map(|&m| (m != hdf5_sys::h5s::H5S_UNLIMITED).then_some(m))
-                .collect();
-            Ok(Some((dims, maxd)))
-        }
-    })
-}
-
-/// HDF5's error stack as one line ("func(): description; ..."), innermost cause last.
-/// Call under the library lock right after the failing call: it takes (and clears) the
-/// current stack.
-pub fn error_stack() -> String {
-    let Ok(err) = hdf5::Error::query() else {
-        return "HDF5 error stack unavailable".into();
-    };
-    match err.stack() {
-        Some(st) if !st.is_empty() => {
-            let frames: Vec<String> = st
-                .iter()
-                .map(|f| format!("{}(): {}", f.func(), f.desc()))
-                .collect();
-            format!("HDF5: {}", frames.join("; "))
-        }
-        _ => "HDF5 gave no error stack".into(),
-    }
-}
