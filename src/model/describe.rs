@@ -2,80 +2,15 @@
 //! once through HDF5 ([`DatasetModel::build`], in named phases), and the model built
 //! without HDF5 for datasets that exist only as pending tiles ([`DatasetModel::raw`]).
 
+use super::dataset::{DatasetModel, ModelOptions, Probe, SourceFile, SourceOpener, Storage};
 use super::storage::{self, Placement};
-use super::Storage;
 use crate::error::{Error, Result};
-use crate::extent::BackingFile;
 use crate::geometry::TileGrid;
-use crate::h5::{self, DType, FilterInfo, Hid, Layout};
-use serde_json::Value;
-use std::path::{Path, PathBuf};
+use crate::h5::{self, DType, Layout};
 use std::sync::{Arc, OnceLock};
 
 /// Widest variable-length string served (fixed width, every string padded to it).
 const MAX_VSTR_WIDTH: u64 = 1 << 20;
-
-/// Knobs that shape models.
-#[derive(Clone)]
-pub struct ModelOptions {
-    pub tile_bytes: u64,
-    /// Virtual sources are only followed inside this directory (canonical).
-    pub root: PathBuf,
-    /// Opens virtual sources directly (no cache) when lazy sources resolve.
-    pub direct: Arc<dyn SourceOpener + Send + Sync>,
-}
-
-impl std::fmt::Debug for ModelOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelOptions")
-            .field("tile_bytes", &self.tile_bytes)
-            .field("root", &self.root)
-            .finish()
-    }
-}
-
-/// An open HDF5 file as the model needs it. The file layer (`h5file`) implements it,
-/// so the model does not depend on that layer (which builds and caches models).
-pub trait SourceFile: Send + Sync {
-    fn abs(&self) -> &Path;
-    fn hfile(&self) -> &hdf5::File;
-    /// The backing file whose bytes the extents of this file's datasets read.
-    fn backing(&self) -> &Arc<BackingFile>;
-    fn model_at_depth(
-        &self,
-        path: &str,
-        opts: &ModelOptions,
-        opener: &dyn SourceOpener,
-        depth: usize,
-    ) -> Result<Arc<DatasetModel>>;
-}
-
-/// Opens source files of virtual datasets (the namespace's file cache, or directly).
-pub trait SourceOpener {
-    fn open_source(&self, abs: &Path) -> Result<Arc<dyn SourceFile>>;
-}
-
-/// One dataset as the read view serves it: what it is (type, shape, layout, fill,
-/// attributes) and where its bytes live ([`Storage`]).
-pub struct DatasetModel {
-    pub name: String,
-    pub shape: Vec<u64>,
-    pub maxshape: Vec<Option<u64>>,
-    pub dtype: DType,
-    pub layout: Layout,
-    pub chunks: Option<Vec<u64>>,
-    pub filters: Vec<FilterInfo>,
-    pub fill: Arc<[u8]>,
-    pub fill_defined: bool,
-    pub attrs: serde_json::Map<String, Value>,
-    pub tile_shape: Vec<u64>,
-    pub storage: Storage,
-    pub virtual_count: usize,
-    pub missing_sources: Vec<String>,
-    pub(super) meta: OnceLock<Arc<Vec<u8>>>,
-    pub(super) zarr: OnceLock<Option<Arc<Vec<u8>>>>,
-    pub(super) plain: OnceLock<bool>,
-}
 
 impl DatasetModel {
     pub fn itemsize(&self) -> u64 {
@@ -192,29 +127,6 @@ impl DatasetModel {
             plain: OnceLock::new(),
         }
     }
-}
-
-/// What `build` learns of a dataset through HDF5 before it places the bytes: each
-/// phase reads a little more and may turn `dtype` into `Unsupported` (described in
-/// meta.json, never served).
-pub(super) struct Probe {
-    pub ds: hdf5::Dataset,
-    pub dcpl: Hid,
-    pub ftype: Hid,
-    pub layout: Layout,
-    pub shape: Vec<u64>,
-    pub maxshape: Vec<Option<u64>>,
-    pub dtype: DType,
-    /// The file type, for types read from a file.
-    pub ty: Option<Arc<h5::Ty>>,
-    /// A variable-length string (served fixed width).
-    pub vstr: bool,
-    /// A type h5py converts on read: the stored bytes are not the served ones.
-    pub converts: bool,
-    /// Element size in bytes.
-    pub elem: u64,
-    pub chunks: Option<Vec<u64>>,
-    pub filters: Vec<FilterInfo>,
 }
 
 impl Probe {

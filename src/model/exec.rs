@@ -1,8 +1,8 @@
 //! Running a plan: copying its extents into host memory from backing files, fill
 //! patterns and decoded cells (`crate::decode::CellCache`).
 
+use super::dataset::DatasetModel;
 use super::plan::{cells_of, selection_bytes};
-use super::DatasetModel;
 use crate::error::{Error, Result};
 use crate::extent::{Extent, Src};
 use crate::selection::Hyperslab;
@@ -340,6 +340,29 @@ pub fn execute_window(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 2^62 elements of 8 bytes: the byte count wrapped to 0 and the read was empty.
+    #[test]
+    fn selection_size_is_checked_when_read() {
+        let m = DatasetModel::raw(
+            "/x",
+            vec![1 << 31, 1 << 31],
+            "<f8",
+            8,
+            vec![1, 1],
+            vec![0; 8],
+            super::super::dataset::Storage::Fill,
+        );
+        let e = read_selection(
+            &m,
+            &Hyperslab::full(&m.shape),
+            0,
+            8,
+            &Arc::new(crate::decode::CellCache::new(0)),
+        )
+        .unwrap_err();
+        assert_eq!(e.errno, libc::EFBIG);
+    }
     use crate::extent::BackingFile;
 
     fn backing(bytes: &[u8]) -> (tempfile::NamedTempFile, Arc<BackingFile>) {

@@ -12,6 +12,7 @@
 //! The model of a dataset that exists only as pending tiles is built by
 //! `pending::view_model` (a layer above) from [`DatasetModel::raw`] models.
 
+mod dataset;
 mod describe;
 mod exec;
 mod plan;
@@ -19,8 +20,9 @@ mod present;
 mod storage;
 mod vds;
 
-pub use describe::{DatasetModel, ModelOptions, SourceFile, SourceOpener};
+pub use dataset::{
+    DatasetModel, LazySource, ModelOptions, SourceFile, SourceOpener, Storage, VBlock,
+};
 pub use exec::{execute, execute_window, read_selection, recycle};
 pub use plan::{cells_of, flatten, selection_bytes};
-pub use storage::Storage;
-pub use vds::{regular_grid, LazySource, VBlock};
+pub use vds::regular_grid;

@@ -1,8 +1,7 @@
 //! A read's plan: the extents (`crate::extent`) that fill bytes `[off, off + len)`
 //! of the C-order image of a selection, from the dataset's storage.
 
-use super::vds::MAX_VDS_DEPTH;
-use super::{DatasetModel, Storage};
+use super::dataset::{DatasetModel, Storage, MAX_VDS_DEPTH};
 use crate::decode::HdfCells;
 use crate::error::{Error, ModelError, Result};
 use crate::extent::{
@@ -347,7 +346,6 @@ pub fn flatten(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::read_selection;
     use crate::selection::DimSel;
 
     fn model(shape: Vec<u64>, itemsize: u64) -> DatasetModel {
@@ -370,15 +368,6 @@ mod tests {
         let e = m.plan(&Hyperslab::full(&m.shape), 0, 4096).unwrap_err();
         assert_eq!(e.errno, libc::EFBIG, "{e}");
         assert!(e.message.contains("/x"), "{e}");
-        let e = read_selection(
-            &m,
-            &Hyperslab::full(&m.shape),
-            0,
-            8,
-            &Arc::new(crate::decode::CellCache::new(0)),
-        )
-        .unwrap_err();
-        assert_eq!(e.errno, libc::EFBIG);
         // A selection reaching past the dataset, by a wrapping end or plainly.
         let m = model(vec![10], 8);
         for d in [

@@ -1,6 +1,6 @@
 //! Presentations of a dataset: meta.json, and what the Zarr view needs.
 
-use super::{DatasetModel, Storage};
+use super::dataset::{DatasetModel, Storage};
 use crate::h5::{self, DType, Layout};
 use serde_json::{json, Value};
 use std::sync::Arc;

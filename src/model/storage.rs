@@ -3,9 +3,10 @@
 //! converted types, virtual datasets we do not map), blocks of other datasets
 //! (virtual, see `vds`), or nothing at all (fill). [`place`] picks one for a dataset.
 
-use super::describe::{ModelOptions, Probe, SourceFile, SourceOpener};
-use super::vds::{escaping_source, map_virtual, regular_grid, VBlock};
-use super::DatasetModel;
+use super::dataset::{
+    DatasetModel, ModelOptions, Probe, SourceFile, SourceOpener, Storage, HDF_CELL_BYTES,
+};
+use super::vds::{escaping_source, map_virtual, regular_grid};
 use crate::decode::{ChunkStore, HdfCells};
 use crate::error::{ModelError, Result};
 use crate::extent::BackingFile;
@@ -13,27 +14,6 @@ use crate::geometry::row_block_tile;
 use crate::h5::{self, DType, Layout};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Cells read through HDF5 (compact, external, unmapped VDS) are at most this big.
-pub(super) const HDF_CELL_BYTES: u64 = 4 << 20;
-
-/// How the elements of a dataset are stored, as far as reads are concerned.
-pub enum Storage {
-    /// The type cannot be served: meta.json only.
-    None,
-    /// Nothing allocated: every element is the fill value.
-    Fill,
-    /// One run of the backing file, C order.
-    Contiguous {
-        file: Arc<BackingFile>,
-        offset: u64,
-    },
-    Chunked(Arc<ChunkStore>),
-    /// Read in cells through the HDF5 library.
-    Cells(Arc<HdfCells>),
-    /// Blocks of other datasets (a virtual dataset we map ourselves).
-    Virtual(Vec<VBlock>),
-}
 
 /// Where a dataset's bytes live, and the tiles its view is cut into.
 pub(super) struct Placement {

@@ -2,136 +2,15 @@
 //! dataset (same file: resolved at once; other files: opened on first read), or
 //! fill where the source is missing.
 
-use super::describe::{ModelOptions, SourceFile, SourceOpener};
-use super::storage::HDF_CELL_BYTES;
-use super::{DatasetModel, Storage};
+use super::dataset::{
+    block_fits, LazySource, ModelOptions, SourceFile, SourceOpener, VBlock, HDF_CELL_BYTES,
+    MAX_VDS_DEPTH,
+};
 use crate::decode::HdfCells;
-use crate::extent::BackingFile;
 use crate::geometry::{ravel, row_block_tile, TileGrid};
 use crate::h5::{self, DType, SpaceSel};
-use crate::ondisk;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
-
-/// Virtual datasets may point at virtual datasets; stop following after this many hops.
-pub(super) const MAX_VDS_DEPTH: usize = 4;
-
-/// One mapping of a virtual dataset: `count` elements at `vstart` of this dataset come
-/// from `sstart` of `source`, or are fill when the source is missing.
-pub struct VBlock {
-    pub vstart: Vec<u64>,
-    pub count: Vec<u64>,
-    pub source: Option<Arc<DatasetModel>>,
-    pub sstart: Vec<u64>,
-    /// A source in another file, opened on the first read that touches it: a VDS of
-    /// 10 000 tiles must not open 10 000 files to answer `ls` or meta.json.
-    pub lazy: Option<Arc<LazySource>>,
-}
-
-/// A virtual source resolved on first use.
-pub struct LazySource {
-    pub path: PathBuf,
-    pub dset: String,
-    pub descr: String,
-    pub itemsize: u64,
-    pub count: Vec<u64>,
-    pub sstart: Vec<u64>,
-    /// The mapping takes the entire source dataset.
-    pub whole: bool,
-    pub opts: ModelOptions,
-    pub depth: usize,
-    /// Reads the block through HDF5 (on the virtual dataset) when the source cannot be
-    /// served from its bytes: missing dataset, other type, ...
-    pub fallback: Arc<HdfCells>,
-    resolved: OnceLock<std::result::Result<Arc<DatasetModel>, String>>,
-}
-
-impl LazySource {
-    pub(super) fn resolve(&self) -> std::result::Result<Arc<DatasetModel>, String> {
-        self.resolved.get_or_init(|| self.open()).clone()
-    }
-
-    fn open(&self) -> std::result::Result<Arc<DatasetModel>, String> {
-        let itemsize = self.itemsize;
-        // Our own committed sources: offset and length from the index, checked against
-        // the file, no HDF5 call.
-        if self.whole && self.dset == ondisk::SOURCE_DSET {
-            let dir = self.path.parent().unwrap_or(Path::new("/"));
-            let name = self
-                .path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            // TODO(engine): the mount's engine, through `ModelOptions`, once `Fs` owns one.
-            if let Some((off, len)) = crate::engine::Engine::global()
-                .sources
-                .get(dir)
-                .and_then(|ix| ix.get(name).copied())
-            {
-                if let Ok(f) = std::fs::File::open(&self.path) {
-                    // The index is a file in the backing directory: checked sums only.
-                    let end = crate::geometry::checked_bytes(&self.count, itemsize)
-                        .and_then(|n| n.checked_add(off));
-                    if f.metadata().map(|m| m.len()).ok() == Some(len)
-                        && end.is_some_and(|e| e <= len)
-                    {
-                        return Ok(Arc::new(DatasetModel::raw(
-                            &self.dset,
-                            self.count.clone(),
-                            &self.descr,
-                            itemsize,
-                            self.count.clone(),
-                            vec![0; itemsize as usize],
-                            Storage::Contiguous {
-                                file: Arc::new(BackingFile {
-                                    path: self.path.clone(),
-                                    file: f,
-                                }),
-                                offset: off,
-                            },
-                        )));
-                    }
-                }
-            }
-        }
-        let direct = self.opts.direct.clone();
-        let file = direct.open_source(&self.path).map_err(|e| e.to_string())?;
-        let dname = if self.dset.starts_with('/') {
-            self.dset.clone()
-        } else {
-            format!("/{}", self.dset)
-        };
-        let model = file
-            .model_at_depth(&dname, &self.opts, &*direct, self.depth + 1)
-            .map_err(|e| e.to_string())?;
-        let sd = match &model.dtype {
-            DType::Numeric { descr, .. } => descr.as_str(),
-            DType::Unsupported { .. } => "",
-        };
-        if sd != self.descr || !model.supported() {
-            return Err("source type differs (HDF5 converts)".into());
-        }
-        if model.shape.len() != self.count.len()
-            || (self.whole && model.shape != self.count)
-            || !block_fits(&self.sstart, &self.count, &model.shape)
-        {
-            return Err("mapping reaches past the source's extent".into());
-        }
-        Ok(model)
-    }
-}
-
-/// Whether the block `start + count` (from a virtual mapping in a file) lies inside
-/// `shape`. Checked sums: a start near 2^64 must not wrap around into range.
-pub(super) fn block_fits(start: &[u64], count: &[u64], shape: &[u64]) -> bool {
-    start.len() == shape.len()
-        && count.len() == shape.len()
-        && start
-            .iter()
-            .zip(count)
-            .zip(shape)
-            .all(|((s, c), n)| s.checked_add(*c).is_some_and(|e| e <= *n))
-}
 
 /// Resolves the mappings of a virtual dataset into blocks we can serve ourselves, or
 /// says why HDF5 must do it. Sources in other files are only checked for existence
