@@ -1,23 +1,16 @@
-//! The dataset engine's process state, in one value: the read-ahead knobs (parsed once,
+//! The dataset engine's state, in one value: the read-ahead knobs (parsed once,
 //! from the environment for measurements), the memory budget of view blocks shared by
 //! every open handle, the threads that read those blocks, and the cache of tile-source
 //! indexes. Before this, each lived in a `static` of its own module.
 //!
-//! TODO(lead, issue 29 item 4): `Fs` should own an `Arc<Engine>` built from its options
-//! (`Engine::new(EngineConfig::from_env())` in `Fs::new`) and pass it down; until then
-//! the read path uses [`Engine::global`]. Call sites to switch (fs.rs, `Fs::read`):
-//! `readahead::view_ahead_start()` -> `engine.config.view_start`,
-//! `readahead::view_ahead()` -> `engine.config.view_ahead()`,
-//! `readahead::view_background(job)` -> `engine.view_background(job)`,
-//! `readahead::prefetch(..)` -> `readahead::prefetch_with(&engine, ..)`,
-//! `stream: Default::default()` (two in `Fs::open`) -> `Stream::new(engine.clone())`;
-//! and `ModelOptions` (built in `Fs::new`) gains the engine's `sources` for
-//! `model::vds::LazySource::open`, which reads `Engine::global().sources` today.
+//! Each mount owns one (`Mount::engine`), built from `FsOptions::engine`: the daemon
+//! takes the environment's overrides, in-process tests the defaults, so several cores
+//! in one process (standing for several daemons) share none of it.
 
 use crate::decode::{Job, WorkerPool};
 use crate::ondisk::SourceIndexCache;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// How far ahead of a sequential reader bytes are fetched: enough that with chunks
 /// whose rows span many requests (an 8192 × 8192 `<f4` in 512 × 512 chunks has 16 MiB
@@ -146,14 +139,6 @@ impl Engine {
             view_pool: OnceLock::new(),
             sources: Arc::default(),
         }
-    }
-
-    /// The process's engine, configured from the environment on first use: what the
-    /// read path uses until `Fs` owns one (see the module's TODO).
-    pub fn global() -> &'static Arc<Engine> {
-        static GLOBAL: LazyLock<Arc<Engine>> =
-            LazyLock::new(|| Arc::new(Engine::new(EngineConfig::from_env())));
-        &GLOBAL
     }
 
     /// Runs `job` on the view-block threads (or here, if none could be started). A job

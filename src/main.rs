@@ -346,6 +346,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         threads,
         gpu: args.gpu,
         gpu_io_threads: args.gpu_io_threads.into(),
+        engine: h5tilefs::engine::EngineConfig::from_env(),
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);

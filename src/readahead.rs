@@ -25,8 +25,9 @@
 use crate::decode::CellCache;
 use crate::engine::Engine;
 pub use crate::engine::{VIEW_BLOCK, VIEW_BUDGET, VIEW_DEPTH, VIEW_START, WINDOW};
+use crate::error::Result;
 use crate::extent::{BackingFile, Src};
-use crate::model::{cells_of, DatasetModel};
+use crate::model::{cells_of, read_selection, selection_bytes, DatasetModel};
 use crate::selection::Hyperslab;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,13 +61,6 @@ pub struct Stream {
     run_start: AtomicU64,
     /// Blocks of this view read ahead into memory (view byte block index).
     blocks: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
-}
-
-/// A stream of the process's engine. TODO(engine): `Stream::new` with the mount's.
-impl Default for Stream {
-    fn default() -> Self {
-        Stream::new(Engine::global().clone())
-    }
 }
 
 impl Stream {
@@ -108,19 +102,6 @@ impl Drop for Slot {
 /// Requests smaller than this never start a read-ahead (a random reader's 4 KiB reads
 /// near each other are not a stream).
 const VIEW_MIN_REQUEST: u64 = 128 << 10;
-
-/// Sequential bytes before view blocks are read ahead ([`VIEW_START`], or
-/// `H5TILEFS_VIEW_AHEAD_START_MIB`). TODO(engine): `engine.config.view_start`.
-pub fn view_ahead_start() -> u64 {
-    Engine::global().config.view_start
-}
-
-/// The view read-ahead in use: [`VIEW_BLOCK`] and [`VIEW_DEPTH`], or
-/// `H5TILEFS_VIEW_AHEAD=BLOCK_MIB:DEPTH` (`0:0` turns it off), for measurements.
-/// TODO(engine): `engine.config.view_ahead()`.
-pub fn view_ahead() -> (u64, u64) {
-    Engine::global().config.view_ahead()
-}
 
 impl Stream {
     /// For a read of `[off, off + len)` that continues this handle's sequential
@@ -232,10 +213,43 @@ impl Stream {
     }
 }
 
-/// Runs `job` on the engine's view-block threads ([`Engine::view_background`]).
-/// TODO(engine): `engine.view_background(job)`.
-pub fn view_background(job: crate::decode::Job) {
-    Engine::global().view_background(job)
+impl Stream {
+    /// One read of `sel` of `model` by this handle's reader, with every read-ahead
+    /// decision the handle makes: cells decoded ahead of it, cells behind it released
+    /// once it moved on sequentially, and, for plain bytes, blocks read ahead in the
+    /// background. The open file only calls this.
+    pub fn read(
+        self: &Arc<Self>,
+        model: &Arc<DatasetModel>,
+        sel: &Hyperslab,
+        off: u64,
+        size: u64,
+        cache: &Arc<CellCache>,
+    ) -> Result<Vec<u8>> {
+        let sequential = self.sequential(off, size);
+        let config = &self.engine.config;
+        let seq = sequential.is_some_and(|f| f >= config.view_start);
+        if let Some((from, to)) = self.advance(off, size) {
+            prefetch_with(&self.engine, model, sel, from, to, cache);
+        }
+        if sequential.is_some() {
+            release_behind(model, sel, self, cache);
+        }
+        let va = config.view_ahead();
+        if va.0 == 0 || !model.plain_bytes() {
+            return read_selection(model, sel, off, size, cache);
+        }
+        let total = selection_bytes(model, sel)?;
+        let read = |o: u64, l: u64| read_selection(model, sel, o, l, cache);
+        let spawn = |o: u64, l: u64, slot: Arc<Slot>| {
+            let (m, s, c) = (model.clone(), sel.clone(), cache.clone());
+            self.engine.view_background(Box::new(move || {
+                let guard = SlotGuard(slot);
+                guard.0.fill(read_selection(&m, &s, o, l, &c).ok());
+            }));
+        };
+        self.read_blocks(va, off, size, total, seq, &read, &spawn)
+    }
 }
 
 /// Fails its slot if dropped before the slot was filled (a block read that panicked),
@@ -368,11 +382,6 @@ pub fn release_behind(model: &DatasetModel, sel: &Hyperslab, stream: &Stream, ca
         .filter(|c| !keep.contains(&c.key()))
         .collect();
     cache.release(&gone);
-}
-
-/// [`prefetch_with`] the process's engine. TODO(engine): the mount's.
-pub fn prefetch(model: &DatasetModel, sel: &Hyperslab, from: u64, to: u64, cache: &Arc<CellCache>) {
-    prefetch_with(Engine::global(), model, sel, from, to, cache)
 }
 
 /// Prefetches bytes `[from, to)` of the image of `sel`: background decoding of the

@@ -69,6 +69,9 @@ pub struct FsOptions {
     pub gpu: crate::gpu::GpuMode,
     /// Threads per large READ_TO_GPU request (parallel cuFile pieces).
     pub gpu_io_threads: usize,
+    /// The dataset engine's knobs (read-ahead, view blocks); the daemon takes the
+    /// environment's measurement overrides (`EngineConfig::from_env`).
+    pub engine: crate::engine::EngineConfig,
 }
 
 impl Default for FsOptions {
@@ -81,6 +84,7 @@ impl Default for FsOptions {
             threads: 8,
             gpu: crate::gpu::GpuMode::Auto,
             gpu_io_threads: 16,
+            engine: crate::engine::EngineConfig::default(),
         }
     }
 }

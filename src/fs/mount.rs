@@ -7,6 +7,7 @@ use super::attr::{FsOptions, Invalidator};
 use super::inodes::{InodeTable, Stale};
 use super::node::{Node, Resolved};
 use crate::decode::CellCache;
+use crate::engine::Engine;
 use crate::error::{Error, NamespaceError, Result};
 use crate::h5file::{ChildKind, H5File, Ident};
 use crate::model::{DatasetModel, ModelOptions};
@@ -26,6 +27,9 @@ pub struct Mount {
     pub opts: FsOptions,
     pub model_opts: ModelOptions,
     pub pending: Pending,
+    /// The dataset engine of this mount: read-ahead knobs, view-block budget and
+    /// threads, tile-source indexes.
+    pub engine: Arc<Engine>,
     /// Decoded chunks, shared by every reader.
     pub cache: Arc<CellCache>,
     pub inodes: InodeTable,
@@ -42,12 +46,15 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(ns: Namespace, opts: FsOptions) -> Mount {
+        let engine = Arc::new(Engine::new(opts.engine));
         let model_opts = ModelOptions {
             direct: Arc::new(crate::h5file::DirectOpener),
             tile_bytes: opts.tile_bytes.max(1),
             root: ns.root.clone(),
+            sources: engine.sources.clone(),
         };
         Mount {
+            engine,
             cache: Arc::new(CellCache::new(opts.cache_bytes)),
             pending: Pending::new(&ns.root),
             ns,

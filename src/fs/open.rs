@@ -1,11 +1,13 @@
 //! Open files: what each kind of open file is (`OpenFile`), how one is opened from a
-//! node resolved now, and how it reads. Writes, flushes and releases of the write
-//! path's files are the vfs's (src/fs/write.rs, src/fs/zarr_write.rs).
+//! node resolved now, and its I/O: read, write, flush, fsync and release, one method
+//! each, so the vfs hands a request to its handle in one call.
 
 use super::access::Caller;
 use super::mount::{meta_bytes, Mount};
 use super::node::{Node, Resolved};
-use super::pending_io::{pending_chunk, pending_read, pending_view, PendingView};
+use super::pending_io::{
+    pending_chunk, pending_read, pending_view, write_chunk, write_data, PendingView,
+};
 use super::zarr_view::{temp_of, zarr_json, Temp};
 use crate::error::{Error, NamespaceError, Result};
 use crate::h5file::{H5File, Ident};
@@ -202,7 +204,7 @@ pub fn open_node(
                     model: md,
                     sel,
                     _file: f,
-                    stream: Default::default(),
+                    stream: Arc::new(crate::readahead::Stream::new(cx.engine.clone())),
                 };
                 (h, Some(v))
             }
@@ -220,7 +222,7 @@ pub fn open_node(
                     model: md,
                     sel,
                     _file: f,
-                    stream: Default::default(),
+                    stream: Arc::new(crate::readahead::Stream::new(cx.engine.clone())),
                 },
                 Some(v),
             )
@@ -260,33 +262,7 @@ impl OpenFile {
                         ),
                     ));
                 }
-                let (model, sel) = (model.clone(), sel.clone());
-                let sequential = stream.sequential(off, size as u64);
-                let seq = sequential.is_some_and(|f| f >= crate::readahead::view_ahead_start());
-                let ahead = stream.advance(off, size as u64);
-                let stream = stream.clone();
-                if let Some((from, to)) = ahead {
-                    crate::readahead::prefetch(&model, &sel, from, to, &cx.cache);
-                }
-                if sequential.is_some() {
-                    crate::readahead::release_behind(&model, &sel, &stream, &cx.cache);
-                }
-                // Blocks of the view read ahead of a sequential reader (src/readahead.rs).
-                let va = crate::readahead::view_ahead();
-                if va.0 > 0 && model.plain_bytes() {
-                    let total = crate::model::selection_bytes(&model, &sel)?;
-                    let read = |o: u64, l: u64| read_selection(&model, &sel, o, l, &cx.cache);
-                    let spawn = |o: u64, l: u64, slot: Arc<crate::readahead::Slot>| {
-                        let (m, s, c) = (model.clone(), sel.clone(), cx.cache.clone());
-                        crate::readahead::view_background(Box::new(move || {
-                            let guard = crate::readahead::SlotGuard(slot);
-                            guard.0.fill(read_selection(&m, &s, o, l, &c).ok());
-                        }));
-                    };
-                    stream.read_blocks(va, off, size as u64, total, seq, &read, &spawn)?
-                } else {
-                    read_selection(&model, &sel, off, size as u64, &cx.cache)?
-                }
+                stream.read(model, sel, off, size as u64, &cx.cache)?
             }
             OpenFile::PendingIo {
                 file,
@@ -311,6 +287,185 @@ impl OpenFile {
                 vec![]
             }
         })
+    }
+
+    /// Writes `data` at `off`: a meta.json or zarr.json being declared, a pending tile,
+    /// `data` or Zarr chunk, or the commit control file.
+    pub fn write(&self, cx: &Mount, off: u64, data: &[u8]) -> Result<u32> {
+        let n = u32::try_from(data.len()).map_err(|_| Error::invalid("write too large"))?;
+        match self {
+            OpenFile::MetaWrite {
+                file,
+                path,
+                buf,
+                accepted,
+                zarr,
+            } => {
+                // The declaration is parsed under the buffer's lock and accepted after it
+                // is dropped: no lock is held across the backing directory's I/O.
+                let parsed = {
+                    let mut b = buf.lock();
+                    let end = usize::try_from(off)
+                        .ok()
+                        .and_then(|o| o.checked_add(data.len()))
+                        .filter(|&e| e <= MAX_DECLARATION)
+                        .ok_or_else(|| Error::new(libc::EFBIG, "meta.json larger than 1 MiB"))?;
+                    if b.len() < end {
+                        b.resize(end, 0);
+                    }
+                    b[end - data.len()..end].copy_from_slice(data);
+                    match serde_json::from_slice::<serde_json::Value>(&b) {
+                        Err(e) if e.is_eof() => return Ok(n),
+                        _ => parse_declaration(&b, *zarr),
+                    }
+                };
+                match parsed {
+                    Ok(m) => {
+                        cx.pending.accept_meta(file, path, &m)?;
+                        accepted.store(true, Ordering::Relaxed);
+                        Ok(n)
+                    }
+                    Err(e) => {
+                        let what = declaration_name(*zarr);
+                        tracing::warn!(file = %file.display(), dataset = path, error = %e.message, "{what} refused");
+                        refused(cx, file, path, what, &e.message);
+                        Err(e)
+                    }
+                }
+            }
+            OpenFile::PendingIo {
+                file,
+                path,
+                meta,
+                tile: Some(idx),
+                ..
+            } => {
+                cx.pending.write_tile(file, path, meta, idx, off, data)?;
+                Ok(n)
+            }
+            OpenFile::PendingIo {
+                file,
+                path,
+                meta,
+                tile: None,
+                view,
+            } => {
+                write_data(&cx.pending, file, path, meta, view, off, data)?;
+                Ok(n)
+            }
+            OpenFile::ZarrChunkWrite {
+                file,
+                path,
+                meta,
+                idx,
+            } => {
+                write_chunk(&cx.pending, file, path, meta, idx, off, data)?;
+                Ok(n)
+            }
+            OpenFile::Commit { file } => match cx.pending.commit(file) {
+                Ok(v) => {
+                    tracing::info!(file = %file.display(), result = %v, "committed");
+                    Ok(n)
+                }
+                // The errno stays what it was (ENOSPC, EBUSY, the incomplete commit's
+                // ENODATA): a script can tell them apart.
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %e, "commit failed");
+                    Err(e)
+                }
+            },
+            _ => Err(Error::new(libc::EBADF, "not open for writing")),
+        }
+    }
+
+    /// The pending file a successful write to this handle leaves written to.
+    pub fn writes_to(&self) -> Option<&std::path::Path> {
+        match self {
+            OpenFile::PendingIo {
+                file,
+                tile: Some(_),
+                ..
+            }
+            | OpenFile::ZarrChunkWrite { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
+    /// flush (close): a meta.json that never became valid JSON is an error now; a
+    /// tile's, `data`'s or Zarr chunk's written ranges are appended to this daemon's
+    /// range log before close returns, so a commit through any daemon sees them
+    /// (durability: docs/namespace.md).
+    pub fn flush(&self, cx: &Mount) -> Result<()> {
+        match self {
+            OpenFile::PendingIo { file, path, .. }
+            | OpenFile::ZarrChunkWrite { file, path, .. } => cx.pending.flush_ranges(file, path),
+            OpenFile::MetaWrite {
+                file,
+                path,
+                buf,
+                accepted,
+                zarr,
+            } => {
+                let refusal = {
+                    let b = buf.lock();
+                    if b.is_empty() || accepted.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    let what = declaration_name(*zarr);
+                    parse_declaration(&b, *zarr)
+                        .err()
+                        .unwrap_or_else(|| Error::invalid(format!("{what} incomplete")))
+                };
+                refused(cx, file, path, declaration_name(*zarr), &refusal.message);
+                Err(Error::invalid(refusal.message))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// fsync: a tile's (or `data`'s, or a Zarr chunk's) written bytes and their
+    /// written-range records are durable when this returns. Other files have nothing to
+    /// sync.
+    pub fn fsync(&self, cx: &Mount) -> Result<()> {
+        match self {
+            OpenFile::PendingIo {
+                file,
+                path,
+                meta,
+                tile,
+                view,
+            } => {
+                let idxs: Vec<Vec<u64>> = match tile {
+                    Some(idx) => vec![idx.clone()],
+                    None => {
+                        let tiles = view.lock().tiles.clone();
+                        tiles.values().map(|(idx, _)| idx.clone()).collect()
+                    }
+                };
+                cx.pending.sync_tiles(file, path, meta, &idxs)
+            }
+            OpenFile::ZarrChunkWrite {
+                file,
+                path,
+                meta,
+                idx,
+            } => cx
+                .pending
+                .sync_tiles(file, path, meta, std::slice::from_ref(idx)),
+            _ => Ok(()),
+        }
+    }
+
+    /// release: flush (close) appended the ranges already; this covers a handle whose
+    /// flush failed (the periodic flush would retry too).
+    pub fn release(&self, cx: &Mount) {
+        if let OpenFile::PendingIo { file, path, .. }
+        | OpenFile::ZarrChunkWrite { file, path, .. } = self
+        {
+            if let Err(e) = cx.pending.flush_ranges(file, path) {
+                tracing::warn!(file = %file.display(), dataset = path, error = %e, "range log not appended at release");
+            }
+        }
     }
 }
 
@@ -362,4 +517,34 @@ pub fn open_pending_zarr(
             )?))
         }
     })
+}
+
+/// Largest meta.json or zarr.json accepted.
+const MAX_DECLARATION: usize = 1 << 20;
+
+fn declaration_name(zarr: bool) -> &'static str {
+    if zarr {
+        "zarr.json"
+    } else {
+        "meta.json"
+    }
+}
+
+/// A refused declaration goes to the file's `.status`, naming the dataset.
+fn refused(cx: &Mount, file: &std::path::Path, path: &str, what: &str, why: &str) {
+    cx.pending.record_status(
+        file,
+        serde_json::json!({"ok": false, "error": format!("{path}/{what}: {why}")}),
+    );
+}
+
+/// A pending dataset's declaration: meta.json as written, or a Zarr v3 zarr.json taken
+/// as its meta.json equivalent (src/zarr.rs `declaration`).
+fn parse_declaration(b: &[u8], zarr: bool) -> Result<PendingMeta> {
+    if !zarr {
+        return PendingMeta::parse(b);
+    }
+    let v = crate::zarr::declaration(b).map_err(Error::invalid)?;
+    let bytes = serde_json::to_vec(&v).map_err(|e| Error::io(e.to_string()))?;
+    PendingMeta::parse(&bytes)
 }

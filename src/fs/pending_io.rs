@@ -1,6 +1,7 @@
 //! The read path of pending datasets: what a handle of a pending `data`, tile or Zarr
 //! chunk maps (`PendingView`), revalidated at each read against the pending state, and
-//! the fill value over bytes never written. Works against `Pending` and the cell cache.
+//! the fill value over bytes never written; and where a write to a pending `data` or
+//! Zarr chunk lands. Works against `Pending` and the cell cache.
 
 use crate::decode::CellCache;
 use crate::error::{Error, Result};
@@ -9,6 +10,7 @@ use crate::names::{parse_tile_name, tile_name};
 use crate::pending::Pending;
 use crate::selection::Hyperslab;
 use crate::staging::PendingMeta;
+use crate::zarr::{chunk_bytes, chunk_runs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -488,4 +490,89 @@ pub fn pending_chunk(
         es,
         &fill,
     ))
+}
+/// Bytes `[off, off + data.len())` of chunk `idx` (padded as Zarr writes it) into
+/// its tile; bytes of the padding are dropped.
+pub fn write_chunk(
+    pending: &Pending,
+    file: &Path,
+    path: &str,
+    meta: &PendingMeta,
+    idx: &[u64],
+    off: u64,
+    data: &[u8],
+) -> Result<()> {
+    let tile = meta
+        .grid()
+        .tile_slab(idx)
+        .ok_or_else(|| Error::not_found(format!("{path}: no chunk {idx:?}")))?
+        .counts();
+    let total = chunk_bytes(&meta.tile_shape, meta.itemsize);
+    let end = off.checked_add(data.len() as u64).filter(|&e| e <= total);
+    if end.is_none() {
+        return Err(Error::new(
+            libc::EFBIG,
+            format!(
+                "{path}: write past the end of Zarr chunk {} ({total} bytes)",
+                tile_name(idx)
+            ),
+        ));
+    }
+    for (c, t, n) in chunk_runs(
+        &meta.tile_shape,
+        &tile,
+        meta.itemsize,
+        off,
+        data.len() as u64,
+    ) {
+        let s = (c - off) as usize;
+        pending.write_tile(file, path, meta, idx, t, &data[s..s + n as usize])?;
+    }
+    Ok(())
+}
+
+/// Bytes `[off, off + data.len())` of a pending dataset's `data` into the tiles they
+/// fall in. The handle was opened for writing, so every tile has its source (see
+/// `open_node`).
+pub fn write_data(
+    pending: &Pending,
+    file: &Path,
+    path: &str,
+    meta: &PendingMeta,
+    view: &parking_lot::Mutex<PendingView>,
+    off: u64,
+    data: &[u8],
+) -> Result<()> {
+    let (model, tiles) = {
+        let v = view.lock();
+        (v.model.clone(), v.tiles.clone())
+    };
+    let end = off
+        .checked_add(data.len() as u64)
+        .filter(|&e| e <= meta.nbytes());
+    let Some(end) = end else {
+        return Err(Error::new(
+            libc::EFBIG,
+            format!("{path}/data: write past the end ({} bytes)", meta.nbytes()),
+        ));
+    };
+    let sel = Hyperslab::full(&model.shape);
+    let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
+    for e in extents {
+        let crate::extent::Src::File { file: bf, offset } = &e.src else {
+            return Err(Error::io("pending data maps to a missing tile"));
+        };
+        let (s, t) = (base + e.dst, base + e.dst + e.len);
+        let (cs, ct) = (s.max(off), t.min(end));
+        if cs >= ct {
+            continue;
+        }
+        let (idx, doff) = tiles
+            .get(&bf.path)
+            .ok_or_else(|| Error::io("unknown tile source"))?;
+        let tile_off = offset + (cs - s) - doff;
+        let bytes = &data[(cs - off) as usize..(ct - off) as usize];
+        pending.write_tile(file, path, meta, idx, tile_off, bytes)?;
+    }
+    Ok(())
 }

@@ -449,15 +449,7 @@ impl Fs {
             if matches!(*h, OpenFile::Control(_)) {
                 self.gpu.release(fh);
             }
-            // flush (close) appended the ranges already; this covers a handle whose
-            // flush failed (the periodic flush would retry too)
-            if let OpenFile::PendingIo { file, path, .. }
-            | OpenFile::ZarrChunkWrite { file, path, .. } = &*h
-            {
-                if let Err(e) = self.mount.pending.flush_ranges(file, path) {
-                    tracing::warn!(file = %file.display(), dataset = path, error = %e, "range log not appended at release");
-                }
-            }
+            h.release(&self.mount);
         }
     }
 

@@ -3,7 +3,6 @@
 
 use super::attr::Attr;
 use super::node::{Node, Resolved};
-use super::open::OpenFile;
 use super::vfs::Fs;
 use super::views;
 use crate::error::{Error, Result};
@@ -11,44 +10,12 @@ use crate::h5file::join;
 use crate::names::is_h5_name;
 use crate::namespace::EntryKind;
 use crate::pending::Pending;
-use crate::staging::PendingMeta;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 impl Fs {
-    /// fsync: a tile's (or `data`'s) written bytes and their written-range records are
-    /// durable when this returns. Other files have nothing to sync.
+    /// fsync: the handle's (see `OpenFile::fsync`).
     pub fn fsync(&self, fh: u64) -> Result<()> {
-        let h = self.open.get(fh)?;
-        if let OpenFile::PendingIo {
-            file,
-            path,
-            meta,
-            tile,
-            view,
-        } = &*h
-        {
-            let idxs: Vec<Vec<u64>> = match tile {
-                Some(idx) => vec![idx.clone()],
-                None => {
-                    let tiles = view.lock().tiles.clone();
-                    tiles.values().map(|(idx, _)| idx.clone()).collect()
-                }
-            };
-            self.mount.pending.sync_tiles(file, path, meta, &idxs)?;
-        }
-        if let OpenFile::ZarrChunkWrite {
-            file,
-            path,
-            meta,
-            idx,
-        } = &*h
-        {
-            self.mount
-                .pending
-                .sync_tiles(file, path, meta, std::slice::from_ref(idx))?;
-        }
-        Ok(())
+        self.open.get(fh)?.fsync(&self.mount)
     }
 
     /// mkdir: a new backing directory, a new pending HDF5 file, or a pending node.
@@ -196,167 +163,25 @@ impl Fs {
         }
     }
 
-    /// write: meta.json of a pending node, pending tiles and data, `.commit`.
+    /// write: the handle's (see `OpenFile::write`); a pending file written to is
+    /// remembered as touched by this daemon.
     pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
         let h = self.open.get(fh)?;
-        match &*h {
-            OpenFile::MetaWrite {
-                file,
-                path,
-                buf,
-                accepted,
-                zarr,
-            } => {
-                let mut b = buf.lock();
-                let end = off as usize + data.len();
-                if end > 1 << 20 {
-                    return Err(Error::new(libc::EFBIG, "meta.json larger than 1 MiB"));
-                }
-                if b.len() < end {
-                    b.resize(end, 0);
-                }
-                b[off as usize..end].copy_from_slice(data);
-                match serde_json::from_slice::<serde_json::Value>(&b) {
-                    Err(e) if e.is_eof() => return Ok(data.len() as u32),
-                    _ => {}
-                }
-                match parse_declaration(&b, *zarr) {
-                    Ok(m) => {
-                        self.mount.pending.accept_meta(file, path, &m)?;
-                        accepted.store(true, Ordering::Relaxed);
-                        Ok(data.len() as u32)
-                    }
-                    Err(e) => {
-                        let what = if *zarr { "zarr.json" } else { "meta.json" };
-                        tracing::warn!(file = %file.display(), dataset = path, error = %e.message, "{what} refused");
-                        self.mount.pending.record_status(
-                            file,
-                            serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
-                        );
-                        Err(e)
-                    }
-                }
-            }
-            OpenFile::PendingIo {
-                file,
-                path,
-                meta,
-                tile: Some(idx),
-                ..
-            } => {
-                self.mount
-                    .pending
-                    .write_tile(file, path, meta, idx, off, data)?;
-                self.touch(file);
-                Ok(data.len() as u32)
-            }
-            OpenFile::PendingIo {
-                file,
-                path,
-                meta,
-                tile: None,
-                view,
-            } => {
-                // Opened for writing: every tile has its source (see `open`).
-                let (model, tiles) = {
-                    let v = view.lock();
-                    (v.model.clone(), v.tiles.clone())
-                };
-                let end = off + data.len() as u64;
-                if end > meta.nbytes() {
-                    return Err(Error::new(
-                        libc::EFBIG,
-                        format!("{path}/data: write past the end ({} bytes)", meta.nbytes()),
-                    ));
-                }
-                let sel = crate::selection::Hyperslab::full(&model.shape);
-                let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
-                for e in extents {
-                    let crate::extent::Src::File { file: bf, offset } = &e.src else {
-                        return Err(Error::io("pending data maps to a missing tile"));
-                    };
-                    let (s, t) = (base + e.dst, base + e.dst + e.len);
-                    let (cs, ct) = (s.max(off), t.min(end));
-                    if cs >= ct {
-                        continue;
-                    }
-                    let (idx, doff) = tiles
-                        .get(&bf.path)
-                        .ok_or_else(|| Error::io("unknown tile source"))?;
-                    let tile_off = offset + (cs - s) - doff;
-                    let bytes = &data[(cs - off) as usize..(ct - off) as usize];
-                    self.mount
-                        .pending
-                        .write_tile(file, path, meta, idx, tile_off, bytes)?;
-                }
-                Ok(data.len() as u32)
-            }
-            OpenFile::ZarrChunkWrite {
-                file,
-                path,
-                meta,
-                idx,
-            } => {
-                self.write_zarr_chunk(file, path, meta, idx, off, data)?;
-                self.touch(file);
-                Ok(data.len() as u32)
-            }
-            OpenFile::Commit { file } => {
-                let file = file.clone();
-                drop(h);
-                match self.mount.pending.commit(&file) {
-                    Ok(v) => {
-                        tracing::info!(file = %file.display(), result = %v, "committed");
-                        Ok(data.len() as u32)
-                    }
-                    // The errno stays what it was (ENOSPC, EBUSY, the incomplete
-                    // commit's ENODATA): a script can tell them apart.
-                    Err(e) => {
-                        tracing::warn!(file = %file.display(), error = %e, "commit failed");
-                        Err(e)
-                    }
-                }
-            }
-            _ => Err(Error::new(libc::EBADF, "not open for writing")),
+        let n = h.write(&self.mount, off, data)?;
+        if let Some(file) = h.writes_to() {
+            self.touch(file);
         }
+        Ok(n)
     }
 
-    /// flush (close): a meta.json that never became valid JSON is an error now; a tile's
-    /// or `data`'s written ranges are appended to this daemon's range log before close
-    /// returns, so a commit through any daemon sees them (durability: docs/namespace.md).
+    /// flush (close): the handle's (see `OpenFile::flush`); an unknown handle has
+    /// nothing to flush.
     pub fn flush(&self, fh: u64) -> Result<()> {
-        if let Ok(h) = self.open.get(fh) {
-            if let OpenFile::PendingIo { file, path, .. }
-            | OpenFile::ZarrChunkWrite { file, path, .. } = &*h
-            {
-                let (file, path) = (file.clone(), path.clone());
-                drop(h);
-                return self.mount.pending.flush_ranges(&file, &path);
-            }
-            if let OpenFile::MetaWrite {
-                file,
-                path,
-                buf,
-                accepted,
-                zarr,
-            } = &*h
-            {
-                let b = buf.lock();
-                if !b.is_empty() && !accepted.load(Ordering::Relaxed) {
-                    let what = if *zarr { "zarr.json" } else { "meta.json" };
-                    let e = parse_declaration(&b, *zarr)
-                        .err()
-                        .unwrap_or_else(|| Error::invalid(format!("{what} incomplete")));
-                    self.mount.pending.record_status(
-                        file,
-                        serde_json::json!({"ok": false, "error": format!("{path}/{what}: {}", e.message)}),
-                    );
-                    return Err(Error::invalid(e.message));
-                }
-            }
+        match self.open.get(fh) {
+            Ok(h) => h.flush(&self.mount),
+            Err(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// setattr: tiles and data have their final size from the start, so truncating to
@@ -519,15 +344,4 @@ impl Fs {
 
 fn chown(p: &Path, uid: u32, gid: u32) {
     let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
-}
-
-/// A pending dataset's declaration: meta.json as written, or a Zarr v3 zarr.json taken
-/// as its meta.json equivalent (src/zarr.rs `declaration`).
-fn parse_declaration(b: &[u8], zarr: bool) -> Result<PendingMeta> {
-    if !zarr {
-        return PendingMeta::parse(b);
-    }
-    let v = crate::zarr::declaration(b).map_err(Error::invalid)?;
-    let bytes = serde_json::to_vec(&v).map_err(|e| Error::io(e.to_string()))?;
-    PendingMeta::parse(&bytes)
 }

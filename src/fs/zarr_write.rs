@@ -15,9 +15,6 @@ use super::zarr_view::{chunk_index, temp_kind};
 use crate::error::{Error, Result};
 use crate::geometry::tile_name;
 use crate::names::DatasetEntry;
-use crate::staging::PendingMeta;
-use crate::zarr::{chunk_bytes, chunk_runs};
-use std::path::Path;
 
 /// Temporary files created and not yet renamed or unlinked, per daemon: a writer that
 /// dies between the two leaves one behind; this bounds what such leftovers hold.
@@ -27,48 +24,6 @@ pub const MAX_TEMPS: usize = 65_536;
 const PIECE: u64 = 16 << 20;
 
 impl Fs {
-    /// Bytes `[off, off + data.len())` of chunk `idx` (padded as Zarr writes it) into
-    /// its tile; bytes of the padding are dropped.
-    pub(super) fn write_zarr_chunk(
-        &self,
-        file: &Path,
-        path: &str,
-        meta: &PendingMeta,
-        idx: &[u64],
-        off: u64,
-        data: &[u8],
-    ) -> Result<()> {
-        let tile = meta
-            .grid()
-            .tile_slab(idx)
-            .ok_or_else(|| Error::not_found(format!("{path}: no chunk {idx:?}")))?
-            .counts();
-        let total = chunk_bytes(&meta.tile_shape, meta.itemsize);
-        let end = off.checked_add(data.len() as u64).filter(|&e| e <= total);
-        if end.is_none() {
-            return Err(Error::new(
-                libc::EFBIG,
-                format!(
-                    "{path}: write past the end of Zarr chunk {} ({total} bytes)",
-                    tile_name(idx)
-                ),
-            ));
-        }
-        for (c, t, n) in chunk_runs(
-            &meta.tile_shape,
-            &tile,
-            meta.itemsize,
-            off,
-            data.len() as u64,
-        ) {
-            let s = (c - off) as usize;
-            self.mount
-                .pending
-                .write_tile(file, path, meta, idx, t, &data[s..s + n as usize])?;
-        }
-        Ok(())
-    }
-
     /// create of a Zarr name in a pending dataset: its zarr.json (or a temporary file
     /// renamed onto it), a chunk, or a chunk's temporary file. None: not a Zarr name.
     pub(super) fn create_zarr(

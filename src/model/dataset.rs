@@ -21,6 +21,9 @@ pub struct ModelOptions {
     pub root: PathBuf,
     /// Opens virtual sources directly (no cache) when lazy sources resolve.
     pub direct: Arc<dyn SourceOpener + Send + Sync>,
+    /// Parsed indexes of our tile-source directories (the engine's), so a committed
+    /// tile's source resolves without an HDF5 open.
+    pub sources: Arc<crate::ondisk::SourceIndexCache>,
 }
 
 impl std::fmt::Debug for ModelOptions {
@@ -168,8 +171,8 @@ impl LazySource {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
-            // TODO(engine): the mount's engine, through `ModelOptions`, once `Fs` owns one.
-            if let Some((off, len)) = crate::engine::Engine::global()
+            if let Some((off, len)) = self
+                .opts
                 .sources
                 .get(dir)
                 .and_then(|ix| ix.get(name).copied())
