@@ -157,3 +157,35 @@ impl Layout {
         self.sources_parent(ds).join(gen)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file handle is a plain relative path ending in a UTF-8 name; its parts are
+    /// placed under the root by `Layout` alone.
+    #[test]
+    fn file_handles_are_checked_once() {
+        for bad in ["", "/", "/abs.h5", "../x.h5", "a/../x.h5", "a/.."] {
+            let e = PendingFile::new(Path::new(bad)).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{bad:?}");
+        }
+        let f = PendingFile::new(Path::new("run/out.hdf5")).unwrap();
+        assert_eq!(f.sources_rel(), "out_h5tilefs_vds");
+        let l = Layout {
+            root: PathBuf::from("/b"),
+        };
+        assert_eq!(l.target(&f), Path::new("/b/run/out.hdf5"));
+        assert_eq!(l.stage_dir(&f), Path::new("/b/run/.h5tilefs/out.hdf5"));
+        let ds = l.dataset(&f, "/g/u");
+        assert_eq!(ds.node, l.nodes_dir(&f).join(encode("/g/u")));
+        assert_eq!(
+            l.sources_dir(&ds, "g1"),
+            Path::new("/b/run/out_h5tilefs_vds")
+                .join(encode("/g/u"))
+                .join("g1")
+        );
+        let top = PendingFile::new(Path::new("x.h5")).unwrap();
+        assert_eq!(l.target(&top), Path::new("/b/x.h5"));
+    }
+}

@@ -108,3 +108,87 @@ impl Removal<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Pending;
+    use crate::staging::PendingMeta;
+    use std::path::Path;
+
+    fn meta() -> PendingMeta {
+        PendingMeta::parse(br#"{"shape":[4],"dtype":"<i4","tile_shape":[2]}"#).unwrap()
+    }
+
+    fn write_all(p: &Pending, file: &Path, ds: &str, v: u8) {
+        let m = meta();
+        p.accept_meta(file, ds, &m).unwrap();
+        for idx in m.grid().indices() {
+            p.write_tile(file, ds, &m, &idx, 0, &[v; 8]).unwrap();
+        }
+        p.flush_ranges(file, ds).unwrap();
+    }
+
+    /// rmdir of a committed dataset rewrites the file without it and deletes its tile
+    /// sources, except the generation a pending dataset of the same name writes to.
+    #[test]
+    fn removing_a_committed_object_keeps_a_pending_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("r.h5");
+        let p = Pending::new(dir.path());
+        p.create_file(file).unwrap();
+        write_all(&p, file, "/a", 1);
+        write_all(&p, file, "/b", 2);
+        p.commit(file).unwrap();
+        let srcs = dir.path().join("r_h5tilefs_vds");
+        let a_srcs = srcs.join(super::super::encode("/a"));
+        let b_srcs = srcs.join(super::super::encode("/b"));
+        assert!(a_srcs.is_dir() && b_srcs.is_dir());
+        // /b declared again (pending, written), then the committed /b removed
+        write_all(&p, file, "/b", 3);
+        let keep = p.generation(file, "/b").unwrap();
+        p.remove_object(file, "/b").unwrap();
+        let names: Vec<String> = std::fs::read_dir(&b_srcs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec![keep], "only the pending generation stays");
+        // the committed /a stays readable, the committed /b is gone
+        {
+            let f = hdf5::File::open(dir.path().join("r.h5")).unwrap();
+            let a: Vec<i32> = f.dataset("/a").unwrap().read_raw().unwrap();
+            assert_eq!(a.len(), 4);
+            assert!(f.dataset("/b").is_err());
+        }
+        // no temporary left behind
+        let stage = p.stage_dir(file).unwrap();
+        let tmps: Vec<_> = std::fs::read_dir(&stage)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("remove."))
+            .collect();
+        assert!(tmps.is_empty(), "{tmps:?}");
+        // the pending /b commits into the file again
+        p.commit(file).unwrap();
+        let f = hdf5::File::open(dir.path().join("r.h5")).unwrap();
+        let b: Vec<i32> = f.dataset("/b").unwrap().read_raw().unwrap();
+        assert_eq!(b, vec![i32::from_le_bytes([3; 4]); 4]);
+    }
+
+    /// A committed object with pending nodes below it is not removed (ENOTEMPTY).
+    #[test]
+    fn removing_a_group_with_pending_nodes_inside_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("g.h5");
+        let p = Pending::new(dir.path());
+        p.create_file(file).unwrap();
+        write_all(&p, file, "/g/x", 1);
+        p.commit(file).unwrap();
+        write_all(&p, file, "/g/y", 2);
+        let e = p.remove_object(file, "/g").unwrap_err();
+        assert_eq!(e.errno, libc::ENOTEMPTY, "{e}");
+        assert!(hdf5::File::open(dir.path().join("g.h5"))
+            .unwrap()
+            .dataset("/g/x")
+            .is_ok());
+    }
+}
