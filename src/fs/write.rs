@@ -296,49 +296,15 @@ impl Fs {
         })
     }
 
-    /// Deletes one dataset or group of a committed file: the file is rewritten (copy,
-    /// unlink, fsync, rename, directory fsync) so readers never see a half-edited file.
-    /// One transition of the file: under its lock in the backing directory, starting
-    /// from the file as it is then, so removals and commits through several daemons at
-    /// once all land, one after another.
+    /// Deletes one dataset or group of a committed file: pending rewrites the file
+    /// without it, as one transition of the file (`Pending::remove_object`); then the
+    /// cached open file goes, so the removed dataset's tile sources' space is free
+    /// when rmdir returns (the cache checks the file's identity on use, so a reader
+    /// between the rename and this reopens the new file either way).
     fn remove_object(&self, file: &Path, path: &str) -> Result<()> {
-        let abs = self.mount.ns.abs(file)?;
-        let dir = abs.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let stage = self.mount.pending.stage_dir(file)?;
-        self.mount.pending.remove_object(file, path, || {
-            let tmp = stage.join(format!(
-                "remove.{}.{}.tmp.h5",
-                crate::durable::node_tag(),
-                crate::durable::unique()
-            ));
-            let done =
-                crate::writer::delete_objects(&tmp, &abs, &[path.to_string()]).and_then(|()| {
-                    std::fs::rename(&tmp, &abs)
-                        .map_err(|e| Error::from_io(format!("renaming into {}", abs.display()), e))
-                });
-            if let Err(e) = done {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-            crate::durable::fsync_dir(&dir)?;
-            self.mount.ns.forget(file);
-            // The removed dataset's tile sources go; a generation a pending dataset of
-            // the same name (declared again, maybe through another daemon) writes to
-            // stays.
-            let keep = self.mount.pending.generation(file, path);
-            let srcs = dir
-                .join(Pending::sources_rel(file)?)
-                .join(crate::pending::encode(path));
-            if let Ok(rd) = std::fs::read_dir(&srcs) {
-                for e in rd.flatten() {
-                    if keep.as_deref() != Some(&*e.file_name().to_string_lossy()) {
-                        let _ = std::fs::remove_dir_all(e.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(&srcs);
-            Ok(())
-        })
+        self.mount.pending.remove_object(file, path)?;
+        self.mount.ns.forget(file);
+        Ok(())
     }
 }
 

@@ -1,4 +1,21 @@
-use super::*;
+//! Commit: every pending dataset of a file into one HDF5 file of virtual datasets, in
+//! the phases it times, as one transition of the file.
+
+use super::base::io;
+use super::layout::{encode, Layout, PendingFile};
+use super::nodes::{Nodes, PendingNode};
+use super::ranges::{incomplete, Ranges};
+use super::state::{transition, Transition};
+use super::status::Status;
+use super::tiles::{TileTarget, Tiles};
+use crate::durable::{fsync_dir, unique, write_atomic};
+use crate::error::{Error, PendingError, Result};
+use crate::geometry::{tile_name, TileGrid};
+use crate::writer::{self, VdsSpec, VdsTile};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Threads that fsync tile sources at commit: each fsync waits on the device (or, on a
 /// distributed file system, on a server round trip), not on a CPU.
@@ -114,31 +131,26 @@ struct CommitPlan {
 /// Age after which a trash directory is taken as left by a daemon that died.
 const STALE_TRASH: std::time::Duration = std::time::Duration::from_secs(600);
 
-impl Pending {
-    /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
-    /// Takes the file's lock in the backing directory (the one commit takes), waiting
-    /// up to `limit`: every change to a committed file runs under it, so changes made
-    /// through several daemons at once are applied one after another.
-    /// Runs `change` as a removal of one committed object of the file (rmdir of a
-    /// committed dataset or group), under the file's lock: removals and commits through
-    /// several daemons at once apply one after another.
-    pub fn remove_object(
-        &self,
-        file_rel: &Path,
-        h5path: &str,
-        change: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        self.transition(file_rel, Transition::RemoveObject, |_| {
-            self.refuse_pending_inside(file_rel, h5path)?;
-            change()
-        })
-    }
+/// The parts a commit reads and changes.
+pub(super) struct Commit<'a> {
+    pub(super) layout: &'a Layout,
+    pub(super) nodes: &'a Nodes,
+    pub(super) ranges: &'a Ranges,
+    pub(super) tiles: &'a Tiles,
+    pub(super) status: &'a Status,
+}
 
-    pub fn commit(&self, file_rel: &Path) -> Result<Value> {
+impl Commit<'_> {
+    /// Commits every pending dataset of a file into one HDF5 file of virtual datasets.
+    /// Takes the file's lock in the backing directory, failing with EBUSY while another
+    /// commit holds it: every change to a committed file runs under it, so changes made
+    /// through several daemons at once are applied one after another. The result (or
+    /// the error) is recorded for `.status`.
+    pub(super) fn run(&self, file: &PendingFile) -> Result<Value> {
         let t0 = std::time::Instant::now();
-        let stage = self.stage_dir(file_rel)?;
-        let result = self.transition(file_rel, Transition::Commit, |_| {
-            self.commit_locked(file_rel, &stage)
+        let stage = self.layout.stage_dir(file);
+        let result = transition(self.layout, file, Transition::Commit, |_| {
+            self.locked(file, &stage)
         });
         // EBUSY: the running commit records its own result
         if result.as_ref().is_err_and(|e| e.errno == libc::EBUSY) {
@@ -150,33 +162,32 @@ impl Pending {
                 json!({"ok": false, "error": e.to_string(), "seconds": t0.elapsed().as_secs_f64()})
             }
         };
-        self.record_status(file_rel, v.clone());
+        self.status.record(self.layout, file, v.clone());
         result.map(|_| v)
     }
 
     /// The commit, under the file's lock, in the phases it times: `plan` (the range
     /// logs and the checks), `write_index`, the fsync of tile bytes, `publish` (the new
     /// file renamed into place), then `retire` (the pending state moves to the trash).
-    pub(super) fn commit_locked(&self, file_rel: &Path, stage: &Path) -> Result<Value> {
+    fn locked(&self, file: &PendingFile, stage: &Path) -> Result<Value> {
         let t0 = std::time::Instant::now();
-        let nodes = self.nodes(file_rel)?;
-        let (parent, name) = Self::split(file_rel)?;
-        let dir = self.root.join(&parent);
-        let target = dir.join(&name);
+        let nodes = Nodes::list(self.layout, file);
+        let dir = self.layout.dir(file);
+        let target = self.layout.target(file);
         if nodes.is_empty() && target.is_file() {
             return Ok(
                 json!({"file": target, "datasets": [], "note": "nothing pending; file unchanged"}),
             );
         }
-        let plan = self.plan(file_rel, &nodes, &dir)?;
+        let plan = self.plan(file, &nodes, &dir)?;
         let t_check = t0.elapsed();
         Self::write_index(&plan)?;
         let t_index = t0.elapsed();
         // Tile bytes must be durable before the file that points at them appears.
         fsync_all(&plan.to_sync)?;
         let t_fsync = t0.elapsed();
-        let t_vds = self.publish(file_rel, stage, &dir, &target, &plan)?;
-        self.retire(file_rel, stage, &dir, &nodes)?;
+        let t_vds = self.publish(file, stage, &dir, &target, &plan)?;
+        self.retire(file, stage, &nodes)?;
         let CommitPlan {
             specs,
             groups,
@@ -187,7 +198,7 @@ impl Pending {
         } = plan;
         let synced_before = sources.len() - to_sync.len();
         let committed: std::collections::HashSet<PathBuf> = sources.into_iter().collect();
-        self.targets.retain(|p, _| !committed.contains(p));
+        self.tiles.close_committed(&committed);
         let phases = json!({
             "ranges_s": t_ranges.as_secs_f64(),
             "check_s": t_check.as_secs_f64(),
@@ -209,7 +220,7 @@ impl Pending {
 
     /// The datasets and groups to commit, from the range logs; refuses (ENODATA) when a
     /// dataset is incomplete or lost tile sources.
-    fn plan(&self, file_rel: &Path, nodes: &[PendingNode], dir: &Path) -> Result<CommitPlan> {
+    fn plan(&self, file: &PendingFile, nodes: &[PendingNode], dir: &Path) -> Result<CommitPlan> {
         let mut specs = Vec::new();
         let mut groups = Vec::new();
         let mut problems = Vec::new();
@@ -223,12 +234,15 @@ impl Pending {
                 groups.push(n.path.clone());
                 continue;
             };
+            let ds = self.layout.dataset(file, &n.path);
             let t = std::time::Instant::now();
-            let written = self.collect(file_rel, &n.path)?;
+            let written = self
+                .ranges
+                .collect(&ds, self.nodes.gen(&ds).ok().as_deref())?;
             t_ranges += t.elapsed();
-            let (miss, unwritten) = ranges::incomplete(&written.ranges, m);
-            let gen = self.gen(file_rel, &n.path)?;
-            let rel_dir = format!("{}/{}/{gen}", Self::sources_rel(file_rel)?, encode(&n.path));
+            let (miss, unwritten) = incomplete(&written.ranges, m);
+            let gen = self.nodes.gen(&ds)?;
+            let rel_dir = format!("{}/{}/{gen}", file.sources_rel(), encode(&n.path));
             let src_dir = dir.join(&rel_dir);
             let present = names_in(&src_dir);
             let grid: TileGrid = m.grid();
@@ -256,7 +270,7 @@ impl Pending {
                 }
                 // durable already when every daemon that wrote it synced it since
                 if written.unsynced.contains(&tname) {
-                    let open = self.targets.get(&src).map(|t| t.clone());
+                    let open = self.tiles.open(&src);
                     to_sync.push((src.clone(), open));
                 }
                 sources.push(src);
@@ -291,7 +305,7 @@ impl Pending {
                 ));
                 continue;
             }
-            recorded.push((src_dir, self.node_dir(file_rel, &n.path)?, written.sources));
+            recorded.push((src_dir, ds.node, written.sources));
             specs.push(VdsSpec {
                 path: n.path.clone(),
                 dtype: m.dtype.clone(),
@@ -304,7 +318,7 @@ impl Pending {
         if !problems.is_empty() {
             // Its own errno, so scripts tell "not finished" from a failure of the disk.
             return Err(PendingError::Incomplete {
-                file: file_rel.display().to_string(),
+                file: file.display().to_string(),
                 problems: problems.join("; "),
             }
             .into());
@@ -350,20 +364,24 @@ impl Pending {
     /// the directory); returns how long that took.
     fn publish(
         &self,
-        file_rel: &Path,
+        file: &PendingFile,
         stage: &Path,
         dir: &Path,
         target: &Path,
         plan: &CommitPlan,
     ) -> Result<std::time::Duration> {
         let t = std::time::Instant::now();
-        let tmp = stage.join(format!("commit.{}.{}.tmp.h5", self.writer_id, unique()));
+        let tmp = stage.join(format!(
+            "commit.{}.{}.tmp.h5",
+            self.ranges.writer_id,
+            unique()
+        ));
         let base = (target.is_file()).then_some(target);
         if let Err(e) = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups) {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        set_owner(&tmp, &dir.join(Self::sources_rel(file_rel)?), target, stage);
+        set_owner(&tmp, &dir.join(file.sources_rel()), target, stage);
         let took = t.elapsed();
         if let Err(e) = std::fs::rename(&tmp, target) {
             let _ = std::fs::remove_file(&tmp);
@@ -377,13 +395,7 @@ impl Pending {
     }
 
     /// After the rename: the committed nodes' pending state and older generations go.
-    fn retire(
-        &self,
-        file_rel: &Path,
-        stage: &Path,
-        dir: &Path,
-        nodes: &[PendingNode],
-    ) -> Result<()> {
+    fn retire(&self, file: &PendingFile, stage: &Path, nodes: &[PendingNode]) -> Result<()> {
         // Committed. The pending state (range logs: one per daemon) and older
         // generations of replaced datasets go: renamed out of the way now, so a dataset
         // created again at once starts clean, and deleted in the background.
@@ -391,7 +403,7 @@ impl Pending {
         // being deleted in the background, and a rename onto one of its names fails.
         let trash = stage.join(format!(
             "trash.{}.{}",
-            self.writer_id,
+            self.ranges.writer_id,
             crate::durable::unique()
         ));
         let _ = std::fs::create_dir_all(&trash);
@@ -417,14 +429,13 @@ impl Pending {
             }
         };
         for n in nodes {
-            let gen = self.gen(file_rel, &n.path).ok();
-            let node = self.node_dir(file_rel, &n.path)?;
-            self.logs.forget(&node);
-            self.gens.remove(&node.join("gen"));
-            self.node_cache.remove(&node);
-            to_trash(&node);
+            let ds = self.layout.dataset(file, &n.path);
+            let gen = self.nodes.gen(&ds).ok();
+            self.ranges.forget(&ds.node);
+            self.nodes.forget(&ds);
+            to_trash(&ds.node);
             if let Some(gen) = gen {
-                let parent_src = dir.join(Self::sources_rel(file_rel)?).join(encode(&n.path));
+                let parent_src = self.layout.sources_parent(&ds);
                 if let Ok(rd) = std::fs::read_dir(&parent_src) {
                     for e in rd.flatten() {
                         if e.file_name().to_string_lossy() != gen {

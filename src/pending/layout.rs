@@ -1,7 +1,20 @@
-use super::*;
+//! Where a file's pending state lives in the backing directory, and the typed handles
+//! that name it: a [`PendingFile`] is checked once when made, so the parts below never
+//! re-split or re-check `(file, path)` strings.
+
+use crate::durable::unique;
+use crate::error::{Error, Result};
+use crate::ondisk::{NODES_DIR, SOURCES_SUFFIX, STAGE_DIR};
+use std::path::{Component, Path, PathBuf};
+
+/// The lock file of a file's staging area: held by commit and by removals.
+pub const COMMIT_LOCK: &str = "commit.lock";
+
+/// The journal of a file's transitions in its staging area (`durable::FileLock::begin`).
+pub const JOURNAL: &str = "journal";
 
 /// FNV-1a: a hash that every daemon computes the same way.
-pub(super) fn fnv(s: &str) -> u64 {
+fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in s.bytes() {
         h ^= b as u64;
@@ -39,46 +52,140 @@ pub(super) fn new_gen(writer_id: &str) -> String {
     )
 }
 
-impl Pending {
-    pub(super) fn split(file_rel: &Path) -> Result<(PathBuf, String)> {
-        let name = file_rel
+/// An HDF5 file of the mount, by its path relative to the backing root: plain names
+/// only (no `..`, no root), ending in a UTF-8 file name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingFile {
+    rel: PathBuf,
+    name: String,
+}
+
+impl PendingFile {
+    pub fn new(rel: &Path) -> Result<PendingFile> {
+        let bad = || Error::invalid("bad file name");
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            return Err(bad());
+        }
+        let name = rel
             .file_name()
             .and_then(|n| n.to_str())
-            .ok_or_else(|| Error::invalid("bad file name"))?
+            .ok_or_else(bad)?
             .to_string();
-        let parent = file_rel.parent().unwrap_or(Path::new("")).to_path_buf();
-        Ok((parent, name))
+        Ok(PendingFile {
+            rel: rel.to_path_buf(),
+            name,
+        })
     }
 
-    pub fn stage_dir(&self, file_rel: &Path) -> Result<PathBuf> {
-        let (parent, name) = Self::split(file_rel)?;
-        Ok(self.root.join(parent).join(STAGE_DIR).join(name))
+    /// The path relative to the backing root.
+    pub fn rel(&self) -> &Path {
+        &self.rel
+    }
+
+    /// The file's directory, relative to the backing root.
+    fn parent(&self) -> &Path {
+        self.rel.parent().unwrap_or(Path::new(""))
     }
 
     /// `<stem>_h5tilefs_vds`, relative to the file's directory.
-    pub fn sources_rel(file_rel: &Path) -> Result<String> {
-        let (_, name) = Self::split(file_rel)?;
+    pub fn sources_rel(&self) -> String {
+        let name = &self.name;
         let stem = name
             .strip_suffix(".h5")
             .or_else(|| name.strip_suffix(".hdf5"))
-            .unwrap_or(&name);
-        Ok(format!("{stem}{}", crate::ondisk::SOURCES_SUFFIX))
+            .unwrap_or(name);
+        format!("{stem}{SOURCES_SUFFIX}")
     }
 
-    pub(super) fn node_dir(&self, file_rel: &Path, h5path: &str) -> Result<PathBuf> {
-        Ok(self
-            .stage_dir(file_rel)?
-            .join(crate::ondisk::NODES_DIR)
-            .join(encode(h5path)))
+    pub fn display(&self) -> std::path::Display<'_> {
+        self.rel.display()
+    }
+}
+
+/// A group or dataset of a pending file: the file, its HDF5 path, and its node
+/// directory in the staging area.
+#[derive(Clone, Debug)]
+pub struct PendingDataset {
+    pub file: PendingFile,
+    pub path: String,
+    /// `<stage>/nodes/<enc>`: where its `path`, `meta.json`, `gen` and range logs live.
+    pub node: PathBuf,
+}
+
+/// The backing directory the pending state lives in.
+pub(super) struct Layout {
+    pub(super) root: PathBuf,
+}
+
+impl Layout {
+    /// The directory of `file` in the backing directory.
+    pub(super) fn dir(&self, file: &PendingFile) -> PathBuf {
+        self.root.join(file.parent())
     }
 
-    pub(super) fn sources_dir(&self, file_rel: &Path, h5path: &str, gen: &str) -> Result<PathBuf> {
-        let (parent, _) = Self::split(file_rel)?;
-        Ok(self
-            .root
-            .join(parent)
-            .join(Self::sources_rel(file_rel)?)
-            .join(encode(h5path))
-            .join(gen))
+    /// The committed file's backing path.
+    pub(super) fn target(&self, file: &PendingFile) -> PathBuf {
+        self.dir(file).join(&file.name)
+    }
+
+    pub(super) fn stage_dir(&self, file: &PendingFile) -> PathBuf {
+        self.dir(file).join(STAGE_DIR).join(&file.name)
+    }
+
+    /// The directory of the file's pending nodes (present = the file is pending).
+    pub(super) fn nodes_dir(&self, file: &PendingFile) -> PathBuf {
+        self.stage_dir(file).join(NODES_DIR)
+    }
+
+    pub(super) fn dataset(&self, file: &PendingFile, h5path: &str) -> PendingDataset {
+        PendingDataset {
+            node: self.nodes_dir(file).join(encode(h5path)),
+            file: file.clone(),
+            path: h5path.to_string(),
+        }
+    }
+
+    /// `<dir>/<stem>_h5tilefs_vds/<enc>`: every generation of a dataset's tile sources.
+    pub(super) fn sources_parent(&self, ds: &PendingDataset) -> PathBuf {
+        self.dir(&ds.file)
+            .join(ds.file.sources_rel())
+            .join(encode(&ds.path))
+    }
+
+    /// The tile sources of generation `gen` of a dataset.
+    pub(super) fn sources_dir(&self, ds: &PendingDataset, gen: &str) -> PathBuf {
+        self.sources_parent(ds).join(gen)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file handle is a plain relative path ending in a UTF-8 name; its parts are
+    /// placed under the root by `Layout` alone.
+    #[test]
+    fn file_handles_are_checked_once() {
+        for bad in ["", "/", "/abs.h5", "../x.h5", "a/../x.h5", "a/.."] {
+            let e = PendingFile::new(Path::new(bad)).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{bad:?}");
+        }
+        let f = PendingFile::new(Path::new("run/out.hdf5")).unwrap();
+        assert_eq!(f.sources_rel(), "out_h5tilefs_vds");
+        let l = Layout {
+            root: PathBuf::from("/b"),
+        };
+        assert_eq!(l.target(&f), Path::new("/b/run/out.hdf5"));
+        assert_eq!(l.stage_dir(&f), Path::new("/b/run/.h5tilefs/out.hdf5"));
+        let ds = l.dataset(&f, "/g/u");
+        assert_eq!(ds.node, l.nodes_dir(&f).join(encode("/g/u")));
+        assert_eq!(
+            l.sources_dir(&ds, "g1"),
+            Path::new("/b/run/out_h5tilefs_vds")
+                .join(encode("/g/u"))
+                .join("g1")
+        );
+        let top = PendingFile::new(Path::new("x.h5")).unwrap();
+        assert_eq!(l.target(&top), Path::new("/b/x.h5"));
     }
 }

@@ -13,139 +13,311 @@
 //!     status.json                     result of the last commit
 //! D/<stem>_h5tilefs_vds/<enc>/<gen>/<tile>.h5   tile sources (final location)
 //! ```
+//!
+//! The parts, each a child owning its own state, bottom up: `base` (helpers),
+//! `layout` (where things live; the `PendingFile` / `PendingDataset` handles),
+//! `rangelog` (the log format and writer), `ranges` (written-range bookkeeping),
+//! `nodes` (the node store), `state` (the file's state machine and its lock),
+//! `tiles` (tile sources), `status`, `remove` and `commit` (transitions over the
+//! parts), `view` (a pending dataset as a dataset model). `Pending` composes them; its
+//! methods check the caller's `(file, path)` once into handles and delegate.
 
+mod base;
 mod commit;
 mod layout;
 mod nodes;
 mod rangelog;
 mod ranges;
+mod remove;
 mod state;
 mod status;
 mod tiles;
 mod view;
 
 pub use crate::durable::write_atomic;
-pub use layout::encode;
-use layout::*;
-pub use state::{FileState, Transition};
-use tiles::*;
-pub use view::{view_model, view_model_written};
-
-use crate::durable::{create_exclusive, fsync_dir, node_tag, unique, FileLock};
-use crate::error::{Error, PendingError, Result};
-use crate::extent::BackingFile;
-use crate::geometry::{tile_name, TileGrid};
-use crate::staging::{PendingMeta, RangeSet};
-use crate::writer::{self, VdsSpec, VdsTile};
-use dashmap::DashMap;
-use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-
-/// The lock file of a file's staging area: held by commit and by removals.
-pub const COMMIT_LOCK: &str = "commit.lock";
-
 /// Name of the hidden per-directory staging area.
 pub use crate::ondisk::STAGE_DIR;
+pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
+pub use nodes::PendingNode;
+pub use ranges::MissingTile;
+pub use state::{FileState, Transition};
+pub use tiles::TileTarget;
+pub use view::{view_model, view_model_written};
 
-/// A tile name and the byte ranges of it never written.
-pub type MissingTile = (String, Vec<(u64, u64)>);
+use crate::error::Result;
+use crate::staging::{PendingMeta, RangeSet};
+use commit::Commit;
+use layout::Layout;
+use nodes::Nodes;
+use rangelog::Written;
+use ranges::Ranges;
+use remove::Removal;
+use serde_json::Value;
+use status::Status;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tiles::{Sources, Tiles};
 
-/// Where a tile's bytes go: its source file and the offset of its data.
-pub struct TileTarget {
-    pub file: Arc<BackingFile>,
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// A pending node of a file.
-#[derive(Clone, Debug)]
-pub struct PendingNode {
-    pub path: String,
-    pub meta: Option<PendingMeta>,
-}
-
+/// The pending state of every file under one backing root, as this daemon sees and
+/// changes it.
 pub struct Pending {
-    root: PathBuf,
-    /// Distinguishes this daemon's range logs from other daemons'.
-    writer_id: String,
-    /// Open tile sources, bounded by [`MAX_OPEN_TARGETS`].
-    targets: DashMap<PathBuf, Arc<TileTarget>>,
-    /// One HDF5-made tile source per (dtype, tile shape), copied for every further tile.
-    templates: DashMap<(String, Vec<u64>), Arc<Template>>,
-    /// This daemon's written-range logs, flushed at close, fsync and periodically.
-    logs: Arc<ranges::RangeLogs>,
-    /// Background fdatasync of closed tiles.
-    syncer: ranges::Syncer,
-    /// Pending datasets by node directory, with the identities of `path` and
-    /// `meta.json` they were read from (see `Pending::node`).
-    node_cache: DashMap<PathBuf, ((nodes::FileIdent, nodes::FileIdent), PendingNode)>,
-    /// Generation per `gen` file, with the identity of the file it was read from.
-    gens: DashMap<PathBuf, (nodes::FileIdent, String)>,
-    /// Last status that could not be saved to `status.json` (backing file system full or
-    /// read-only); shown by `.status` until a later one is saved.
-    unsaved_status: DashMap<PathBuf, Value>,
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
-    let what = what.into();
-    move |e| Error::from_io(what, e)
+    layout: Layout,
+    ranges: Ranges,
+    nodes: Nodes,
+    tiles: Tiles,
+    status: Status,
 }
 
 impl Pending {
     pub fn new(root: &Path) -> Pending {
-        // unique per core too: tests run several "daemons" in one process
-        let writer_id = format!("w-{}-{}", node_tag(), unique());
-        let logs = Arc::new(ranges::RangeLogs::default());
-        ranges::start_flusher(&logs, writer_id.clone());
         Pending {
-            root: root.to_path_buf(),
-            writer_id,
-            targets: DashMap::new(),
-            templates: DashMap::new(),
-            logs,
-            gens: DashMap::new(),
-            node_cache: DashMap::new(),
-            syncer: ranges::Syncer::start(),
-            unsaved_status: DashMap::new(),
+            layout: Layout {
+                root: root.to_path_buf(),
+            },
+            ranges: Ranges::new(),
+            nodes: Nodes::default(),
+            tiles: Tiles::default(),
+            status: Status::default(),
+        }
+    }
+
+    /// The handle of a file (its path checked once).
+    fn file(&self, file_rel: &Path) -> Result<PendingFile> {
+        PendingFile::new(file_rel)
+    }
+
+    /// The handle of a node of a file.
+    fn dataset(&self, file_rel: &Path, h5path: &str) -> Result<PendingDataset> {
+        Ok(self.layout.dataset(&PendingFile::new(file_rel)?, h5path))
+    }
+
+    /// A dataset's tile sources of its current generation.
+    fn sources<'a>(&self, ds: &'a PendingDataset) -> Result<Sources<'a>> {
+        Ok(Sources::new(&self.layout, ds, self.nodes.gen(ds)?))
+    }
+
+    fn removal(&self) -> Removal<'_> {
+        Removal {
+            layout: &self.layout,
+            nodes: &self.nodes,
+            ranges: &self.ranges,
+            tiles: &self.tiles,
+        }
+    }
+
+    /// Everything every daemon recorded about a dataset's tiles.
+    fn collect(&self, ds: &PendingDataset) -> Result<Written> {
+        self.ranges.collect(ds, self.nodes.gen(ds).ok().as_deref())
+    }
+
+    pub fn stage_dir(&self, file_rel: &Path) -> Result<PathBuf> {
+        Ok(self.layout.stage_dir(&self.file(file_rel)?))
+    }
+
+    /// `<stem>_h5tilefs_vds`, relative to the file's directory.
+    pub fn sources_rel(file_rel: &Path) -> Result<String> {
+        Ok(PendingFile::new(file_rel)?.sources_rel())
+    }
+
+    /// The file's state as the backing directory holds it now (no lock: a snapshot).
+    pub fn state(&self, file_rel: &Path) -> Result<FileState> {
+        Ok(state::state(&self.layout, &self.file(file_rel)?))
+    }
+
+    /// Runs `change` as transition `t` of the file (see `state::transition`).
+    pub fn transition<T>(
+        &self,
+        file_rel: &Path,
+        t: Transition,
+        change: impl FnOnce(FileState) -> Result<T>,
+    ) -> Result<T> {
+        state::transition(&self.layout, &self.file(file_rel)?, t, change)
+    }
+
+    /// True when `file_rel` has pending nodes (or was created and not yet committed).
+    pub fn is_pending(&self, file_rel: &Path) -> bool {
+        self.file(file_rel)
+            .is_ok_and(|f| Nodes::is_pending(&self.layout, &f))
+    }
+
+    /// Starts a pending file (mkdir of `name.h5` in the mount).
+    pub fn create_file(&self, file_rel: &Path) -> Result<()> {
+        let file = self.file(file_rel)?;
+        state::transition(&self.layout, &file, Transition::Declare, |_| {
+            Nodes::make_nodes_dir(&self.layout, &file)
+        })
+    }
+
+    /// Adds a pending node (a directory made inside a file). The file must exist,
+    /// pending or committed, when the transition runs: a `mkdir` through a directory of
+    /// the file that the kernel still caches after the file was removed (through any
+    /// mount) fails with ENOENT, as below a removed directory, instead of making the
+    /// file again. A new file starts with `create_file` (mkdir of its directory).
+    pub fn create_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        // An absent file is refused by the transition table (`FileState::next`).
+        state::transition(&self.layout, &ds.file, Transition::DeclareNode, |_| {
+            Nodes::create_locked(&self.layout, &ds)
+        })
+    }
+
+    /// rmdir of a pending node.
+    pub fn remove_node(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        self.removal().node(&self.dataset(file_rel, h5path)?)
+    }
+
+    /// Drops the whole pending state of a file (its uncommitted tile sources too);
+    /// `remove_committed` runs under the same lock (the file's `.h5` and its sources).
+    pub fn remove_file(
+        &self,
+        file_rel: &Path,
+        remove_committed: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.removal().file(&self.file(file_rel)?, remove_committed)
+    }
+
+    /// rmdir of a committed dataset or group: the file rewritten without it, under the
+    /// file's lock (see `Removal::object`). The caller drops what it cached of the
+    /// file afterwards.
+    pub fn remove_object(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        self.removal().object(&self.dataset(file_rel, h5path)?)
+    }
+
+    /// Every pending node of a file.
+    pub fn nodes(&self, file_rel: &Path) -> Result<Vec<PendingNode>> {
+        Ok(Nodes::list(&self.layout, &self.file(file_rel)?))
+    }
+
+    /// The pending node at `h5path` (answered from memory while its files are unchanged).
+    pub fn node(&self, file_rel: &Path, h5path: &str) -> Option<PendingNode> {
+        self.nodes.node(&self.dataset(file_rel, h5path).ok()?)
+    }
+
+    /// Accepts a dataset description. Writing the same meta again is a no-op (every rank
+    /// may write it); a different one replaces it only while no tile has been written.
+    pub fn accept_meta(&self, file_rel: &Path, h5path: &str, meta: &PendingMeta) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        // Every rank writes the same meta.json: that needs no lock.
+        if nodes::same_meta(&ds.node, meta) {
+            return Ok(());
+        }
+        state::transition(&self.layout, &ds.file, Transition::AcceptMeta, |_| {
+            self.nodes
+                .accept_meta_locked(&self.layout, &ds, meta, &self.ranges.writer_id)
+        })
+    }
+
+    /// The tile-source generation of a pending dataset, if it is one.
+    pub fn generation(&self, file_rel: &Path, h5path: &str) -> Option<String> {
+        self.nodes.gen(&self.dataset(file_rel, h5path).ok()?).ok()
+    }
+
+    /// Appends this daemon's unflushed ranges of a dataset (close of a tile or `data`)
+    /// and hands the tiles written since to the background sync.
+    pub fn flush_ranges(&self, file_rel: &Path, h5path: &str) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles.flush_ranges(&self.layout, &self.ranges, &ds)
+    }
+
+    /// Appends every dataset's unflushed ranges (the drain at SIGTERM, before syncfs).
+    pub fn flush_all_ranges(&self) -> Result<()> {
+        self.ranges.flush_all()
+    }
+
+    /// Written ranges of every tile of a pending dataset (all writers).
+    pub fn written(&self, file_rel: &Path, h5path: &str) -> Result<HashMap<String, RangeSet>> {
+        Ok(self.collect(&self.dataset(file_rel, h5path)?)?.ranges)
+    }
+
+    /// Tiles (and byte ranges) not yet written, per pending dataset.
+    pub fn missing(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+    ) -> Result<Vec<MissingTile>> {
+        let written = self.written(file_rel, h5path)?;
+        Ok(ranges::missing_of(&written, meta))
+    }
+
+    /// Makes the written bytes of tiles `idxs` and this daemon's records of them
+    /// durable (fsync of a tile or of `data`).
+    pub fn sync_tiles(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idxs: &[Vec<u64>],
+    ) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles
+            .sync(&self.ranges, &self.sources(&ds)?, meta, idxs)
+    }
+
+    /// The tile's source file, created on first use (race-free across daemons).
+    pub fn tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        create: bool,
+    ) -> Result<Option<Arc<TileTarget>>> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles
+            .tile(&self.ranges, &self.sources(&ds)?, meta, idx, create)
+    }
+
+    /// Writes `data` at `off` of a tile and records the range (in memory: appended to
+    /// this daemon's range log at close, fsync, or within the flush interval).
+    pub fn write_tile(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles
+            .write(&self.ranges, &self.sources(&ds)?, meta, idx, off, data)
+    }
+
+    /// Commits every pending dataset of a file (see `Commit::run`).
+    pub fn commit(&self, file_rel: &Path) -> Result<Value> {
+        Commit {
+            layout: &self.layout,
+            nodes: &self.nodes,
+            ranges: &self.ranges,
+            tiles: &self.tiles,
+            status: &self.status,
+        }
+        .run(&self.file(file_rel)?)
+    }
+
+    /// `.status` of a file: pending datasets, tile completeness, last commit.
+    pub fn status(&self, file_rel: &Path) -> Result<Value> {
+        let file = self.file(file_rel)?;
+        self.status
+            .show(&self.layout, &self.nodes, &self.ranges, &file)
+    }
+
+    /// Records a problem (bad meta.json, failed commit) for `.status`.
+    pub fn record_status(&self, file_rel: &Path, v: Value) {
+        match self.file(file_rel) {
+            Ok(file) => self.status.record(&self.layout, &file, v),
+            Err(e) => {
+                tracing::warn!(file = %file_rel.display(), error = %e, "status not saved")
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::tiles::writeback_ranges;
     use super::*;
-
-    #[test]
-    fn writeback_covers_completed_chunks_once() {
-        let m = 1u64 << 20;
-        // 1 MiB writes into 8 MiB chunks starting at a 4 KiB data offset: a chunk is
-        // handed over by the write that covers its last byte, and only by that one
-        let off = 4096;
-        let end = off + 20 * m;
-        let mut seen = Vec::new();
-        let mut a = off;
-        while a < end {
-            let b = (a + m).min(end);
-            seen.extend(writeback_ranges(a, b, end, 8 * m));
-            a = b;
-        }
-        let tail = end / (8 * m) * (8 * m);
-        assert_eq!(seen, vec![(0, 8 * m), (8 * m, 8 * m), (tail, end - tail)]);
-        // a write that spans several chunks hands over each of them
-        assert_eq!(
-            writeback_ranges(3, 17 * m, 100 * m, 8 * m),
-            vec![(0, 8 * m), (8 * m, 8 * m)]
-        );
-        // off, empty and chunk-aligned ends
-        assert!(writeback_ranges(0, m, 100 * m, 0).is_empty());
-        assert!(writeback_ranges(m, m, m, 8 * m).is_empty());
-        assert_eq!(writeback_ranges(0, 8 * m, 8 * m, 8 * m), vec![(0, 8 * m)]);
-    }
 
     fn meta() -> PendingMeta {
         PendingMeta::parse(br#"{"shape":[5,7],"dtype":"<f8","tile_shape":[2,3],"fill_value":-1,"attrs":{"units":"m"}}"#).unwrap()
@@ -246,7 +418,7 @@ mod tests {
             let stage = p.stage_dir(file).unwrap();
             for k in 1..=4 {
                 let d = stage
-                    .join(format!("trash.{}", p.writer_id))
+                    .join(format!("trash.{}", p.ranges.writer_id))
                     .join(k.to_string());
                 std::fs::create_dir_all(&d).unwrap();
                 std::fs::write(d.join("leftover"), b"x").unwrap();
@@ -273,7 +445,7 @@ mod tests {
             let a = Pending::new(dir.path());
             let b = Pending::new(dir.path());
             a.create_file(file).unwrap();
-            let node = a.node_dir(file, "/u").unwrap();
+            let node = a.dataset(file, "/u").unwrap().node;
             std::thread::scope(|s| {
                 let w = s.spawn(|| a.accept_meta(file, "/u", &m).unwrap());
                 // the other rank: waits for meta.json, then writes at once
@@ -293,8 +465,9 @@ mod tests {
                 w.join().unwrap();
             });
             // the tile landed in the generation commit uses
-            let gen = a.gen(file, "/u").unwrap();
-            let src = a.sources_dir(file, "/u", &gen).unwrap().join("0.0.h5");
+            let gen = a.generation(file, "/u").unwrap();
+            let ds = a.dataset(file, "/u").unwrap();
+            let src = a.layout.sources_dir(&ds, &gen).join("0.0.h5");
             assert!(src.exists(), "round {round}: tile outside generation {gen}");
         }
         eprintln!(

@@ -28,8 +28,17 @@
 //! failed append makes the daemon start a new log file (`log.<writer_id>.<k>`) that
 //! begins with everything it knows, so records after a tear are never lost.
 
-use super::*;
+use super::base::io;
+use crate::error::{Error, Result};
+use crate::extent::BackingFile;
+use crate::staging::RangeSet;
+use dashmap::DashMap;
 use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Name prefix of the per-daemon logs inside a node's `ranges/` directory.

@@ -1,13 +1,49 @@
-//! What the written-range logs say about a dataset, through `Pending`: recording a
-//! tile write, flushing and syncing the logs, merging every daemon's logs, and what
-//! keeps a commit back (the log format and writer are in `rangelog`).
+//! What the written-range logs say about a dataset: recording a tile write, flushing
+//! and syncing this daemon's logs, merging every daemon's logs, and what keeps a
+//! commit back (the log format and writer are in `rangelog`).
 
-use super::rangelog::*;
-pub(super) use super::rangelog::{start_flusher, RangeLogs, Syncer};
-use super::*;
+use super::base::io;
+use super::layout::PendingDataset;
+use super::rangelog::{
+    open_log, read_fresh, start_flusher, DatasetLog, LogState, RangeLogs, Record, SyncJob, Syncer,
+    Written, FLUSH_TILES, LOG_PREFIX,
+};
+use crate::durable::{node_tag, unique};
+use crate::error::{Error, PendingError, Result};
+use crate::geometry::tile_name;
+use crate::staging::{PendingMeta, RangeSet};
 use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
-impl Pending {
+/// A tile name and the byte ranges of it never written.
+pub type MissingTile = (String, Vec<(u64, u64)>);
+
+/// This daemon's written-range bookkeeping: its logs, their periodic flush, and the
+/// background sync of closed tiles.
+pub(super) struct Ranges {
+    /// Distinguishes this daemon's range logs from other daemons'.
+    pub(super) writer_id: String,
+    /// This daemon's written-range logs, flushed at close, fsync and periodically.
+    pub(super) logs: Arc<RangeLogs>,
+    /// Background fdatasync of closed tiles.
+    syncer: Syncer,
+}
+
+impl Ranges {
+    pub(super) fn new() -> Ranges {
+        // unique per core too: tests run several "daemons" in one process
+        let writer_id = format!("w-{}-{}", node_tag(), unique());
+        let logs = Arc::new(RangeLogs::default());
+        start_flusher(&logs, writer_id.clone());
+        Ranges {
+            writer_id,
+            logs,
+            syncer: Syncer::start(),
+        }
+    }
+
     /// This daemon's log of a dataset generation, made (with its file, so the dataset
     /// counts as written: see `FileState::Writing`) on first use.
     fn dataset_log(&self, node: &Path, gen: &str) -> Result<Arc<DatasetLog>> {
@@ -53,7 +89,7 @@ impl Pending {
         Ok(got)
     }
 
-    /// Records a write of `[off, off + len)` of tile `idx` (in memory; see the module).
+    /// Records a write of `[off, off + len)` of tile `idx` (in memory; see `rangelog`).
     pub(super) fn log_range(
         &self,
         node: &Path,
@@ -97,36 +133,24 @@ impl Pending {
     /// Appends this daemon's unflushed ranges of a dataset (close of a tile or `data`):
     /// when it returns they are in the backing file system, where other daemons (and
     /// this one restarted) read them. No fsync: see docs/namespace.md, "Durability".
-    /// The tiles written since are then handed to the background sync.
-    pub fn flush_ranges(&self, file_rel: &Path, h5path: &str) -> Result<()> {
-        let Some(l) = self.logs.get(&self.node_dir(file_rel, h5path)?) else {
-            return Ok(());
+    /// Returns the log and the tiles written since they were last handed to the
+    /// background sync (the caller, which holds the open sources, hands them over).
+    pub(super) fn flush(&self, node: &Path) -> Result<Option<(Arc<DatasetLog>, Vec<String>)>> {
+        let Some(l) = self.logs.get(node) else {
+            return Ok(None);
         };
         l.flush(&self.writer_id)?;
         let tiles: Vec<String> = l.state.lock().to_sync.drain().collect();
-        if tiles.is_empty() {
-            return Ok(());
-        }
-        let dir = self.sources_dir(file_rel, h5path, &l.gen)?;
-        for tile in tiles {
-            let open = self
-                .targets
-                .get(&dir.join(format!("{tile}.h5")))
-                .map(|t| t.file.clone());
-            // not held open: left to the commit
-            if let Some(file) = open {
-                self.syncer.submit(SyncJob {
-                    log: l.clone(),
-                    tile,
-                    file,
-                });
-            }
-        }
-        Ok(())
+        Ok(Some((l, tiles)))
+    }
+
+    /// Hands a closed tile to the background sync.
+    pub(super) fn submit_sync(&self, job: SyncJob) {
+        self.syncer.submit(job);
     }
 
     /// Appends every dataset's unflushed ranges (the drain at SIGTERM, before syncfs).
-    pub fn flush_all_ranges(&self) -> Result<()> {
+    pub(super) fn flush_all(&self) -> Result<()> {
         let all: Vec<Arc<DatasetLog>> = self.logs.logs.iter().map(|e| e.value().clone()).collect();
         for l in all {
             l.flush(&self.writer_id)?;
@@ -141,29 +165,28 @@ impl Pending {
         Some((l, e))
     }
 
-    pub(super) fn mark_synced(log: &DatasetLog, tile: &str, epoch: u64) {
-        log.mark_synced(tile, epoch);
-    }
-
     /// Appends and fsyncs this daemon's ranges of a dataset (fsync of a tile or `data`).
-    pub(super) fn sync_ranges(&self, node: &Path) -> Result<()> {
+    pub(super) fn sync(&self, node: &Path) -> Result<()> {
         match self.logs.get(node) {
             Some(l) => l.sync(&self.writer_id),
             None => Ok(()),
         }
     }
 
+    /// Drops this daemon's log of a node (removed or committed).
+    pub(super) fn forget(&self, node: &Path) {
+        self.logs.forget(node);
+    }
+
     /// Everything recorded about a dataset's tiles by every daemon: this one's from
-    /// memory, the others' from their logs (one read per daemon), plus logs of the
-    /// older one-file-per-tile format.
-    pub(super) fn collect(&self, file_rel: &Path, h5path: &str) -> Result<Written> {
-        let node = self.node_dir(file_rel, h5path)?;
-        let d = node.join(crate::ondisk::RANGES_DIR);
+    /// memory (when its log is of generation `gen`, the dataset's current one), the
+    /// others' from their logs (one read per daemon), plus logs of the older
+    /// one-file-per-tile format.
+    pub(super) fn collect(&self, ds: &PendingDataset, gen: Option<&str>) -> Result<Written> {
+        let h5path = &ds.path;
+        let d = ds.node.join(crate::ondisk::RANGES_DIR);
         let mut out = Written::default();
-        let mine = self
-            .gen(file_rel, h5path)
-            .ok()
-            .and_then(|g| self.logs.get(&node).filter(|l| l.gen == g));
+        let mine = gen.and_then(|g| self.logs.get(&ds.node).filter(|l| l.gen == g));
         let own_prefix = format!("{LOG_PREFIX}{}", self.writer_id);
         if let Some(l) = &mine {
             out.merge(&l.state.lock().mine);
@@ -213,22 +236,6 @@ impl Pending {
         }
         Ok(out)
     }
-
-    /// Written ranges of every tile of a pending dataset (all writers).
-    pub fn written(&self, file_rel: &Path, h5path: &str) -> Result<HashMap<String, RangeSet>> {
-        Ok(self.collect(file_rel, h5path)?.ranges)
-    }
-
-    /// Tiles (and byte ranges) not yet written, per pending dataset.
-    pub fn missing(
-        &self,
-        file_rel: &Path,
-        h5path: &str,
-        meta: &PendingMeta,
-    ) -> Result<Vec<MissingTile>> {
-        let written = self.written(file_rel, h5path)?;
-        Ok(missing_of(&written, meta))
-    }
 }
 
 /// What keeps a commit of `meta` back: the tiles `written` does not cover (with their
@@ -275,6 +282,7 @@ pub(super) fn missing_of(
 
 #[cfg(test)]
 mod tests {
+    use super::super::Pending;
     use super::*;
     use std::time::Duration;
 
@@ -296,7 +304,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = Path::new("c.h5");
         let a = Pending::new(dir.path());
-        a.logs
+        a.ranges
+            .logs
             .no_periodic
             .store(true, std::sync::atomic::Ordering::Relaxed);
         a.create_file(file).unwrap();
@@ -307,10 +316,10 @@ mod tests {
         }
         a.write_tile(file, "/u", &m, &[1, 1], 0, &[1; 6]).unwrap();
         // recorded in memory: this daemon sees them, the log is still empty
-        let node = a.node_dir(file, "/u").unwrap();
+        let node = a.dataset(file, "/u").unwrap().node;
         let log = node
             .join("ranges")
-            .join(format!("{LOG_PREFIX}{}", a.writer_id));
+            .join(format!("{LOG_PREFIX}{}", a.ranges.writer_id));
         assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
         assert!(a.written(file, "/u").unwrap()["0.0"].missing(6).is_empty());
         a.flush_ranges(file, "/u").unwrap();
@@ -357,10 +366,10 @@ mod tests {
         let reader = Pending::new(dir.path());
         assert!(reader.missing(file, "/u", &m).unwrap().is_empty());
         // tear the last record of daemon 2's log: its last tile is missing again
-        let node = ps[0].node_dir(file, "/u").unwrap();
+        let node = ps[0].dataset(file, "/u").unwrap().node;
         let log = node
             .join("ranges")
-            .join(format!("{LOG_PREFIX}{}", ps[2].writer_id));
+            .join(format!("{LOG_PREFIX}{}", ps[2].ranges.writer_id));
         let len = std::fs::metadata(&log).unwrap().len();
         let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
         f.set_len(len - 3).unwrap();
@@ -391,8 +400,8 @@ mod tests {
         let b = Pending::new(dir.path());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            a.logs.flush_all(&a.writer_id);
-            let w = b.collect(file, "/u").unwrap();
+            a.ranges.logs.flush_all(&a.ranges.writer_id);
+            let w = b.collect(&b.dataset(file, "/u").unwrap()).unwrap();
             if w.unsynced.is_empty() {
                 break;
             }
@@ -405,8 +414,8 @@ mod tests {
         }
         // written again, not yet synced: unsynced for the other daemon once appended
         a.write_tile(file, "/u", &m, &[1, 1], 0, &[2; 3]).unwrap();
-        a.logs.flush_all(&a.writer_id);
-        let w = b.collect(file, "/u").unwrap();
+        a.ranges.logs.flush_all(&a.ranges.writer_id);
+        let w = b.collect(&b.dataset(file, "/u").unwrap()).unwrap();
         assert!(w.unsynced.contains("1.1"), "{:?}", w.unsynced);
         assert_eq!(w.unsynced.len(), 1, "{:?}", w.unsynced);
         a.flush_ranges(file, "/u").unwrap();
@@ -428,13 +437,13 @@ mod tests {
         a.flush_ranges(file, "/u").unwrap();
         a.write_tile(file, "/u", &m, &[0, 1], 0, &[1; 6]).unwrap();
         // make the open log unwritable: a read-only descriptor in its place
-        let node = a.node_dir(file, "/u").unwrap();
-        let l = a.logs.get(&node).unwrap();
-        let first = l.log_name(&a.writer_id, 0);
+        let node = a.dataset(file, "/u").unwrap().node;
+        let l = a.ranges.logs.get(&node).unwrap();
+        let first = l.log_name(&a.ranges.writer_id, 0);
         l.state.lock().file = Some(Arc::new(std::fs::File::open(&first).unwrap()));
         assert!(a.flush_ranges(file, "/u").is_err());
         a.flush_ranges(file, "/u").unwrap();
-        let second = l.log_name(&a.writer_id, 1);
+        let second = l.log_name(&a.ranges.writer_id, 1);
         let (recs, _) = Record::decode_all(&std::fs::read(&second).unwrap());
         assert!(recs.contains(&ranges("0.0", &[(0, 6)])), "{recs:?}");
         assert!(recs.contains(&ranges("0.1", &[(0, 6)])), "{recs:?}");

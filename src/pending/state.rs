@@ -14,7 +14,7 @@
 //!
 //! `Committing` and `Removing` are not stored: they are the time a daemon holds the
 //! file's lock (`commit.lock` in its staging area) for that transition. Every
-//! transition that changes shared state runs through [`Pending::transition`], which
+//! transition that changes shared state runs through [`transition`], which
 //! takes the lock, reads the state from the backing directory (another node may have
 //! changed it), checks the transition against [`FileState::next`], and only then runs
 //! the change. A file replaced behind the daemons (a new inode at the same name) is
@@ -25,8 +25,12 @@
 //! takes a second file's lock; in-memory maps (DashMap shards) are never held while a
 //! file lock is taken or across I/O.
 
-use super::*;
-use crate::durable::Stamp;
+use super::base::has_entries;
+use super::layout::{Layout, PendingFile, COMMIT_LOCK, JOURNAL};
+use super::nodes::Nodes;
+use crate::durable::{FileLock, Stamp};
+use crate::error::{Error, PendingError, Result};
+use std::path::Path;
 use std::time::Duration;
 
 /// What the backing directory says about a file.
@@ -128,71 +132,62 @@ impl Transition {
 /// How long a transition waits for a commit or another transition of the same file.
 pub const LOCK_WAIT_S: u64 = 120;
 
-impl Pending {
-    /// The file's state as the backing directory holds it now (no lock: a snapshot).
-    pub fn state(&self, file_rel: &Path) -> Result<FileState> {
-        let (parent, name) = Self::split(file_rel)?;
-        let committed = self.root.join(parent).join(name).is_file();
-        let stage = self.stage_dir(file_rel)?;
-        if !stage.join("nodes").is_dir() {
-            return Ok(if committed {
-                FileState::Committed
-            } else {
-                FileState::Absent
-            });
-        }
-        let writing = self.nodes(file_rel)?.iter().any(|n| {
-            self.node_dir(file_rel, &n.path)
-                .is_ok_and(|d| has_entries(&d.join("ranges")))
-        });
-        Ok(if writing {
-            FileState::Writing { committed }
+/// The file's state as the backing directory holds it now (no lock: a snapshot).
+pub(super) fn state(layout: &Layout, file: &PendingFile) -> FileState {
+    let committed = layout.target(file).is_file();
+    if !Nodes::is_pending(layout, file) {
+        return if committed {
+            FileState::Committed
         } else {
-            FileState::Declared { committed }
-        })
-    }
-
-    /// Runs `change` as transition `t` of the file: under the file's lock, after
-    /// checking `t` against the state read under that lock. `change` gets that state.
-    pub fn transition<T>(
-        &self,
-        file_rel: &Path,
-        t: Transition,
-        change: impl FnOnce(FileState) -> Result<T>,
-    ) -> Result<T> {
-        let what = format!("{:?} of {}", t, file_rel.display());
-        let stage = self.stage_dir(file_rel)?;
-        crate::durable::create_dir_all(&stage)?;
-        let lock_path = stage.join(COMMIT_LOCK);
-        let _lock = match t.wait() {
-            Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
-            None => FileLock::try_lock(&lock_path)?.ok_or_else(|| PendingError::Busy {
-                file: file_rel.display().to_string(),
-            })?,
+            FileState::Absent
         };
-        let (parent, name) = Self::split(file_rel)?;
-        let target = self.root.join(parent).join(name);
-        let journal = stage.join(JOURNAL);
-        let (k, prev) = _lock.begin(&journal)?;
-        let r = (|| {
-            if let Some((want, at)) = prev {
-                wait_for_version(want, at, &target, file_rel)?;
-            }
-            let before = self.state(file_rel)?;
-            let after = before.next(t, &file_rel.display().to_string())?;
-            tracing::debug!(file = %file_rel.display(), ?t, ?before, ?after, seq = k, "transition");
-            change(before)
-        })();
-        // The version this transition left (changed or not), for the next holder on
-        // any node. The lock file and the journal stay when the file goes: a daemon
-        // waiting on the lock holds that very file, and a new one would let two in.
-        _lock.finish(&journal, k, Stamp::of(&target))?;
-        r
+    }
+    let writing = Nodes::list(layout, file)
+        .iter()
+        .any(|n| has_entries(&layout.dataset(file, &n.path).node.join("ranges")));
+    if writing {
+        FileState::Writing { committed }
+    } else {
+        FileState::Declared { committed }
     }
 }
 
-/// The journal of a file's transitions in its staging area (`durable::FileLock::begin`).
-pub const JOURNAL: &str = "journal";
+/// Runs `change` as transition `t` of the file: under the file's lock, after
+/// checking `t` against the state read under that lock. `change` gets that state.
+pub(super) fn transition<T>(
+    layout: &Layout,
+    file: &PendingFile,
+    t: Transition,
+    change: impl FnOnce(FileState) -> Result<T>,
+) -> Result<T> {
+    let what = format!("{:?} of {}", t, file.display());
+    let stage = layout.stage_dir(file);
+    crate::durable::create_dir_all(&stage)?;
+    let lock_path = stage.join(COMMIT_LOCK);
+    let _lock = match t.wait() {
+        Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
+        None => FileLock::try_lock(&lock_path)?.ok_or_else(|| PendingError::Busy {
+            file: file.display().to_string(),
+        })?,
+    };
+    let target = layout.target(file);
+    let journal = stage.join(JOURNAL);
+    let (k, prev) = _lock.begin(&journal)?;
+    let r = (|| {
+        if let Some((want, at)) = prev {
+            wait_for_version(want, at, &target, file.rel())?;
+        }
+        let before = state(layout, file);
+        let after = before.next(t, &file.display().to_string())?;
+        tracing::debug!(file = %file.display(), ?t, ?before, ?after, seq = k, "transition");
+        change(before)
+    })();
+    // The version this transition left (changed or not), for the next holder on
+    // any node. The lock file and the journal stay when the file goes: a daemon
+    // waiting on the lock holds that very file, and a new one would let two in.
+    _lock.finish(&journal, k, Stamp::of(&target))?;
+    r
+}
 
 /// How long a transition waits for this node's view to show the version the last
 /// transition (maybe on another node) left.
@@ -245,12 +240,9 @@ fn wait_for_version(want: Stamp, at: (i64, i64), target: &Path, file_rel: &Path)
     }
 }
 
-fn has_entries(d: &Path) -> bool {
-    std::fs::read_dir(d).is_ok_and(|mut r| r.next().is_some())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::Pending;
     use super::FileState::*;
     use super::Transition::*;
     use super::*;

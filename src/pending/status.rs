@@ -1,15 +1,39 @@
-use super::*;
+//! What `.status` shows of a file: its pending datasets, their tiles' completeness,
+//! and the last commit's result (kept in memory when it could not be saved).
 
-impl Pending {
+use super::layout::{Layout, PendingFile};
+use super::nodes::Nodes;
+use super::ranges::{incomplete, Ranges};
+use crate::durable::write_atomic;
+use crate::error::Result;
+use dashmap::DashMap;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// The last status of each file that could not be saved to `status.json` (backing
+/// file system full or read-only); shown by `.status` until a later one is saved.
+#[derive(Default)]
+pub(super) struct Status {
+    unsaved: DashMap<PathBuf, Value>,
+}
+
+impl Status {
     /// `.status` of a file: pending datasets, tile completeness, last commit.
-    pub fn status(&self, file_rel: &Path) -> Result<Value> {
+    pub(super) fn show(
+        &self,
+        layout: &Layout,
+        nodes: &Nodes,
+        ranges: &Ranges,
+        file: &PendingFile,
+    ) -> Result<Value> {
         let mut ds = serde_json::Map::new();
         let mut groups = Vec::new();
-        for n in self.nodes(file_rel)? {
+        for n in Nodes::list(layout, file) {
             match &n.meta {
                 Some(m) => {
-                    let written = self.written(file_rel, &n.path)?;
-                    let (miss, unwritten) = ranges::incomplete(&written, m);
+                    let d = layout.dataset(file, &n.path);
+                    let written = ranges.collect(&d, nodes.gen(&d).ok().as_deref())?.ranges;
+                    let (miss, unwritten) = incomplete(&written, m);
                     let total = m.grid().num_tiles();
                     let shown: Vec<Value> = miss
                         .iter()
@@ -32,15 +56,15 @@ impl Pending {
                 None => groups.push(n.path.clone()),
             }
         }
-        let last = match self.unsaved_status.get(file_rel) {
+        let last = match self.unsaved.get(file.rel()) {
             Some(v) => v.clone(),
-            None => std::fs::read(self.stage_dir(file_rel)?.join("status.json"))
+            None => std::fs::read(layout.stage_dir(file).join("status.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                 .unwrap_or(Value::Null),
         };
         Ok(json!({
-            "pending": self.is_pending(file_rel),
+            "pending": Nodes::is_pending(layout, file),
             "datasets": ds,
             "groups": groups,
             "last_commit": last,
@@ -48,9 +72,9 @@ impl Pending {
     }
 
     /// Records a problem (bad meta.json, failed commit) for `.status`.
-    pub fn record_status(&self, file_rel: &Path, v: Value) {
-        let saved = self.stage_dir(file_rel).and_then(|d| {
-            crate::durable::create_dir_all(&d)?;
+    pub(super) fn record(&self, layout: &Layout, file: &PendingFile, v: Value) {
+        let d = layout.stage_dir(file);
+        let saved = crate::durable::create_dir_all(&d).and_then(|()| {
             write_atomic(
                 &d.join("status.json"),
                 &serde_json::to_vec(&v).unwrap_or_default(),
@@ -58,16 +82,16 @@ impl Pending {
         });
         match saved {
             Ok(()) => {
-                self.unsaved_status.remove(file_rel);
+                self.unsaved.remove(file.rel());
             }
             Err(e) => {
                 // Kept in memory so that `.status` still says why (e.g. a full disk).
-                tracing::warn!(file = %file_rel.display(), error = %e, "status not saved");
+                tracing::warn!(file = %file.display(), error = %e, "status not saved");
                 let mut v = v;
                 if let Value::Object(m) = &mut v {
                     m.insert("status_not_saved".into(), Value::String(e.to_string()));
                 }
-                self.unsaved_status.insert(file_rel.to_path_buf(), v);
+                self.unsaved.insert(file.rel().to_path_buf(), v);
             }
         }
     }

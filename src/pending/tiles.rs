@@ -1,4 +1,20 @@
-use super::*;
+//! Tile sources: made from a per-shape template without HDF5 calls, adopted from
+//! other daemons only by bytes read with O_DIRECT, written in place, and synced.
+
+use super::base::io;
+use super::layout::{Layout, PendingDataset};
+use super::rangelog::SyncJob;
+use super::ranges::Ranges;
+use crate::durable::{fsync_dir, unique};
+use crate::error::{Error, PendingError, Result};
+use crate::extent::BackingFile;
+use crate::geometry::tile_name;
+use crate::staging::PendingMeta;
+use crate::writer;
+use dashmap::DashMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 /// The bytes of an empty tile source file around its data region: every tile of a
 /// shape is this file, so new tiles are made with two `pwrite`s, no HDF5 call.
@@ -253,21 +269,110 @@ pub(super) fn adopted_offset(
     .into())
 }
 
-impl Pending {
+/// Where a tile's bytes go: its source file and the offset of its data.
+pub struct TileTarget {
+    pub file: Arc<BackingFile>,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// A dataset's tile sources of one generation: where `Tiles` makes and finds them.
+pub(super) struct Sources<'a> {
+    pub(super) ds: &'a PendingDataset,
+    pub(super) gen: String,
+    /// `layout.sources_dir(ds, gen)`.
+    pub(super) dir: PathBuf,
+}
+
+impl<'a> Sources<'a> {
+    pub(super) fn new(layout: &Layout, ds: &'a PendingDataset, gen: String) -> Sources<'a> {
+        Sources {
+            dir: layout.sources_dir(ds, &gen),
+            ds,
+            gen,
+        }
+    }
+}
+
+/// This daemon's open tile sources and templates.
+#[derive(Default)]
+pub(super) struct Tiles {
+    /// Open tile sources, bounded by [`MAX_OPEN_TARGETS`].
+    targets: DashMap<PathBuf, Arc<TileTarget>>,
+    /// One HDF5-made tile source per (dtype, tile shape), copied for every further tile.
+    templates: DashMap<(String, Vec<u64>), Arc<Template>>,
+}
+
+impl Tiles {
+    /// The tile source at `path` if this daemon holds it open.
+    pub(super) fn open(&self, path: &Path) -> Option<Arc<TileTarget>> {
+        self.targets.get(path).map(|t| t.clone())
+    }
+
+    /// Closes the open sources under `dir`, so that their space is freed once they are
+    /// deleted (the descriptors are dropped outside the map's guard).
+    pub(super) fn close_under(&self, dir: &Path) {
+        let keys: Vec<PathBuf> = self
+            .targets
+            .iter()
+            .filter(|e| e.key().starts_with(dir))
+            .map(|e| e.key().clone())
+            .collect();
+        let dropped: Vec<_> = keys.iter().filter_map(|k| self.targets.remove(k)).collect();
+        drop(dropped);
+    }
+
+    /// Closes the open sources in `committed` (a commit maps them now).
+    pub(super) fn close_committed(&self, committed: &std::collections::HashSet<PathBuf>) {
+        self.targets.retain(|p, _| !committed.contains(p));
+    }
+
+    /// Appends this daemon's unflushed ranges of a dataset (close of a tile or
+    /// `data`; see `Ranges::flush`), then hands the tiles written since to the
+    /// background sync.
+    pub(super) fn flush_ranges(
+        &self,
+        layout: &Layout,
+        ranges: &Ranges,
+        ds: &PendingDataset,
+    ) -> Result<()> {
+        let Some((l, tiles)) = ranges.flush(&ds.node)? else {
+            return Ok(());
+        };
+        if tiles.is_empty() {
+            return Ok(());
+        }
+        let dir = layout.sources_dir(ds, &l.gen);
+        for tile in tiles {
+            let open = self
+                .targets
+                .get(&dir.join(format!("{tile}.h5")))
+                .map(|t| t.file.clone());
+            // not held open: left to the commit
+            if let Some(file) = open {
+                ranges.submit_sync(SyncJob {
+                    log: l.clone(),
+                    tile,
+                    file,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the written bytes of tiles `idxs` and this daemon's records of them
     /// durable (fsync of a tile or of `data`): the tile sources first, then the range
     /// log (so a record never outlives the bytes it describes), then the directories
     /// that name them.
-    pub fn sync_tiles(
+    pub(super) fn sync(
         &self,
-        file_rel: &Path,
-        h5path: &str,
+        ranges: &Ranges,
+        src: &Sources,
         meta: &PendingMeta,
         idxs: &[Vec<u64>],
     ) -> Result<()> {
-        let gen = self.gen(file_rel, h5path)?;
-        let dir = self.sources_dir(file_rel, h5path, &gen)?;
-        let node = self.node_dir(file_rel, h5path)?;
+        let dir = &src.dir;
+        let node = &src.ds.node;
         for idx in idxs {
             if meta.grid().tile_slab(idx).is_none() {
                 continue;
@@ -277,10 +382,10 @@ impl Pending {
             let open = self.targets.get(&p).map(|t| t.clone());
             let r = match open {
                 Some(t) => {
-                    let before = self.tile_epoch(&node, &name);
+                    let before = ranges.tile_epoch(node, &name);
                     let r = t.file.file.sync_data();
                     if let (Ok(()), Some((log, e))) = (&r, before) {
-                        Self::mark_synced(&log, &name, e);
+                        log.mark_synced(&name, e);
                     }
                     r
                 }
@@ -293,8 +398,8 @@ impl Pending {
             };
             r.map_err(io(format!("fsync {}", p.display())))?;
         }
-        self.sync_ranges(&node)?;
-        for d in [&dir, &node.join("ranges"), &node] {
+        ranges.sync(node)?;
+        for d in [dir, &node.join("ranges"), node] {
             if d.is_dir() {
                 fsync_dir(d)?;
             }
@@ -302,33 +407,21 @@ impl Pending {
         Ok(())
     }
 
-    /// The tile's source file, created on first use (race-free across daemons).
-    pub fn tile(
-        &self,
-        file_rel: &Path,
-        h5path: &str,
-        meta: &PendingMeta,
-        idx: &[u64],
-        create: bool,
-    ) -> Result<Option<Arc<TileTarget>>> {
-        let gen = self.gen(file_rel, h5path)?;
-        self.tile_in(file_rel, h5path, &gen, meta, idx, create)
-    }
-
-    /// [`Pending::tile`] in generation `gen`. A new source is made in place: one
+    /// The tile's source file in `src`, created on first use when `create` is set
+    /// (race-free across daemons). A new source is made in place: one
     /// `open(O_CREAT|O_EXCL)` (the directory made only when that fails with ENOENT),
     /// then the template's bytes (`init_source`); the creator records its data offset
     /// in its range log. The daemon that loses the O_EXCL race reads the header.
-    fn tile_in(
+    pub(super) fn tile(
         &self,
-        file_rel: &Path,
-        h5path: &str,
-        gen: &str,
+        ranges: &Ranges,
+        src: &Sources,
         meta: &PendingMeta,
         idx: &[u64],
         create: bool,
     ) -> Result<Option<Arc<TileTarget>>> {
-        let dir = self.sources_dir(file_rel, h5path, gen)?;
+        let h5path = src.ds.path.as_str();
+        let dir = &src.dir;
         let name = tile_name(idx);
         let path = dir.join(format!("{name}.h5"));
         let cached = self.targets.get(&path).map(|t| t.clone());
@@ -355,7 +448,7 @@ impl Pending {
             })?;
         let count = slab.counts();
         let size = slab.num_elements() * meta.itemsize;
-        let tpl = self.template(&dir, &meta.dtype, &count, size)?;
+        let tpl = self.template(dir, &meta.dtype, &count, size, &ranges.writer_id)?;
         let open_rw = || {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -372,7 +465,7 @@ impl Pending {
             };
             let made = match open_new() {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    crate::durable::create_dir_all(&dir)?;
+                    crate::durable::create_dir_all(dir)?;
                     open_new()
                 }
                 r => r,
@@ -403,8 +496,7 @@ impl Pending {
                         return Err(e);
                     }
                     let off = data_offset(&tpl);
-                    let node = self.node_dir(file_rel, h5path)?;
-                    self.log_source(&node, gen, &name, off, tpl.len)?;
+                    ranges.log_source(&src.ds.node, &src.gen, &name, off, tpl.len)?;
                     (f, off)
                 }
                 // Another writer (or daemon) made it first.
@@ -441,20 +533,22 @@ impl Pending {
         Ok(Some(t))
     }
 
-    /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`.
-    pub(super) fn template(
+    /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`
+    /// (under a name unique to `writer_id`).
+    fn template(
         &self,
         dir: &Path,
         dtype: &str,
         count: &[u64],
         nbytes: u64,
+        writer_id: &str,
     ) -> Result<Arc<Template>> {
         let key = (dtype.to_string(), count.to_vec());
         if let Some(t) = self.templates.get(&key).map(|t| t.clone()) {
             return Ok(t);
         }
         crate::durable::create_dir_all(dir)?;
-        let tpl = dir.join(format!(".template.{}.{}.tmp", self.writer_id, unique()));
+        let tpl = dir.join(format!(".template.{writer_id}.{}.tmp", unique()));
         let made = (|| -> Result<Template> {
             let offset = writer::create_tile_source(&tpl, dtype, count)?;
             let f = std::fs::File::open(&tpl).map_err(io("opening template"))?;
@@ -499,18 +593,18 @@ impl Pending {
 
     /// Writes `data` at `off` of a tile and records the range (in memory: appended to
     /// this daemon's range log at close, fsync, or within the flush interval).
-    pub fn write_tile(
+    pub(super) fn write(
         &self,
-        file_rel: &Path,
-        h5path: &str,
+        ranges: &Ranges,
+        src: &Sources,
         meta: &PendingMeta,
         idx: &[u64],
         off: u64,
         data: &[u8],
     ) -> Result<()> {
-        let gen = self.gen(file_rel, h5path)?;
+        let h5path = &src.ds.path;
         let t = self
-            .tile_in(file_rel, h5path, &gen, meta, idx, true)?
+            .tile(ranges, src, meta, idx, true)?
             .ok_or_else(|| PendingError::Corrupt {
                 what: format!("{h5path} tile {}: source missing", tile_name(idx)),
             })?;
@@ -539,7 +633,38 @@ impl Pending {
             t.offset + end,
             t.offset + t.size,
         );
-        let node = self.node_dir(file_rel, h5path)?;
-        self.log_range(&node, &gen, idx, off, data.len() as u64)
+        ranges.log_range(&src.ds.node, &src.gen, idx, off, data.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writeback_covers_completed_chunks_once() {
+        let m = 1u64 << 20;
+        // 1 MiB writes into 8 MiB chunks starting at a 4 KiB data offset: a chunk is
+        // handed over by the write that covers its last byte, and only by that one
+        let off = 4096;
+        let end = off + 20 * m;
+        let mut seen = Vec::new();
+        let mut a = off;
+        while a < end {
+            let b = (a + m).min(end);
+            seen.extend(writeback_ranges(a, b, end, 8 * m));
+            a = b;
+        }
+        let tail = end / (8 * m) * (8 * m);
+        assert_eq!(seen, vec![(0, 8 * m), (8 * m, 8 * m), (tail, end - tail)]);
+        // a write that spans several chunks hands over each of them
+        assert_eq!(
+            writeback_ranges(3, 17 * m, 100 * m, 8 * m),
+            vec![(0, 8 * m), (8 * m, 8 * m)]
+        );
+        // off, empty and chunk-aligned ends
+        assert!(writeback_ranges(0, m, 100 * m, 0).is_empty());
+        assert!(writeback_ranges(m, m, m, 8 * m).is_empty());
+        assert_eq!(writeback_ranges(0, 8 * m, 8 * m, 8 * m), vec![(0, 8 * m)]);
     }
 }

@@ -2,8 +2,8 @@
 //! each tile with a source file is a contiguous block of it, other tiles read as the
 //! fill value. Built here, from pending state, so that the model knows nothing of it.
 
+use super::tiles::TileTarget;
 use crate::model::{DatasetModel, Storage, VBlock};
-use crate::pending::TileTarget;
 use crate::staging::{PendingMeta, RangeSet};
 use std::sync::Arc;
 
