@@ -2,7 +2,7 @@
 //! counts; inodes of replaced versions are detached and kept until forgotten.
 
 use super::attr::Attr;
-use super::node::Node;
+use super::node::{Node, NodeKind};
 use crate::error::{NamespaceError, Result};
 use crate::h5file::Ident;
 use crate::sync::{Counter, Family, Real, ShardMap};
@@ -121,7 +121,8 @@ impl<S: Family> InodeTable<S> {
         if let (
             true,
             Some(a),
-            Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } | Node::ZarrChunk { .. },
+            Node::In(_, NodeKind::Data | NodeKind::Tile { .. })
+            | Node::In(_, NodeKind::Slice { .. } | NodeKind::ZarrChunk { .. }),
         ) = (fresh, shown, node)
         {
             self.shown.insert(ino, Attr { ino, ..a.clone() });
@@ -299,11 +300,11 @@ mod tests {
     }
 
     fn tile(i: u64) -> Node {
-        Node::Tile {
-            file: PathBuf::from("f.h5"),
-            path: "/ds".into(),
-            idx: vec![i],
-        }
+        Node::at(
+            PathBuf::from("f.h5"),
+            "/ds",
+            NodeKind::Tile { idx: vec![i] },
+        )
     }
 
     /// Every inode number maps to one node; every node's entry names an inode that maps

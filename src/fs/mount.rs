@@ -5,7 +5,7 @@
 
 use super::attr::{FsOptions, Invalidator};
 use super::inodes::{InodeTable, Stale};
-use super::node::{Node, Resolved};
+use super::node::{Node, NodeKind, Resolved};
 use crate::decode::CellCache;
 use crate::engine::Engine;
 use crate::error::{Error, NamespaceError, Result};
@@ -151,13 +151,13 @@ impl Mount {
     /// The selection a data-bearing node reads.
     pub fn selection(&self, node: &Node, model: &DatasetModel) -> Result<Hyperslab> {
         match node {
-            Node::Data { .. } => Ok(Hyperslab::full(&model.shape)),
-            Node::Tile { idx, .. } => model
+            Node::In(_, NodeKind::Data) => Ok(Hyperslab::full(&model.shape)),
+            Node::In(_, NodeKind::Tile { idx }) => model
                 .grid()
                 .tile_slab(idx)
                 .ok_or_else(|| Error::not_found(format!("no tile {}", tile_name(idx)))),
-            Node::Slice { sel, .. } => parse_slice(sel, &model.shape),
-            Node::ZarrChunk { idx, .. } => model
+            Node::In(_, NodeKind::Slice { sel }) => parse_slice(sel, &model.shape),
+            Node::In(_, NodeKind::ZarrChunk { idx }) => model
                 .grid()
                 .tile_slab(idx)
                 .or_else(|| idx.is_empty().then(|| Hyperslab::full(&model.shape)))

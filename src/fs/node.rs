@@ -9,74 +9,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Every object the mount shows, by the name the kernel sees: stable across lookups and
-/// forgets. A name inside an HDF5 file is one node whether it is pending or committed
-/// now: `Mount::resolve` decides that once per operation. The kernel still gets a new inode
-/// when a data name changes side, as committed nodes are bound to a file version and
-/// pending ones to none (see `InodeTable::lookup`).
+/// forgets. A name inside an HDF5 file is a key, the object (`ObjRef`: file and HDF5
+/// path), plus what of it the name shows (`NodeKind`); it is one node whether the
+/// object is pending or committed now: `Mount::resolve` decides that once per
+/// operation. The kernel still gets a new inode when a data name changes side, as
+/// committed nodes are bound to a file version and pending ones to none (see
+/// `InodeTable::lookup`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Node {
     /// A backing directory; the empty path is the mount root.
     Dir(PathBuf),
     Control,
-    /// A group or a dataset, pending or committed; `path == "/"` is the HDF5 file's own
-    /// directory.
-    Object {
-        file: PathBuf,
-        path: String,
-    },
-    Meta {
-        file: PathBuf,
-        path: String,
-    },
-    Data {
-        file: PathBuf,
-        path: String,
-    },
-    Tiles {
-        file: PathBuf,
-        path: String,
-    },
-    Tile {
-        file: PathBuf,
-        path: String,
-        idx: Vec<u64>,
-    },
-    Slices {
-        file: PathBuf,
-        path: String,
-    },
-    Slice {
-        file: PathBuf,
-        path: String,
-        sel: String,
-    },
-    /// `zarr.json` in a group's or dataset's directory (src/zarr.rs).
-    Zarr {
-        file: PathBuf,
-        path: String,
-    },
-    /// `c/` of a dataset's Zarr view and its levels `c/I/...`: `prefix` holds the chunk
-    /// indices of the levels above.
-    ZarrDir {
-        file: PathBuf,
-        path: String,
-        prefix: Vec<u64>,
-    },
-    /// One Zarr chunk file (`c/I/J`; `c` itself for a scalar dataset).
-    ZarrChunk {
-        file: PathBuf,
-        path: String,
-        idx: Vec<u64>,
-    },
-    /// A Zarr writer's temporary file in a pending dataset (`zarr.<x>.partial`, or a
-    /// chunk's `J.<x>.partial` under `c/prefix`; prefix None: the dataset's own
-    /// directory), renamed onto its final name when written (src/fs/zarr_write.rs).
-    ZarrTemp {
-        file: PathBuf,
-        path: String,
-        prefix: Option<Vec<u64>>,
-        name: String,
-    },
     /// `.commit` and `.status` in an HDF5 file's directory.
     Commit {
         file: PathBuf,
@@ -84,22 +27,69 @@ pub enum Node {
     Status {
         file: PathBuf,
     },
+    /// A name inside an HDF5 file's directory tree.
+    In(ObjRef, NodeKind),
+}
+
+/// An object of an HDF5 file (a group or a dataset, pending or committed): the file
+/// (relative to the backing directory) and the object's HDF5 path (`"/"`: the file's
+/// own directory).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjRef {
+    pub file: PathBuf,
+    pub path: String,
+}
+
+/// What a name inside an HDF5 file shows of its object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    /// The object's directory.
+    Object,
+    Meta,
+    Data,
+    Tiles,
+    Tile {
+        idx: Vec<u64>,
+    },
+    Slices,
+    Slice {
+        sel: String,
+    },
+    /// `zarr.json` in a group's or dataset's directory (src/zarr.rs).
+    Zarr,
+    /// `c/` of a dataset's Zarr view and its levels `c/I/...`: `prefix` holds the chunk
+    /// indices of the levels above.
+    ZarrDir {
+        prefix: Vec<u64>,
+    },
+    /// One Zarr chunk file (`c/I/J`; `c` itself for a scalar dataset).
+    ZarrChunk {
+        idx: Vec<u64>,
+    },
+    /// A Zarr writer's temporary file in a pending dataset (`zarr.<x>.partial`, or a
+    /// chunk's `J.<x>.partial` under `c/prefix`; prefix None: the dataset's own
+    /// directory), renamed onto its final name when written (src/fs/zarr_write.rs).
+    ZarrTemp {
+        prefix: Option<Vec<u64>>,
+        name: String,
+    },
 }
 
 impl Node {
+    /// The node showing `kind` of object `path` of `file`.
+    pub fn at(file: impl Into<PathBuf>, path: impl Into<String>, kind: NodeKind) -> Node {
+        Node::In(
+            ObjRef {
+                file: file.into(),
+                path: path.into(),
+            },
+            kind,
+        )
+    }
+
     pub fn file_and_path(&self) -> Option<(&Path, &str)> {
         match self {
-            Node::Object { file, path }
-            | Node::Meta { file, path }
-            | Node::Data { file, path }
-            | Node::Tiles { file, path }
-            | Node::Tile { file, path, .. }
-            | Node::Slices { file, path }
-            | Node::Slice { file, path, .. }
-            | Node::Zarr { file, path }
-            | Node::ZarrDir { file, path, .. }
-            | Node::ZarrChunk { file, path, .. }
-            | Node::ZarrTemp { file, path, .. } => Some((file, path)),
+            Node::In(ObjRef { file, path }, _) => Some((file, path)),
             Node::Commit { file } | Node::Status { file } => Some((file, "/")),
             Node::Dir(_) | Node::Control => None,
         }
@@ -108,23 +98,25 @@ impl Node {
     /// The name of the node in its parent directory (for `inval_entry`).
     pub fn name(&self) -> Option<String> {
         match self {
-            Node::Meta { .. } => Some(DatasetEntry::Meta.name().into()),
-            Node::Data { .. } => Some(DatasetEntry::Data.name().into()),
-            Node::Tiles { .. } => Some(DatasetEntry::Tiles.name().into()),
-            Node::Slices { .. } => Some(DatasetEntry::Slices.name().into()),
-            Node::Tile { idx, .. } => Some(tile_name(idx)),
-            Node::Slice { sel, .. } => Some(sel.clone()),
-            Node::Zarr { .. } => Some(DatasetEntry::ZarrJson.name().into()),
-            Node::ZarrDir { prefix: i, .. } | Node::ZarrChunk { idx: i, .. } => Some(
+            Node::In(_, NodeKind::Meta) => Some(DatasetEntry::Meta.name().into()),
+            Node::In(_, NodeKind::Data) => Some(DatasetEntry::Data.name().into()),
+            Node::In(_, NodeKind::Tiles) => Some(DatasetEntry::Tiles.name().into()),
+            Node::In(_, NodeKind::Slices) => Some(DatasetEntry::Slices.name().into()),
+            Node::In(_, NodeKind::Tile { idx }) => Some(tile_name(idx)),
+            Node::In(_, NodeKind::Slice { sel }) => Some(sel.clone()),
+            Node::In(_, NodeKind::Zarr) => Some(DatasetEntry::ZarrJson.name().into()),
+            Node::In(_, NodeKind::ZarrDir { prefix: i } | NodeKind::ZarrChunk { idx: i }) => Some(
                 i.last()
                     .map_or(DatasetEntry::ZarrChunks.name().into(), |l| l.to_string()),
             ),
-            Node::ZarrTemp { name, .. } => Some(name.clone()),
+            Node::In(_, NodeKind::ZarrTemp { name, .. }) => Some(name.clone()),
             Node::Commit { .. } => Some(COMMIT_NAME.into()),
             Node::Status { .. } => Some(STATUS_NAME.into()),
             Node::Control => Some(CONTROL_NAME.into()),
-            Node::Object { path, .. } if path == "/" => None,
-            Node::Object { path, .. } => path.rsplit('/').next().map(str::to_string),
+            Node::In(ObjRef { path, .. }, NodeKind::Object) if path == "/" => None,
+            Node::In(ObjRef { path, .. }, NodeKind::Object) => {
+                path.rsplit('/').next().map(str::to_string)
+            }
             Node::Dir(rel) => rel.file_name().and_then(|n| n.to_str()).map(str::to_string),
         }
     }
@@ -158,21 +150,17 @@ pub enum Resolved {
 pub fn dataset_child(e: DatasetEntry, file: &Path, path: &str, scalar: bool) -> (Node, bool) {
     let (file, path) = (file.to_path_buf(), path.to_string());
     let node = match e {
-        DatasetEntry::Meta => Node::Meta { file, path },
-        DatasetEntry::Data => Node::Data { file, path },
-        DatasetEntry::Tiles => Node::Tiles { file, path },
-        DatasetEntry::Slices => Node::Slices { file, path },
-        DatasetEntry::ZarrJson => Node::Zarr { file, path },
-        DatasetEntry::ZarrChunks if scalar => Node::ZarrChunk {
-            file,
-            path,
-            idx: vec![],
-        },
-        DatasetEntry::ZarrChunks => Node::ZarrDir {
-            file,
-            path,
-            prefix: vec![],
-        },
+        DatasetEntry::Meta => Node::In(ObjRef { file, path }, NodeKind::Meta),
+        DatasetEntry::Data => Node::In(ObjRef { file, path }, NodeKind::Data),
+        DatasetEntry::Tiles => Node::In(ObjRef { file, path }, NodeKind::Tiles),
+        DatasetEntry::Slices => Node::In(ObjRef { file, path }, NodeKind::Slices),
+        DatasetEntry::ZarrJson => Node::In(ObjRef { file, path }, NodeKind::Zarr),
+        DatasetEntry::ZarrChunks if scalar => {
+            Node::In(ObjRef { file, path }, NodeKind::ZarrChunk { idx: vec![] })
+        }
+        DatasetEntry::ZarrChunks => {
+            Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix: vec![] })
+        }
     };
     let dir = e.rule().dir && !(scalar && e == DatasetEntry::ZarrChunks);
     (node, dir)

@@ -4,7 +4,7 @@
 
 use super::access::Caller;
 use super::mount::{meta_bytes, Mount};
-use super::node::{Node, Resolved};
+use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::pending_io::{
     pending_chunk, pending_read, pending_view, write_chunk, write_data, PendingView,
 };
@@ -125,7 +125,7 @@ pub fn open_node(
     let (handle, served) = match (node, r) {
         (Node::Status { file }, _) => (OpenFile::Bytes(Arc::new(cx.status_json(file))), None),
         (Node::Commit { file }, _) => (OpenFile::Commit { file: file.clone() }, None),
-        (Node::Meta { file, path }, Resolved::Pending { .. }) if write => (
+        (Node::In(ObjRef { file, path }, NodeKind::Meta), Resolved::Pending { .. }) if write => (
             OpenFile::MetaWrite {
                 file: file.clone(),
                 path: path.clone(),
@@ -135,11 +135,11 @@ pub fn open_node(
             },
             None,
         ),
-        (Node::Meta { .. }, Resolved::Pending { meta }) => {
+        (Node::In(_, NodeKind::Meta), Resolved::Pending { meta }) => {
             let pm = meta.ok_or_else(not_pending)?;
             (OpenFile::Bytes(Arc::new(meta_bytes(&pm))), None)
         }
-        (Node::Data { file, path }, Resolved::Pending { meta: Some(pm) }) => {
+        (Node::In(ObjRef { file, path }, NodeKind::Data), Resolved::Pending { meta: Some(pm) }) => {
             let view = pending_view(&cx.pending, file, path, &pm, None, write)?;
             let h = OpenFile::PendingIo {
                 file: file.clone(),
@@ -151,7 +151,10 @@ pub fn open_node(
             (h, None)
         }
         // A tile reads and writes its own source; no need to map them all.
-        (Node::Tile { file, path, idx }, Resolved::Pending { meta: Some(pm) }) => {
+        (
+            Node::In(ObjRef { file, path }, NodeKind::Tile { idx }),
+            Resolved::Pending { meta: Some(pm) },
+        ) => {
             let view = pending_view(&cx.pending, file, path, &pm, Some(idx), write)?;
             let h = OpenFile::PendingIo {
                 file: file.clone(),
@@ -163,10 +166,10 @@ pub fn open_node(
             (h, None)
         }
         (
-            Node::Zarr { .. } | Node::ZarrChunk { .. } | Node::ZarrTemp { .. },
+            Node::In(_, NodeKind::Zarr | NodeKind::ZarrChunk { .. } | NodeKind::ZarrTemp { .. }),
             Resolved::Pending { meta },
         ) => (open_pending_zarr(cx, node, meta, write)?, None),
-        (Node::Data { .. } | Node::Tile { .. }, Resolved::Pending { .. }) => {
+        (Node::In(_, NodeKind::Data | NodeKind::Tile { .. }), Resolved::Pending { .. }) => {
             return Err(not_pending())
         }
         _ if write => {
@@ -175,20 +178,23 @@ pub fn open_node(
             )
             .into())
         }
-        (Node::Meta { path, .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(ObjRef { path, .. }, NodeKind::Meta), Resolved::Dataset { file: f }) => {
             let md = cx.model(&f, path)?;
             (OpenFile::Bytes(md.meta_json()), None)
         }
-        (Node::Zarr { path, .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Dataset { file: f }) => {
             let z = cx.zarr_model(&f, path)?.zarr_json().unwrap_or_default();
             (OpenFile::Bytes(z), None)
         }
-        (Node::Zarr { path, .. }, Resolved::Group { file: Some(f) }) => {
+        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
             (OpenFile::Bytes(f.group_zarr(path)?), None)
         }
         // An edge chunk is padded to the full chunk shape: its bytes are made here
         // (at most one tile's); an inner chunk is its tile, read as it is asked for.
-        (Node::ZarrChunk { path, idx, .. }, Resolved::Dataset { file: f }) => {
+        (
+            Node::In(ObjRef { path, .. }, NodeKind::ZarrChunk { idx }),
+            Resolved::Dataset { file: f },
+        ) => {
             let md = cx.zarr_model(&f, path)?;
             let sel = cx.selection(node, &md)?;
             caller.may_read_sources(&md, &f.abs, &cx.ns.root)?;
@@ -210,7 +216,10 @@ pub fn open_node(
             }
         }
         (
-            Node::Data { path, .. } | Node::Tile { path, .. } | Node::Slice { path, .. },
+            Node::In(
+                ObjRef { path, .. },
+                NodeKind::Data | NodeKind::Tile { .. } | NodeKind::Slice { .. },
+            ),
             Resolved::Dataset { file: f },
         ) => {
             let md = cx.supported_model(&f, path)?;
@@ -227,7 +236,7 @@ pub fn open_node(
                 Some(v),
             )
         }
-        (Node::Meta { .. } | Node::Slice { .. }, _) => {
+        (Node::In(_, NodeKind::Meta | NodeKind::Slice { .. }), _) => {
             return Err(Error::not_found(format!("{path} is not a dataset")))
         }
         _ => return Err(NamespaceError::IsADirectory(path.to_string()).into()),
@@ -483,8 +492,8 @@ pub fn open_pending_zarr(
     let shown = path.clone();
     let declared = || Error::not_found(format!("{shown} is not declared yet"));
     let target = match node {
-        Node::Zarr { .. } => Temp::Meta,
-        Node::ZarrChunk { idx, .. } => Temp::Chunk(idx.clone()),
+        Node::In(_, NodeKind::Zarr) => Temp::Meta,
+        Node::In(_, NodeKind::ZarrChunk { idx }) => Temp::Chunk(idx.clone()),
         _ => temp_of(node, meta.as_deref()).ok_or_else(declared)?,
     };
     Ok(match (target, write) {

@@ -7,7 +7,7 @@ use super::attr::{file_attr, Attr, DirEntry, FsOptions, Invalidator, Kind};
 use super::buffers::GpuBuffers;
 use super::listing::Listings;
 use super::mount::Mount;
-use super::node::{Node, Resolved};
+use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::open::{open_node, OpenFile, OpenFiles};
 use super::pending_io::{extent_model, refresh_pending};
 use super::views::{self, link_target};
@@ -245,22 +245,26 @@ impl Fs {
             return;
         };
         let (in_dataset, parent) = match pnode {
-            Node::Tiles { .. } | Node::Slices { .. } | Node::ZarrDir { .. } => (true, "dataset"),
-            Node::Object { path, .. } if path != "/" => match self.mount.resolve(pnode) {
-                Ok(Resolved::Dataset { .. } | Resolved::Pending { meta: Some(_) }) => {
-                    (true, "dataset")
+            Node::In(_, NodeKind::Tiles | NodeKind::Slices | NodeKind::ZarrDir { .. }) => {
+                (true, "dataset")
+            }
+            Node::In(ObjRef { path, .. }, NodeKind::Object) if path != "/" => {
+                match self.mount.resolve(pnode) {
+                    Ok(Resolved::Dataset { .. } | Resolved::Pending { meta: Some(_) }) => {
+                        (true, "dataset")
+                    }
+                    Ok(_) => (false, ""),
+                    // The directory itself is gone now: a dataset or a group.
+                    Err(_) => (true, "gone"),
                 }
-                Ok(_) => (false, ""),
-                // The directory itself is gone now: a dataset or a group.
-                Err(_) => (true, "gone"),
-            },
+            }
             _ => (false, ""),
         };
         if !in_dataset {
             return;
         }
         let shown = match pnode {
-            Node::Object { .. } => name.to_string(),
+            Node::In(_, NodeKind::Object) => name.to_string(),
             _ => format!("{}/{name}", pnode.name().unwrap_or_default()),
         };
         tracing::info!(
@@ -333,7 +337,8 @@ impl Fs {
         // that replaces it keeps that answer, for writes.
         if let (
             Ok(a),
-            Node::Data { .. } | Node::Tile { .. } | Node::Slice { .. } | Node::ZarrChunk { .. },
+            Node::In(_, NodeKind::Data | NodeKind::Tile { .. })
+            | Node::In(_, NodeKind::Slice { .. } | NodeKind::ZarrChunk { .. }),
         ) = (&r, &node)
         {
             let current = match self.mount.inodes.version(ino, &node) {
@@ -353,7 +358,7 @@ impl Fs {
     pub fn readlink(&self, ino: u64) -> Result<String> {
         let node = self.mount.inodes.node(ino)?;
         match (&node, self.mount.resolve(&node)?) {
-            (Node::Object { path, .. }, Resolved::Link { target, .. }) => {
+            (Node::In(ObjRef { path, .. }, NodeKind::Object), Resolved::Link { target, .. }) => {
                 Ok(link_target(path, &target))
             }
             _ => Err(NamespaceError::NotASymlink(format!("inode {ino}")).into()),

@@ -19,7 +19,7 @@ pub use group::link_target;
 use crate::error::{Error, NamespaceError, Result};
 use crate::fs::attr::{Attr, DirEntry};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node, Resolved};
+use crate::fs::node::{Listed, Node, NodeKind, ObjRef, Resolved};
 use crate::fs::zarr_view;
 use crate::names::is_component;
 
@@ -41,7 +41,7 @@ pub fn attr_of(cx: &Mount, ino: u64, node: &Node) -> Result<Attr> {
 /// again (`make_ancestors`). A committed dataset's inode (bound to a version, or
 /// detached with it) stays ENOENT.
 fn attr_of_gone(cx: &Mount, ino: u64, node: &Node) -> Option<Attr> {
-    let Node::Object { file, path } = node else {
+    let Node::In(ObjRef { file, path }, NodeKind::Object) = node else {
         return None;
     };
     if path == "/" || !cx.held_unbound(ino, node) {
@@ -64,27 +64,35 @@ pub fn attr_in(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> 
         Node::Control => return Err(Error::io("the control file is the vfs's")),
         Node::Commit { file } => file_root::commit_attr(cx, ino, file)?,
         Node::Status { file } => file_root::status_attr(cx, ino, file)?,
-        Node::Object { file, path } => match r {
+        Node::In(ObjRef { file, path }, NodeKind::Object) => match r {
             Resolved::Dataset { file: f } => dataset::committed(dataset::dir_attr(ino, f), f),
             _ => group::attr(cx, ino, file, path, r)?,
         },
-        Node::Meta { file, path } => dataset::meta_attr(cx, ino, file, path, r)?,
-        Node::Data { file, path } => dataset::data_attr(cx, ino, node, file, path, r)?,
-        Node::Tiles { file, path } => tiles::attr(cx, ino, file, path, r)?,
-        Node::Tile { file, path, idx } => tiles::tile_attr(cx, ino, node, file, path, idx, r)?,
-        Node::Slices { path, .. } => slices::attr(cx, ino, path, r)?,
-        Node::Slice { path, .. } => slices::slice_attr(cx, ino, node, path, r)?,
-        Node::Zarr { .. }
-        | Node::ZarrDir { .. }
-        | Node::ZarrChunk { .. }
-        | Node::ZarrTemp { .. } => zarr::attr(cx, ino, node, r)?,
+        Node::In(ObjRef { file, path }, NodeKind::Meta) => {
+            dataset::meta_attr(cx, ino, file, path, r)?
+        }
+        Node::In(ObjRef { file, path }, NodeKind::Data) => {
+            dataset::data_attr(cx, ino, node, file, path, r)?
+        }
+        Node::In(ObjRef { file, path }, NodeKind::Tiles) => tiles::attr(cx, ino, file, path, r)?,
+        Node::In(ObjRef { file, path }, NodeKind::Tile { idx }) => {
+            tiles::tile_attr(cx, ino, node, file, path, idx, r)?
+        }
+        Node::In(ObjRef { path, .. }, NodeKind::Slices) => slices::attr(cx, ino, path, r)?,
+        Node::In(ObjRef { path, .. }, NodeKind::Slice { .. }) => {
+            slices::slice_attr(cx, ino, node, path, r)?
+        }
+        Node::In(_, NodeKind::Zarr | NodeKind::ZarrDir { .. })
+        | Node::In(_, NodeKind::ZarrChunk { .. } | NodeKind::ZarrTemp { .. }) => {
+            zarr::attr(cx, ino, node, r)?
+        }
     };
     a.volatile |= match (node, r) {
         (Node::Commit { .. } | Node::Status { .. } | Node::Control, _) => true,
         (_, Resolved::Pending { .. }) => true,
         // a group only pending nodes below it hold up (see `resolve`)
-        (Node::Object { .. }, Resolved::Group { file: None }) => true,
-        (Node::Object { file, path }, Resolved::Group { .. }) => {
+        (Node::In(_, NodeKind::Object), Resolved::Group { file: None }) => true,
+        (Node::In(ObjRef { file, path }, NodeKind::Object), Resolved::Group { .. }) => {
             path == "/" && cx.pending.is_pending(file)
         }
         _ => false,
@@ -105,30 +113,32 @@ pub fn child_of(cx: &Mount, parent: &Node, name: &str) -> Result<(Node, Option<R
     }
     let (file, path) = match parent {
         Node::Dir(rel) => return Ok((backing::lookup(cx, rel, name)?, None)),
-        Node::Object { file, path } if path == "/" => match file_root::lookup(file, name) {
-            Some(n) => return Ok((n, None)),
-            None => (file, path),
-        },
-        Node::Object { file, path }
-        | Node::Tiles { file, path }
-        | Node::Slices { file, path }
-        | Node::ZarrDir { file, path, .. } => (file, path),
+        Node::In(ObjRef { file, path }, NodeKind::Object) if path == "/" => {
+            match file_root::lookup(file, name) {
+                Some(n) => return Ok((n, None)),
+                None => (file, path),
+            }
+        }
+        Node::In(ObjRef { file, path }, NodeKind::Object | NodeKind::Tiles)
+        | Node::In(ObjRef { file, path }, NodeKind::Slices | NodeKind::ZarrDir { .. }) => {
+            (file, path)
+        }
         _ => return Err(NamespaceError::NotADirectory(format!("{parent:?}")).into()),
     };
     let r = cx.resolve(parent)?;
     let node = match (parent, &r) {
-        (Node::Object { .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::Object), Resolved::Dataset { file: f }) => {
             dataset::lookup(cx, file, path, f, name)?
         }
-        (Node::ZarrDir { prefix, .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::ZarrDir { prefix }), Resolved::Dataset { file: f }) => {
             zarr::lookup(cx, file, path, prefix, f, name)?
         }
-        (Node::Object { .. } | Node::ZarrDir { .. }, Resolved::Pending { meta })
+        (Node::In(_, NodeKind::Object | NodeKind::ZarrDir { .. }), Resolved::Pending { meta })
             if zarr_view::is_name(cx, parent, meta.as_deref(), name) =>
         {
             zarr_view::child(cx, parent, meta.as_deref(), name)?
         }
-        (Node::Object { .. }, r) => {
+        (Node::In(_, NodeKind::Object), r) => {
             let entry = match r {
                 Resolved::Pending { meta: Some(_) } => dataset::lookup_pending(file, path, name),
                 _ => group::lookup_zarr(file, path, r, name),
@@ -138,29 +148,33 @@ pub fn child_of(cx: &Mount, parent: &Node, name: &str) -> Result<(Node, Option<R
                 None => group::lookup(cx, file, path, r, name)?,
             }
         }
-        (Node::Tiles { .. }, r) => tiles::lookup(cx, file, path, r, name)?,
-        (Node::Slices { .. }, r) => slices::lookup(cx, file, path, r, name)?,
+        (Node::In(_, NodeKind::Tiles), r) => tiles::lookup(cx, file, path, r, name)?,
+        (Node::In(_, NodeKind::Slices), r) => slices::lookup(cx, file, path, r, name)?,
         _ => return Err(dataset::not_dataset(path)),
     };
-    let same = !matches!(node, Node::Object { .. });
+    let same = !matches!(node, Node::In(_, NodeKind::Object));
     Ok((node, same.then_some(r)))
 }
 
 /// Every entry of directory `node` (without `.` and `..`).
 pub fn list(cx: &Mount, node: &Node) -> Result<Vec<DirEntry>> {
-    if let Node::Slices { .. } = node {
+    if let Node::In(_, NodeKind::Slices) = node {
         return Ok(vec![]); // slices are named by the reader
     }
     let r = cx.resolve(node)?;
     let listed: Vec<Listed> = match (node, &r) {
         (Node::Dir(rel), _) => backing::list(cx, rel)?,
-        (Node::Object { file, path }, Resolved::Dataset { file: f }) => {
+        (Node::In(ObjRef { file, path }, NodeKind::Object), Resolved::Dataset { file: f }) => {
             dataset::list(cx, file, path, f)?
         }
-        (Node::ZarrDir { file, path, prefix }, Resolved::Dataset { file: f }) => {
-            zarr::list(cx, file, path, prefix, f)?
-        }
-        (Node::Object { file, path }, Resolved::Pending { .. } | Resolved::Group { .. }) => {
+        (
+            Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix }),
+            Resolved::Dataset { file: f },
+        ) => zarr::list(cx, file, path, prefix, f)?,
+        (
+            Node::In(ObjRef { file, path }, NodeKind::Object),
+            Resolved::Pending { .. } | Resolved::Group { .. },
+        ) => {
             let mut out = Vec::new();
             if path == "/" {
                 out.extend(file_root::list(file));
@@ -172,7 +186,7 @@ pub fn list(cx: &Mount, node: &Node) -> Result<Vec<DirEntry>> {
             out.extend(group::list(cx, file, path, &r)?);
             out
         }
-        (Node::Tiles { file, path }, r) => tiles::list(cx, file, path, r)?,
+        (Node::In(ObjRef { file, path }, NodeKind::Tiles), r) => tiles::list(cx, file, path, r)?,
         _ => return Err(NamespaceError::NotADirectory(format!("{node:?}")).into()),
     };
     // `version`: the committed version the entry shows, for its inode number.

@@ -2,7 +2,7 @@
 //! tile and data writes, commit, and removal. Still fuser-free.
 
 use super::attr::Attr;
-use super::node::{Node, Resolved};
+use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::vfs::Fs;
 use super::views;
 use crate::error::{Error, Result};
@@ -45,10 +45,7 @@ impl Fs {
                         &stage,
                         std::fs::Permissions::from_mode(mode & 0o7777),
                     );
-                    Node::Object {
-                        file: crel,
-                        path: "/".into(),
-                    }
+                    Node::at(crel, "/", NodeKind::Object)
                 } else {
                     let abs = self.mount.ns.abs(&crel)?;
                     std::fs::create_dir(&abs)
@@ -62,7 +59,7 @@ impl Fs {
                     Node::Dir(crel)
                 }
             }
-            Node::Object { file, path } => {
+            Node::In(ObjRef { file, path }, NodeKind::Object) => {
                 // A group, pending or committed, takes new nodes; so does a group the
                 // kernel still holds whose path is gone (`make_ancestors` makes it again).
                 match self.mount.resolve(&pnode) {
@@ -92,10 +89,7 @@ impl Fs {
                 self.make_ancestors(file, path)?;
                 self.mount.pending.create_node(file, &cpath)?;
                 self.touch(file);
-                Node::Object {
-                    file: file.clone(),
-                    path: cpath,
-                }
+                Node::at(file.clone(), cpath, NodeKind::Object)
             }
             _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
         };
@@ -139,13 +133,10 @@ impl Fs {
         self.writable()?;
         let pnode = self.mount.inodes.node(parent)?;
         match (&pnode, name) {
-            (Node::Object { file, path }, "meta.json")
+            (Node::In(ObjRef { file, path }, NodeKind::Object), "meta.json")
                 if matches!(self.mount.resolve(&pnode), Ok(Resolved::Pending { .. })) =>
             {
-                let node = Node::Meta {
-                    file: file.clone(),
-                    path: path.clone(),
-                };
+                let node = Node::at(file.clone(), path.clone(), NodeKind::Meta);
                 let a = self.register(&node)?;
                 let (fh, _, _) = self.open(a.ino, true, &super::Caller::DAEMON)?;
                 Ok((a, fh))
@@ -191,7 +182,7 @@ impl Fs {
         let r = self.mount.resolve(&node)?;
         let a = views::attr_in(&self.mount, ino, &node, &r)?;
         match (&node, &r) {
-            (Node::Tile { .. } | Node::Data { .. }, Resolved::Pending { .. }) => {
+            (Node::In(_, NodeKind::Tile { .. } | NodeKind::Data), Resolved::Pending { .. }) => {
                 if size == 0 || size == a.size {
                     Ok(a)
                 } else {
@@ -202,10 +193,8 @@ impl Fs {
                 }
             }
             (
-                Node::Meta { .. }
-                | Node::Zarr { .. }
-                | Node::ZarrChunk { .. }
-                | Node::ZarrTemp { .. },
+                Node::In(_, NodeKind::Meta | NodeKind::Zarr)
+                | Node::In(_, NodeKind::ZarrChunk { .. } | NodeKind::ZarrTemp { .. }),
                 Resolved::Pending { .. },
             )
             | (Node::Commit { .. }, _) => Ok(a),
@@ -222,14 +211,16 @@ impl Fs {
         let pnode = self.mount.inodes.node(parent)?;
         let node = views::child(&self.mount, &pnode, name)?;
         let r = match &node {
-            Node::Tiles { .. } | Node::Slices { .. } | Node::ZarrDir { .. } => Ok(()),
+            Node::In(_, NodeKind::Tiles | NodeKind::Slices | NodeKind::ZarrDir { .. }) => Ok(()),
             Node::Dir(rel) => {
                 let abs = self.mount.ns.abs(rel)?;
                 std::fs::remove_dir(&abs)
                     .map_err(|e| Error::from_io(format!("rmdir {}", abs.display()), e))
             }
-            Node::Object { file, path } if path == "/" => self.remove_file(file),
-            Node::Object { file, path } => match self.mount.resolve(&node)? {
+            Node::In(ObjRef { file, path }, NodeKind::Object) if path == "/" => {
+                self.remove_file(file)
+            }
+            Node::In(ObjRef { file, path }, NodeKind::Object) => match self.mount.resolve(&node)? {
                 Resolved::Pending { .. } => self.mount.pending.remove_node(file, path),
                 // a group that only the pending nodes below it hold up
                 Resolved::Group { file: None } => Err(crate::error::PendingError::NotEmpty {
@@ -260,14 +251,11 @@ impl Fs {
             return Ok(r);
         }
         match node {
-            Node::Meta { .. }
-            | Node::Data { .. }
-            | Node::Tile { .. }
-            | Node::Slice { .. }
+            Node::In(_, NodeKind::Meta | NodeKind::Data)
+            | Node::In(_, NodeKind::Tile { .. } | NodeKind::Slice { .. })
             | Node::Commit { .. }
             | Node::Status { .. }
-            | Node::Zarr { .. }
-            | Node::ZarrChunk { .. } => Ok(()),
+            | Node::In(_, NodeKind::Zarr | NodeKind::ZarrChunk { .. }) => Ok(()),
             _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
         }
     }

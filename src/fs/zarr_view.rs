@@ -4,7 +4,7 @@
 
 use super::attr::Kind;
 use super::mount::Mount;
-use super::node::{dataset_child, Node};
+use super::node::{dataset_child, Node, NodeKind, ObjRef};
 use crate::error::{Error, NamespaceError, Result};
 use crate::names::{parse_index, DatasetEntry, Pending};
 use crate::staging::PendingMeta;
@@ -62,7 +62,7 @@ pub fn temp_kind(pm: Option<&PendingMeta>, prefix: Option<&[u64]>, name: &str) -
 
 pub fn temp_of(node: &Node, pm: Option<&PendingMeta>) -> Option<Temp> {
     match node {
-        Node::ZarrTemp { prefix, name, .. } => temp_kind(pm, prefix.as_deref(), name),
+        Node::In(_, NodeKind::ZarrTemp { prefix, name }) => temp_kind(pm, prefix.as_deref(), name),
         _ => None,
     }
 }
@@ -71,16 +71,18 @@ pub fn temp_of(node: &Node, pm: Option<&PendingMeta>) -> Option<Temp> {
 /// or a level of its `c/`) to [`child`].
 pub fn is_name(cx: &Mount, parent: &Node, meta: Option<&PendingMeta>, name: &str) -> bool {
     let (file, path, prefix) = match parent {
-        Node::Object { file, path } => (file, path, None),
-        Node::ZarrDir { .. } => return true,
+        Node::In(ObjRef { file, path }, NodeKind::Object) => (file, path, None),
+        Node::In(_, NodeKind::ZarrDir { .. }) => return true,
         _ => return false,
     };
-    let temp = Node::ZarrTemp {
-        file: file.clone(),
-        path: path.clone(),
-        prefix,
-        name: name.to_string(),
-    };
+    let temp = Node::at(
+        file.clone(),
+        path.clone(),
+        NodeKind::ZarrTemp {
+            prefix,
+            name: name.to_string(),
+        },
+    );
     if cx.zarr_temps.contains_key(&temp) {
         return true;
     }
@@ -92,16 +94,20 @@ pub fn is_name(cx: &Mount, parent: &Node, meta: Option<&PendingMeta>, name: &str
 /// chunks, and the temporary files being written.
 pub fn child(cx: &Mount, parent: &Node, meta: Option<&PendingMeta>, name: &str) -> Result<Node> {
     let (file, path, prefix) = match parent {
-        Node::Object { file, path } => (file, path, None),
-        Node::ZarrDir { file, path, prefix } => (file, path, Some(prefix.clone())),
+        Node::In(ObjRef { file, path }, NodeKind::Object) => (file, path, None),
+        Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix }) => {
+            (file, path, Some(prefix.clone()))
+        }
         _ => return Err(NamespaceError::NotADirectory(format!("{parent:?}")).into()),
     };
-    let temp = Node::ZarrTemp {
-        file: file.clone(),
-        path: path.clone(),
-        prefix: prefix.clone(),
-        name: name.to_string(),
-    };
+    let temp = Node::at(
+        file.clone(),
+        path.clone(),
+        NodeKind::ZarrTemp {
+            prefix: prefix.clone(),
+            name: name.to_string(),
+        },
+    );
     if cx.zarr_temps.contains_key(&temp) {
         return Ok(temp);
     }
@@ -122,13 +128,9 @@ pub fn child(cx: &Mount, parent: &Node, meta: Option<&PendingMeta>, name: &str) 
             let mut idx = p;
             idx.push(i);
             Ok(if idx.len() == grid.len() {
-                Node::ZarrChunk { file, path, idx }
+                Node::In(ObjRef { file, path }, NodeKind::ZarrChunk { idx })
             } else {
-                Node::ZarrDir {
-                    file,
-                    path,
-                    prefix: idx,
-                }
+                Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix: idx })
             })
         }
         _ => Err(Error::not_found(format!("no {name} in {path}"))),
@@ -147,13 +149,13 @@ pub fn attr(node: &Node, meta: Option<&PendingMeta>) -> Result<(Kind, u64)> {
     };
     let chunk = |pm: &PendingMeta| chunk_bytes(&pm.tile_shape, pm.itemsize);
     Ok(match node {
-        Node::Zarr { .. } => (Kind::File, json_len(meta)),
-        Node::ZarrDir { .. } => {
+        Node::In(_, NodeKind::Zarr) => (Kind::File, json_len(meta)),
+        Node::In(_, NodeKind::ZarrDir { .. }) => {
             meta.ok_or_else(declared)?;
             (Kind::Dir, 0)
         }
-        Node::ZarrChunk { .. } => (Kind::File, chunk(meta.ok_or_else(declared)?)),
-        Node::ZarrTemp { .. } => match temp_of(node, meta) {
+        Node::In(_, NodeKind::ZarrChunk { .. }) => (Kind::File, chunk(meta.ok_or_else(declared)?)),
+        Node::In(_, NodeKind::ZarrTemp { .. }) => match temp_of(node, meta) {
             Some(Temp::Meta) => (Kind::File, json_len(meta)),
             Some(Temp::Chunk(_)) => (Kind::File, chunk(meta.ok_or_else(declared)?)),
             None => return Err(declared()),

@@ -8,7 +8,7 @@
 
 use super::access::Caller;
 use super::attr::Attr;
-use super::node::{Node, Resolved};
+use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::vfs::Fs;
 use super::views;
 use super::zarr_view::{chunk_index, temp_kind};
@@ -33,8 +33,10 @@ impl Fs {
         name: &str,
     ) -> Result<Option<(Attr, u64)>> {
         let (file, path, prefix) = match pnode {
-            Node::Object { file, path } if path != "/" => (file, path, None),
-            Node::ZarrDir { file, path, prefix } => (file, path, Some(prefix.clone())),
+            Node::In(ObjRef { file, path }, NodeKind::Object) if path != "/" => (file, path, None),
+            Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix }) => {
+                (file, path, Some(prefix.clone()))
+            }
             _ => return Ok(None),
         };
         let Ok(Resolved::Pending { meta }) = self.mount.resolve(pnode) else {
@@ -43,12 +45,12 @@ impl Fs {
         let meta = meta.as_deref();
         let (file, path) = (file.clone(), path.clone());
         let node = if prefix.is_none() && name == DatasetEntry::ZarrJson.name() {
-            Node::Zarr { file, path }
+            Node::In(ObjRef { file, path }, NodeKind::Zarr)
         } else if let Some(idx) = meta.and_then(|pm| match &prefix {
             Some(p) => chunk_index(pm, p, name),
             None => (name == DatasetEntry::ZarrChunks.name() && pm.shape.is_empty()).then(Vec::new),
         }) {
-            Node::ZarrChunk { file, path, idx }
+            Node::In(ObjRef { file, path }, NodeKind::ZarrChunk { idx })
         } else if temp_kind(meta, prefix.as_deref(), name).is_some() {
             if self.mount.zarr_temps.len() >= MAX_TEMPS {
                 return Err(Error::new(
@@ -59,12 +61,13 @@ impl Fs {
                     ),
                 ));
             }
-            let node = Node::ZarrTemp {
-                file,
-                path,
-                prefix,
-                name: name.to_string(),
-            };
+            let node = Node::In(
+                ObjRef { file, path },
+                NodeKind::ZarrTemp {
+                    prefix,
+                    name: name.to_string(),
+                },
+            );
             self.mount.zarr_temps.insert(node.clone(), ());
             node
         } else {
@@ -87,12 +90,12 @@ impl Fs {
     /// name of a pending dataset.
     pub(super) fn unlink_zarr(&self, node: &Node) -> Result<Option<()>> {
         match node {
-            Node::ZarrTemp { .. } => {
+            Node::In(_, NodeKind::ZarrTemp { .. }) => {
                 self.mount.zarr_temps.remove(node);
                 self.mount.inodes.detach(node);
                 Ok(Some(()))
             }
-            Node::ZarrChunk { file, path, idx } => {
+            Node::In(ObjRef { file, path }, NodeKind::ZarrChunk { idx }) => {
                 let Ok(Resolved::Pending { meta: Some(pm) }) = self.mount.resolve(node) else {
                     return Ok(None);
                 };
@@ -137,11 +140,13 @@ impl Fs {
         self.writable()?;
         let pnode = self.mount.inodes.node(parent)?;
         let node = views::child(&self.mount, &pnode, name)?;
-        let Node::ZarrTemp {
-            prefix,
-            name: tname,
-            ..
-        } = &node
+        let Node::In(
+            _,
+            NodeKind::ZarrTemp {
+                prefix,
+                name: tname,
+            },
+        ) = &node
         else {
             return Err(Error::new(
                 libc::EPERM,

@@ -4,17 +4,14 @@
 use crate::error::{Error, Result};
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node};
+use crate::fs::node::{Listed, Node, NodeKind};
 use crate::names::{CONTROL_NAME, STAGE_DIR};
 use crate::namespace::EntryKind;
 use std::path::{Path, PathBuf};
 
 /// The file's own directory node of backing file `rel`.
 fn root(rel: PathBuf) -> Node {
-    Node::Object {
-        file: rel,
-        path: "/".into(),
-    }
+    Node::at(rel, "/", NodeKind::Object)
 }
 
 pub fn lookup(cx: &Mount, rel: &Path, name: &str) -> Result<Node> {

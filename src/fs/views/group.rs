@@ -5,7 +5,7 @@ use super::dataset::not_dataset;
 use crate::error::{Error, Result};
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node, Resolved};
+use crate::fs::node::{Listed, Node, NodeKind, Resolved};
 use crate::h5file::{join, ChildKind};
 use crate::names::{display_name, real_name, DatasetEntry, NAME_MAX};
 use std::path::Path;
@@ -17,10 +17,7 @@ pub fn lookup(cx: &Mount, file: &Path, path: &str, r: &Resolved, name: &str) -> 
         .ok_or_else(|| Error::not_found(format!("no object is shown as {name:?}")))?;
     let name = real.as_str();
     let cpath = join(path, name);
-    let obj = || Node::Object {
-        file: file.to_path_buf(),
-        path: cpath.clone(),
-    };
+    let obj = || Node::at(file.to_path_buf(), cpath.clone(), NodeKind::Object);
     if cx.pending.node(file, &cpath).is_some() {
         return Ok(obj());
     }
@@ -40,12 +37,8 @@ pub fn lookup(cx: &Mount, file: &Path, path: &str, r: &Resolved, name: &str) -> 
 
 /// A committed group's `zarr.json`, if `name` is it.
 pub fn lookup_zarr(file: &Path, path: &str, r: &Resolved, name: &str) -> Option<Node> {
-    (matches!(r, Resolved::Group { file: Some(_) }) && name == DatasetEntry::ZarrJson.name()).then(
-        || Node::Zarr {
-            file: file.to_path_buf(),
-            path: path.to_string(),
-        },
-    )
+    (matches!(r, Resolved::Group { file: Some(_) }) && name == DatasetEntry::ZarrJson.name())
+        .then(|| Node::at(file.to_path_buf(), path.to_string(), NodeKind::Zarr))
 }
 
 /// Attributes of a group's directory (or a pending dataset's: a directory too), or of
@@ -71,10 +64,7 @@ pub fn attr(cx: &Mount, ino: u64, file: &Path, path: &str, r: &Resolved) -> Resu
 pub fn list_zarr(file: &Path, path: &str, r: &Resolved) -> Vec<Listed> {
     match r {
         Resolved::Group { file: Some(f) } => vec![(
-            Node::Zarr {
-                file: file.to_path_buf(),
-                path: path.to_string(),
-            },
+            Node::at(file.to_path_buf(), path.to_string(), NodeKind::Zarr),
             Some(f.ident),
             Kind::File,
             DatasetEntry::ZarrJson.name().into(),
@@ -107,10 +97,7 @@ pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Lis
             continue;
         }
         seen.insert(rest.to_string());
-        let n = Node::Object {
-            file: file.to_path_buf(),
-            path: n.path.clone(),
-        };
+        let n = Node::at(file.to_path_buf(), n.path.clone(), NodeKind::Object);
         out.push((n, None, Kind::Dir, display_name(rest)));
     }
     if let Resolved::Group { file: Some(f) } = r {
@@ -123,10 +110,7 @@ pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Lis
                 tracing::debug!(group = %path, name = %name, "name too long to show");
                 continue;
             }
-            let n = Node::Object {
-                file: file.to_path_buf(),
-                path: join(path, name),
-            };
+            let n = Node::at(file.to_path_buf(), join(path, name), NodeKind::Object);
             let v = (*k != ChildKind::Group).then_some(f.ident);
             let kind = match k {
                 ChildKind::Link(_) => Kind::Symlink,
@@ -139,10 +123,7 @@ pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Lis
         if seen.contains(&name) {
             continue;
         }
-        let n = Node::Object {
-            file: file.to_path_buf(),
-            path: join(path, &name),
-        };
+        let n = Node::at(file.to_path_buf(), join(path, &name), NodeKind::Object);
         out.push((n, None, Kind::Dir, display_name(&name)));
     }
     Ok(out)

@@ -5,7 +5,7 @@ use super::dataset::{committed, data_file_attr, not_dataset, not_pending};
 use crate::error::Result;
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Node, Resolved};
+use crate::fs::node::{Node, NodeKind, Resolved};
 use crate::names::parse_slice;
 use std::path::Path;
 
@@ -18,11 +18,13 @@ pub fn lookup(cx: &Mount, file: &Path, path: &str, r: &Resolved, name: &str) -> 
         tracing::info!(dataset = %path, slice = name, reason = %e, "slice name rejected");
         return Err(e);
     }
-    Ok(Node::Slice {
-        file: file.to_path_buf(),
-        path: path.to_string(),
-        sel: name.to_string(),
-    })
+    Ok(Node::at(
+        file.to_path_buf(),
+        path.to_string(),
+        NodeKind::Slice {
+            sel: name.to_string(),
+        },
+    ))
 }
 
 pub fn attr(cx: &Mount, ino: u64, path: &str, r: &Resolved) -> Result<Attr> {

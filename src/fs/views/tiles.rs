@@ -4,7 +4,7 @@ use super::dataset::{committed, data_file_attr, not_dataset, not_pending};
 use crate::error::{Error, Result};
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node, Resolved};
+use crate::fs::node::{Listed, Node, NodeKind, Resolved};
 use crate::geometry::TileGrid;
 use crate::names::{parse_tile_name, tile_name};
 use std::path::Path;
@@ -22,11 +22,11 @@ pub fn lookup(cx: &Mount, file: &Path, path: &str, r: &Resolved, name: &str) -> 
     let (grid, _) = grid(cx, path, r)?;
     let idx = parse_tile_name(name, &grid.grid())
         .ok_or_else(|| Error::not_found(format!("{path}: no tile {name:?}")))?;
-    Ok(Node::Tile {
-        file: file.to_path_buf(),
-        path: path.to_string(),
-        idx,
-    })
+    Ok(Node::at(
+        file.to_path_buf(),
+        path.to_string(),
+        NodeKind::Tile { idx },
+    ))
 }
 
 pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Listed>> {
@@ -35,11 +35,7 @@ pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Lis
         .indices()
         .map(|idx| {
             let name = tile_name(&idx);
-            let n = Node::Tile {
-                file: file.to_path_buf(),
-                path: path.to_string(),
-                idx,
-            };
+            let n = Node::at(file.to_path_buf(), path.to_string(), NodeKind::Tile { idx });
             (n, v, Kind::File, name)
         })
         .collect())

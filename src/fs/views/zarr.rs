@@ -5,7 +5,7 @@ use super::dataset::{committed, not_dataset};
 use crate::error::{Error, Result};
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node, Resolved};
+use crate::fs::node::{Listed, Node, NodeKind, ObjRef, Resolved};
 use crate::fs::zarr_view;
 use crate::h5file::H5File;
 use crate::names::parse_index;
@@ -16,14 +16,13 @@ use std::path::Path;
 fn key_node(file: &Path, path: &str, idx: Vec<u64>, rank: usize) -> (Node, Kind) {
     let (file, path) = (file.to_path_buf(), path.to_string());
     if idx.len() == rank {
-        (Node::ZarrChunk { file, path, idx }, Kind::File)
+        (
+            Node::In(ObjRef { file, path }, NodeKind::ZarrChunk { idx }),
+            Kind::File,
+        )
     } else {
         (
-            Node::ZarrDir {
-                file,
-                path,
-                prefix: idx,
-            },
+            Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix: idx }),
             Kind::Dir,
         )
     }
@@ -74,7 +73,7 @@ pub fn list(
 pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
     let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
     match (node, r) {
-        (Node::Zarr { .. }, Resolved::Group { file: Some(f) }) => {
+        (Node::In(_, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
             let size = f.group_zarr(path)?.len() as u64;
             Ok(committed(
                 file_attr(ino, Kind::File, size, &f.meta, true),
@@ -91,18 +90,18 @@ pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
                 cx.opts.read_only,
             ))
         }
-        (Node::Zarr { .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::Zarr), Resolved::Dataset { file: f }) => {
             let z = cx.zarr_model(f, path)?.zarr_json().unwrap_or_default();
             Ok(committed(
                 file_attr(ino, Kind::File, z.len() as u64, &f.meta, true),
                 f,
             ))
         }
-        (Node::ZarrDir { .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::ZarrDir { .. }), Resolved::Dataset { file: f }) => {
             cx.zarr_model(f, path)?;
             Ok(committed(file_attr(ino, Kind::Dir, 0, &f.meta, true), f))
         }
-        (Node::ZarrChunk { .. }, Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::ZarrChunk { .. }), Resolved::Dataset { file: f }) => {
             let md = cx.zarr_model(f, path)?;
             cx.selection(node, &md)?;
             let size = crate::zarr::chunk_bytes(&md.tile_shape, md.itemsize());
