@@ -1,5 +1,7 @@
 """Helpers shared by the benchmark scripts."""
 import os
+import shutil
+import subprocess
 
 
 def drop_caches(tree=None):
@@ -51,3 +53,12 @@ def prefault_memory(reserve_gib=2, limit_gib=None):
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=False)
     return time.perf_counter() - t
+
+
+def unmount(mnt, quiet=False):
+    """Unmount a FUSE mount: fusermount3 where installed, else umount (root, on machines
+    without fuse3's tools, such as the device machine)."""
+    tool = ["fusermount3", "-u"] if shutil.which("fusermount3") else ["umount"]
+    subprocess.run(tool + [mnt], check=False,
+                   stdout=subprocess.DEVNULL if quiet else None,
+                   stderr=subprocess.DEVNULL if quiet else None)

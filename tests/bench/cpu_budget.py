@@ -47,6 +47,9 @@ sys.path.insert(0, HERE)
 from filter_bench import cases, evict, read_all, smooth_field  # noqa: E402
 from read_path_bench import set_readahead  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import unmount  # noqa: E402
+
 FILTERS = ("gzip+shuffle", "zstd", "bitshuffle+lz4", "blosc lz4+shuffle", "none (unfiltered chunks)")
 
 
@@ -140,7 +143,7 @@ def measure(a, name, ras, env, threads):
                         add(f"mount, {'cold' if cold else 'backing warm'}, readahead {ra} KiB",
                             timed(lambda: read_all(d), p.pid))
                     finally:
-                        subprocess.run(["fusermount3", "-u", mnt], check=False)
+                        unmount(mnt)
                         p.wait()
                 for direct in ("0", "1"):
                     p = subprocess.Popen([a.floor, fmnt, str(data.nbytes), str(threads)],
@@ -154,7 +157,7 @@ def measure(a, name, ras, env, threads):
                         add(f"FUSE floor (memory, no decoding, {io}), readahead {ra} KiB",
                             timed(lambda: read_all(fd), p.pid))
                     finally:
-                        subprocess.run(["fusermount3", "-u", fmnt], check=False)
+                        unmount(fmnt)
                         p.wait()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -25,6 +25,9 @@ import h5py
 import hdf5plugin
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import unmount  # noqa: E402
+
 
 def cases():
     B = hdf5plugin.Blosc
@@ -120,7 +123,7 @@ def main():
                         with open(os.path.join(mnt, "f.h5", "x", "data"), "rb") as f:
                             same = f.read() == ref.tobytes()
                     finally:
-                        subprocess.run(["fusermount3", "-u", mnt], check=False)
+                        unmount(mnt)
                     assert n == data.nbytes and same, f"{name}: mount read differs from h5py"
             mib = data.nbytes / (1 << 20)
             out.append((name, data.nbytes / stored, [mib / t for t in t_mnt], mib / t_h5py))

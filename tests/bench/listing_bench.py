@@ -9,7 +9,6 @@ A benchmark, not a test: prints a table and exits 0.
 import argparse
 import os
 import statistics
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,14 +20,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from benchlib import drop_caches  # noqa: E402
+from benchlib import drop_caches, unmount  # noqa: E402
 
 
 
-def _unmount(p):
-    """fusermount3 where installed, else umount (root, on machines without fuse3's tools)."""
-    tool = ["fusermount3", "-u"] if shutil.which("fusermount3") else ["umount"]
-    subprocess.run(tool + [p], check=False)
 
 def make(backing, files, groups, datasets):
     for i in range(files):
@@ -83,7 +78,7 @@ def main(argv=None):
             tree = subprocess.run(["find", mnt, "-mindepth", "1", "-printf", "%y %P\n"],
                                   capture_output=True, text=True, check=True).stdout
         finally:
-            _unmount(mnt)
+            unmount(mnt)
     # The same tree (names and kinds, as find saw them) served from memory by the FUSE
     # floor with the daemon's kernel settings: the least a FUSE `find` can cost here.
     listing = os.path.join(a.dir, "tree.txt")
@@ -105,7 +100,7 @@ def main(argv=None):
             t_floor.append(time.perf_counter() - t)
             floor_entries = out.count("\n")
         finally:
-            _unmount(fmnt)
+            unmount(fmnt)
             p.wait()
     f, v = statistics.median(t_find), statistics.median(t_vis)
     print(f"# listing: {a.files} files, {objs} objects, find lists {entries} entries; "

@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 import gen_samples  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_caches  # noqa: E402
+from benchlib import drop_caches, unmount  # noqa: E402
 
 BLOCK = 16 << 20  # bytes per read call
 
@@ -235,7 +235,7 @@ def main(argv=None):
     finally:
         q = subprocess.run([a.bin, "umount", mnt], capture_output=True, text=True)
         if q.returncode != 0 and os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+            unmount(mnt, quiet=True)
 
     # ------------------------------------------------------------------------- report
     m = machine()

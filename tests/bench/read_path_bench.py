@@ -36,7 +36,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from benchlib import drop_caches  # noqa: E402
+from benchlib import drop_caches, unmount  # noqa: E402
 
 BLOCK = 16 << 20
 
@@ -97,10 +97,6 @@ def set_readahead(mnt, kb):
         raise SystemExit(f"{mnt} is not mounted")
     with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as fh:
         fh.write(str(kb))
-
-
-def unmount(mnt):
-    subprocess.run(["fusermount3", "-u", mnt], check=False)
 
 
 def main(argv=None):

@@ -21,7 +21,7 @@ import zarr
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from benchlib import drop_caches  # noqa: E402
+from benchlib import drop_caches, unmount  # noqa: E402
 
 
 def main():
@@ -52,7 +52,7 @@ def main():
                 t_z = t_h = float("inf")
                 for _ in range(a.reps):
                     if mode == "cold":
-                        subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
+                        unmount(mnt, quiet=True)
                         drop_caches()
                         subprocess.run([a.bin, "mount", backing, mnt], check=True)
                     t = time.perf_counter()
@@ -68,7 +68,7 @@ def main():
                 gib = rows * side * 4 / (1 << 30)
                 res.append((name, mode, gib / t_z, gib / t_h))
     finally:
-        subprocess.run(["fusermount3", "-u", mnt], check=False)
+        unmount(mnt)
         shutil.rmtree(root, ignore_errors=True)
     print(f"# zarr-python {zarr.__version__} through the mount vs h5py {h5py.__version__}, "
           f"{rows}x{side} <f4 ({rows * side * 4 / (1 << 30):.2f} GiB), best of {a.reps}, "

@@ -33,6 +33,18 @@ class Launch:
     def __init__(self, nranks, rc, hung, output, records, seconds):
         self.nranks, self.rc, self.hung, self.output = nranks, rc, hung, output
         self.records, self.seconds = records, seconds
+        self.kept = ""
+        if hung:
+            # The whole output (every rank's faulthandler dumps, the py-spy stacks, the
+            # daemons' logs) outlives the run: the assertion shows only its tail.
+            d = os.environ.get("H5T_MR_HANG_DIR", tempfile.gettempdir())
+            path = os.path.join(d, f"h5t-mr-hang-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
+            try:
+                with open(path, "w") as f:
+                    f.write(output)
+                self.kept = f"whole output of the hung launch: {path}\n"
+            except OSError as e:
+                self.kept = f"(could not keep the hung launch's output: {e})\n"
 
     def get(self, scenario):
         """{rank: record} of one scenario; fails naming what happened when a rank has
@@ -40,7 +52,8 @@ class Launch:
         got = {r: recs.get(scenario) for r, recs in self.records.items()}
         missing = [r for r in range(self.nranks) if got.get(r) is None]
         assert not missing, (f"ranks {missing} recorded no {scenario!r} (hung={self.hung}, rc={self.rc}); "
-                             f"seconds per recorded scenario: { {r: {k: rec.get('seconds') for k, rec in v.items()} for r, v in self.records.items()} }\n{self.output[-4000:]}")
+                             f"seconds per recorded scenario: { {r: {k: rec.get('seconds') for k, rec in v.items()} for r, v in self.records.items()} }\n"
+                             f"{self.kept}{self.output[-4000:]}")
         return got
 
     def ok(self, scenario):
@@ -83,11 +96,17 @@ def _kill_marked(marker):
             pass
 
 
+def _py_spy():
+    """py-spy from PATH or beside this Python (the legate venv has it), if any."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
 def _stacks(marker):
     """Where every process of a launch waits, before a hung launch is killed: each
     thread's state, wait channel and kernel stack (a FUSE request shows as
     fuse_*/request_wait_answer), grouped by identical stacks, and the requests each FUSE
-    connection has outstanding. The ranks' Python stacks come from faulthandler."""
+    connection has outstanding; with py-spy, each rank's Python and native stacks. The
+    ranks' faulthandler dumps (every 60 s) are in the launch's output too."""
     needle = marker.encode()
     out = []
     for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
@@ -113,6 +132,13 @@ def _stacks(marker):
             out.append(f"pid {pid}: {cmd}")
             for (state, wchan, stack), tids in sorted(groups.items(), key=lambda g: -len(g[1])):
                 out.append(f"  {len(tids)} thread(s) {state} wchan={wchan}: {stack}")
+            spy = _py_spy()
+            if spy and "scenarios.py" in cmd:
+                # Python frames with the native ones under them (Legate's runtime, HDF5):
+                # faulthandler's dumps lack the native side.
+                r = subprocess.run([spy, "dump", "--native", "--pid", pid], capture_output=True,
+                                   text=True, timeout=60)
+                out.append("  py-spy dump --native:\n    " + (r.stdout + r.stderr).strip().replace("\n", "\n    "))
         except OSError:
             continue
     conns = "/sys/fs/fuse/connections"
