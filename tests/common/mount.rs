@@ -83,13 +83,6 @@ impl Mount {
         }
         Ok(m)
     }
-
-    /// The daemon's log so far (for failure messages).
-    pub fn log_tail(&self, lines: usize) -> String {
-        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let v: Vec<&str> = t.lines().collect();
-        v[v.len().saturating_sub(lines)..].join("\n")
-    }
 }
 
 impl Drop for Mount {

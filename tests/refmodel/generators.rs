@@ -127,6 +127,28 @@ impl Spec {
         }
         out
     }
+    /// Bytes of a Zarr chunk: the whole tile shape, edge chunks padded.
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.tile.iter().product::<u64>() as usize * self.dt.size()
+    }
+    /// Where element `k` of tile `t` (in the order of [`Spec::tile_elems`]) stands in
+    /// its padded Zarr chunk, as an element number.
+    pub(crate) fn chunk_pos(&self, t: usize, k: usize) -> usize {
+        let idx = self.tile_idx(t);
+        let count: Vec<u64> = (0..idx.len())
+            .map(|d| self.tile[d].min(self.shape[d] - idx[d] * self.tile[d]))
+            .collect();
+        let mut rem = k as u64;
+        let mut local = vec![0u64; count.len()];
+        for d in (0..count.len()).rev() {
+            local[d] = rem % count[d];
+            rem /= count[d];
+        }
+        local
+            .iter()
+            .zip(&self.tile)
+            .fold(0u64, |acc, (l, t)| acc * t + l) as usize
+    }
     pub(crate) fn meta_json(&self) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
             "shape": self.shape,
@@ -186,6 +208,18 @@ pub(crate) enum Op {
         at: Pick,
         tile: u16,
         piece: Option<(u16, u16)>,
+        seed: u8,
+    },
+    /// A Zarr client's chunk (docs/namespace.md "Zarr writes"): the whole chunk
+    /// `c/I/J` of tile `tile`, padded to the tile shape as Zarr writes edge chunks. `how`
+    /// modulo 3: 0 writes the chunk's own name, 1 a temporary `<chunk>.<n>.partial`
+    /// renamed onto it (zarr-python's LocalStore), 2 deletes the chunk (Zarr does so for
+    /// a chunk equal to the fill value).
+    WriteZarr {
+        core: u8,
+        at: Pick,
+        tile: u16,
+        how: u8,
         seed: u8,
     },
     /// A write to `data`: all of it, or a byte range.
@@ -319,6 +353,8 @@ pub(crate) fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(core, at, spec)| Op::Redeclare { core, at, spec }),
         10 => (core.clone(), wpick.clone(), any::<u16>(), piece.clone(), any::<u8>())
             .prop_map(|(core, at, tile, piece, seed)| Op::WriteTile { core, at, tile, piece, seed }),
+        4 => (core.clone(), wpick.clone(), any::<u16>(), any::<u8>(), any::<u8>())
+            .prop_map(|(core, at, tile, how, seed)| Op::WriteZarr { core, at, tile, how, seed }),
         4 => (core.clone(), wpick, piece, any::<u8>())
             .prop_map(|(core, at, piece, seed)| Op::WriteData { core, at, piece, seed }),
         2 => (core.clone(), rpick.clone()).prop_map(|(core, at)| Op::Rmdir { core, at }),

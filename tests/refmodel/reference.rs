@@ -260,6 +260,52 @@ pub(crate) fn check_meta(what: &str, got: &[u8], ds: &Ds<'_>) -> Result<(), Stri
 }
 
 impl Model {
+    /// The spec of dataset `f/d` (a one-element one when there is none, so that an
+    /// operation on a missing dataset still names something).
+    pub(crate) fn spec_or_unit(&self, f: &str, d: &str) -> Spec {
+        match self.ds(f, d) {
+            Ok(Ds::Pending(p)) => p.spec.clone(),
+            Ok(Ds::Committed(c)) => c.spec.clone(),
+            Err(_) => Spec {
+                dt: Dt::U8,
+                shape: vec![1],
+                tile: vec![1],
+                fill: 0,
+            },
+        }
+    }
+
+    /// A Zarr chunk of tile `t` of pending `f/d` written whole (`Some`, padding
+    /// dropped) or deleted (`None`): a deleted chunk whose tile holds written bytes is
+    /// written with the fill value; one never written stays so. A committed dataset's
+    /// chunk is a view: deleting it changes nothing.
+    pub(crate) fn zarr_chunk(&mut self, f: &str, d: &str, t: usize, chunk: Option<&[u8]>) {
+        let Some(p) = self.files.get_mut(f).and_then(|fm| fm.nodes.get_mut(d)) else {
+            return;
+        };
+        let is = p.spec.dt.size();
+        let elems = p.spec.tile_elems(t);
+        let fill = p.spec.dt.elem(p.spec.fill);
+        let touched = elems
+            .iter()
+            .any(|e| p.written[e * is..(e + 1) * is].contains(&true));
+        if chunk.is_none() && !touched {
+            return;
+        }
+        p.any_write = true;
+        for (k, e) in elems.iter().enumerate() {
+            let src = match chunk {
+                Some(c) => {
+                    let at = p.spec.chunk_pos(t, k) * is;
+                    c[at..at + is].to_vec()
+                }
+                None => fill.clone(),
+            };
+            p.bytes[e * is..(e + 1) * is].copy_from_slice(&src);
+            p.written[e * is..(e + 1) * is].fill(true);
+        }
+    }
+
     pub(crate) fn pick(&self, at: Pick) -> (&'static str, &'static str) {
         let mut all = Vec::new();
         let mut pending = Vec::new();

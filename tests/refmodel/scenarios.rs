@@ -1045,3 +1045,47 @@ pub(crate) fn extent_map_of_a_pending_dataset_shows_the_fill_value() {
         assert_eq!(got, want(7)[..k], "{target:?} extent map");
     }
 }
+
+/// docs/namespace.md: a different meta.json "replaces it only while no tile has been
+/// written (else EBUSY)". A tile write past the tile's end fails with EFBIG and writes
+/// nothing, but the flush that the kernel sends at its close leaves the dataset counted as
+/// written (`accept_meta_locked` looks for any file in `ranges/`), so the next meta.json
+/// is refused with EBUSY. Found by the reference model once its core driver flushed at
+/// close as the kernel does. Ignored until the pending state is fixed; run it with
+/// `--ignored`.
+#[test]
+#[ignore = "known: a flush after a failed tile write counts as a write (pending state)"]
+fn bug_flush_after_a_failed_write_blocks_a_new_meta() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = Core::new(tmp.path(), false);
+    let spec = Spec {
+        dt: Dt::U8,
+        shape: vec![1],
+        tile: vec![2],
+        fill: 0,
+    };
+    a.mkdir(ROOT_INO, "f.h5", 0o755, 0, 0).expect("mkdir file");
+    let fi = resolve(&a, &["f.h5"]).expect("file");
+    let d = a.mkdir(fi, "d", 0o755, 0, 0).expect("mkdir d");
+    let (_, fh) = a.create(d.ino, "meta.json").expect("create meta");
+    a.write(fh, 0, &spec.meta_json()).expect("meta");
+    a.flush(fh).expect("flush meta");
+    a.release(fh);
+    let tile = resolve(&a, &["f.h5", "d", "tiles", "0"]).expect("tile");
+    let (fh, _, _) = a.open(tile, true, &Caller::DAEMON).expect("open tile");
+    let e = a.write(fh, 0, &[1, 2]).expect_err("past the end");
+    assert_eq!(e.errno, libc::EFBIG);
+    a.flush(fh).expect("flush");
+    a.release(fh);
+    let meta = resolve(&a, &["f.h5", "d", "meta.json"]).expect("meta");
+    let (fh, _, _) = a.open(meta, true, &Caller::DAEMON).expect("open meta");
+    let other = Spec { fill: 1, ..spec };
+    let w = errno(a.write(fh, 0, &other.meta_json()));
+    let fl = errno(a.flush(fh));
+    a.release(fh);
+    assert_eq!(
+        w.and(fl),
+        Ok(()),
+        "a new meta.json after a write that wrote nothing"
+    );
+}
