@@ -34,6 +34,10 @@ pub(crate) trait Driver {
     }
     /// The entry TTL passed.
     fn expire(&self) {}
+    /// Whether a kernel keeps dentries for a real entry TTL, unseen by the harness.
+    fn kernel_dentries(&self) -> bool {
+        false
+    }
     fn lookup(&self, path: &[&str]) -> Result<(), i32>;
     fn mkdir(&self, path: &[&str]) -> Result<(), i32>;
     fn rmdir(&self, path: &[&str]) -> Result<(), i32>;
@@ -231,6 +235,9 @@ impl MountDriver {
 }
 
 impl Driver for MountDriver {
+    fn kernel_dentries(&self) -> bool {
+        true
+    }
     fn lookup(&self, path: &[&str]) -> Result<(), i32> {
         std::fs::symlink_metadata(self.path(path))
             .map(|_| ())
