@@ -147,14 +147,8 @@ impl Driver for Core {
         let ino = resolve(self, path)?;
         let (fh, _, _) = errno(self.fs.open(ino, true, &Caller::DAEMON))?;
         let w = errno(self.fs.write(fh, off, data));
-        // The kernel flushes at every close; after a failed write that flush leaves the
-        // dataset counted as written (see `bug_flush_after_a_failed_write_blocks_a_new_meta`),
-        // so it is left out there until that is fixed.
-        let fl = if w.is_ok() {
-            errno(self.fs.flush(fh))
-        } else {
-            Ok(())
-        };
+        // as the kernel does at every close
+        let fl = errno(self.fs.flush(fh));
         self.fs.release(fh);
         let n = w?;
         fl.map(|_| n as usize)

@@ -404,6 +404,9 @@ impl Sut {
                     &want,
                 )?;
                 self.last_ok = got.is_ok();
+                if want == Err(libc::EFBIG) {
+                    self.model.failed_write(f, d);
+                }
                 if want.is_ok() {
                     let p = self
                         .model
@@ -505,6 +508,9 @@ impl Sut {
                 };
                 same(&format!("write {f}/{d}/data [{off}+{len}]"), &got, &want)?;
                 self.last_ok = got.is_ok();
+                if want == Err(libc::EFBIG) {
+                    self.model.failed_write(f, d);
+                }
                 if want.is_ok() {
                     let p = self
                         .model
