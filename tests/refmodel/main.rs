@@ -138,6 +138,30 @@ fn replay_through_a_mount() {
     );
 }
 
+/// Programs that diverge through a mount only (seeds of [`program`], 60 operations):
+/// an old handle on a committed dataset's `data`, tile or slice, opened before the
+/// dataset (or its file) is removed, replaced or declared again, reads ENOENT or other
+/// bytes through the kernel, where through the core it keeps the bytes it showed when
+/// opened (docs/namespace.md). Ignored until that is fixed; `--ignored` runs them.
+#[test]
+#[ignore = "known: old handles through a mount lose their bytes (seeds 16, 30, 37)"]
+fn replay_old_handles_through_a_mount() {
+    if let Some(why) = common::mount::unusable() {
+        eprintln!("replay_old_handles_through_a_mount: skipped: {why}");
+        return;
+    }
+    let mut failed = Vec::new();
+    for seed in [16, 30, 37] {
+        let ops = program(seed, REPLAY_OPS);
+        run(&ops).unwrap_or_else(|e| panic!("seed {seed} through cores: {e}"));
+        let m = Mount::start(&[]).unwrap_or_else(|e| panic!("mount: {e}"));
+        if let Err(e) = run_on(Sut::mounted(m), &ops) {
+            failed.push(format!("seed {seed}: {e}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 /// Programs `replay_through_a_mount` runs by default, and their length.
 const REPLAY_SEEDS: u64 = 12;
 const REPLAY_OPS: usize = 60;
