@@ -2,36 +2,19 @@
 //! the filesystem core (no FUSE, real HDF5 files): the inodes the kernel holds and the
 //! ones it gets at its next lookup when a name changes side.
 
-use h5tilefs::fs::{Caller, Fs, FsOptions, ROOT_INO};
-use std::path::Path;
+mod common;
 
-fn opts() -> FsOptions {
-    FsOptions {
-        gpu: h5tilefs::gpu::GpuMode::Off,
-        ..FsOptions::default()
-    }
-}
+use common::{i32_bytes as bytes, opts};
+use h5tilefs::fs::{Caller, Fs, ROOT_INO};
+use std::path::Path;
 
 /// `f.h5` with dataset `d`: 4 x 4 `<i4`, every element 7.
 fn make_file(p: &Path) {
-    let f = hdf5::File::create(p).unwrap();
-    f.new_dataset::<i32>()
-        .shape([4, 4])
-        .create("d")
-        .unwrap()
-        .write_raw(&[7i32; 16])
-        .unwrap();
-}
-
-fn bytes(v: i32) -> Vec<u8> {
-    (0..16).flat_map(|_| v.to_le_bytes()).collect()
+    common::make_i32_file(p, &["d"]);
 }
 
 fn read_all(fs: &Fs, ino: u64) -> Result<Vec<u8>, i32> {
-    let (fh, _, _) = fs.open(ino, false, &Caller::DAEMON).map_err(|e| e.errno)?;
-    let r = fs.read(fh, 0, 1 << 20).map_err(|e| e.errno);
-    fs.release(fh);
-    r
+    common::read_ino(fs, ino)
 }
 
 /// Declares `d` in file inode `file` (mkdir, meta.json) and writes `data` with `v`.

@@ -1,26 +1,14 @@
 //! Races between several filesystem cores (standing for daemons on several nodes) over
 //! one backing directory, driven in process: no FUSE, real HDF5 files.
 
-use h5tilefs::fs::{Fs, FsOptions, ROOT_INO};
+mod common;
+
+use common::opts;
+use h5tilefs::fs::{Fs, ROOT_INO};
 use std::path::Path;
 
-fn opts() -> FsOptions {
-    FsOptions {
-        gpu: h5tilefs::gpu::GpuMode::Off,
-        ..FsOptions::default()
-    }
-}
-
 fn make_file(p: &Path, names: &[String]) {
-    let f = hdf5::File::create(p).unwrap();
-    for n in names {
-        f.new_dataset::<i32>()
-            .shape([4, 4])
-            .create(n.as_str())
-            .unwrap()
-            .write_raw(&[7i32; 16])
-            .unwrap();
-    }
+    common::make_i32_file(p, names);
 }
 
 fn datasets(p: &Path) -> Vec<String> {

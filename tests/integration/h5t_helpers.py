@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import time
 
 import h5py
@@ -12,7 +13,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("H5TILEFS_BIN", os.path.join(REPO, "target", "release", "h5tilefs"))
+sys.path.insert(0, os.path.join(REPO, "tests", "common"))
+from h5t_mount import BIN, is_mounted, unmount  # noqa: E402,F401 - re-exported to the tests
 TILE_BYTES = 65536
 # Files generated with libver='latest' whose datasets older libhdf5 (1.10) cannot decode:
 # checked leniently (served correctly, or unsupported/absent), never strictly.
@@ -22,23 +24,6 @@ OWNED_UID, OWNED_GID = 1234, 5678
 
 
 # ----------------------------------------------------------------------------- mounting
-def is_mounted(path):
-    """True while PATH is a mount point in the mount table. Unlike os.path.ismount this
-    also sees a FUSE mount whose daemon is gone (stat gives ENOTCONN there), so tests
-    that kill a daemon still clean its mount up."""
-    want = os.path.abspath(path)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return os.path.ismount(path)
-    for ln in lines:
-        mp = ln.split(" ")[4].replace("\\040", " ").replace("\\134", "\\")
-        if mp == want:
-            return True
-    return False
-
-
 def binary_supports(flag):
     try:
         out = subprocess.run([BIN, "mount", "--help"], capture_output=True, text=True, timeout=30)
@@ -58,17 +43,6 @@ def mount(backing, mnt, *extra, log=None, check=True, timeout=60):
     if check and p.returncode != 0:
         pytest.fail(f"mount failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}")
     return p
-
-
-def unmount(mnt):
-    for cmd in ([BIN, "umount", mnt], ["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt], ["umount", "-l", mnt]):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if p.returncode == 0 and not is_mounted(mnt):
-            return True
-    return not is_mounted(mnt)
 
 
 # ----------------------------------------------------------------------------- h5py walkers

@@ -4,13 +4,15 @@ import functools
 import json
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("H5TILEFS_BIN", os.path.join(REPO, "target", "release", "h5tilefs"))
+sys.path.insert(0, os.path.join(REPO, "tests", "common"))
+from h5t_mount import BIN, unmount  # noqa: E402,F401 - re-exported to the scripts
 
 # HDF5 file locking would make h5py readers of the backing files contend with the daemon.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
@@ -27,18 +29,6 @@ def mount(backing, mnt, log=None, extra=()):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if p.returncode != 0 or not os.path.ismount(mnt):
         raise RuntimeError(f"mount failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}")
-
-
-def unmount(mnt):
-    for cmd in ([BIN, "umount", mnt], ["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt],
-                ["umount", "-l", mnt]):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if p.returncode == 0 and not os.path.ismount(mnt):
-            return True
-    return not os.path.ismount(mnt)
 
 
 def stale_unmount(mnt):
