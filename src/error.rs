@@ -86,7 +86,7 @@ pub enum PendingError {
         lock: String,
         secs: u64,
     },
-    #[error("{dataset}: tiles were already written with another meta.json; rmdir the dataset to start over")]
+    #[error("{dataset}: tiles were already opened for writing with another meta.json; rmdir the dataset to start over")]
     MetaConflict { dataset: String },
     #[error("{dataset} is not a pending dataset")]
     NotPending { dataset: String },

@@ -447,7 +447,7 @@ impl Tiles {
                 tile: name.clone(),
             })?;
         let count = slab.counts();
-        let size = slab.num_elements() * meta.itemsize;
+        let size = tile_bytes(meta, idx, h5path)?;
         let tpl = self.template(dir, &meta.dtype, &count, size, &ranges.writer_id)?;
         let open_rw = || {
             std::fs::OpenOptions::new()
@@ -603,26 +603,29 @@ impl Tiles {
         data: &[u8],
     ) -> Result<()> {
         let h5path = &src.ds.path;
-        let t = self
-            .tile(ranges, src, meta, idx, true)?
-            .ok_or_else(|| PendingError::Corrupt {
-                what: format!("{h5path} tile {}: source missing", tile_name(idx)),
-            })?;
+        // Checked before the tile's source is made: a refused write leaves nothing
+        // behind (no source, no record), so the dataset does not count as written.
+        let size = tile_bytes(meta, idx, h5path)?;
         let end = off
             .checked_add(data.len() as u64)
             .ok_or_else(|| PendingError::TooLarge {
                 what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
             })?;
-        if end > t.size {
+        if end > size {
             return Err(PendingError::PastTileEnd {
                 dataset: h5path.to_string(),
                 tile: tile_name(idx),
                 start: off,
                 end,
-                size: t.size,
+                size,
             }
             .into());
         }
+        let t = self
+            .tile(ranges, src, meta, idx, true)?
+            .ok_or_else(|| PendingError::Corrupt {
+                what: format!("{h5path} tile {}: source missing", tile_name(idx)),
+            })?;
         t.file
             .file
             .write_all_at(data, t.offset + off)
@@ -635,6 +638,25 @@ impl Tiles {
         );
         ranges.log_range(&src.ds.node, &src.gen, idx, off, data.len() as u64)
     }
+}
+
+/// Bytes of tile `idx` of a dataset described by `meta` (edge tiles are smaller).
+fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
+    let slab = meta
+        .grid()
+        .tile_slab(idx)
+        .ok_or_else(|| PendingError::NoSuchTile {
+            dataset: h5path.to_string(),
+            tile: tile_name(idx),
+        })?;
+    slab.num_elements()
+        .checked_mul(meta.itemsize)
+        .ok_or_else(|| {
+            PendingError::TooLarge {
+                what: format!("{h5path} tile {}", tile_name(idx)),
+            }
+            .into()
+        })
 }
 
 #[cfg(test)]

@@ -306,11 +306,10 @@ impl Model {
         }
     }
 
-    /// A write to pending `f/d` that failed with EFBIG and wrote nothing. KNOWN
-    /// DIVERGENCE from docs/namespace.md: the dataset counts as written all the same, so
-    /// a different meta.json is refused with EBUSY
-    /// (`scenarios::bug_flush_after_a_failed_write_blocks_a_new_meta`, ignored until the
-    /// pending state is fixed; then this goes).
+    /// A write to pending `f/d` that failed with EFBIG and wrote nothing: its open for
+    /// writing made the tile's source, so the dataset counts as written and a different
+    /// meta.json is refused with EBUSY (docs/namespace.md: the meta is fixed once a tile
+    /// was opened for writing; `scenarios::a_write_open_fixes_the_meta`).
     pub(crate) fn failed_write(&mut self, f: &str, d: &str) {
         if let Some(p) = self.files.get_mut(f).and_then(|fm| fm.nodes.get_mut(d)) {
             p.any_write = true;
