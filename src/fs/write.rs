@@ -9,7 +9,6 @@ use crate::error::{Error, Result};
 use crate::h5file::join;
 use crate::names::is_h5_name;
 use crate::namespace::EntryKind;
-use crate::pending::Pending;
 use std::path::Path;
 
 impl Fs {
@@ -263,25 +262,10 @@ impl Fs {
     /// Deletes an HDF5 file, the tile sources we made for it and its pending state, as
     /// one transition of the file (under its lock).
     fn remove_file(&self, file: &Path) -> Result<()> {
-        let abs = self.mount.ns.abs(file)?;
         let is_h5 = matches!(self.mount.ns.classify(file), Ok(EntryKind::H5File));
-        let sources = abs
-            .parent()
-            .unwrap_or(Path::new("/"))
-            .join(Pending::sources_rel(file)?);
-        self.mount.pending.remove_file(file, || {
-            // dropped first, so the sources' space is free when rmdir returns
-            self.mount.ns.forget(file);
-            if is_h5 {
-                match std::fs::remove_file(&abs) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::from_io(format!("removing {}", abs.display()), e)),
-                }
-            }
-            let _ = std::fs::remove_dir_all(&sources);
-            Ok(())
-        })
+        self.mount
+            .pending
+            .remove_file(file, is_h5, || self.mount.ns.forget(file))
     }
 
     /// Deletes one dataset or group of a committed file: pending rewrites the file

@@ -167,14 +167,17 @@ impl Pending {
         self.removal().node(&self.dataset(file_rel, h5path)?)
     }
 
-    /// Drops the whole pending state of a file (its uncommitted tile sources too);
-    /// `remove_committed` runs under the same lock (the file's `.h5` and its sources).
+    /// Deletes a file as one transition (under its lock): its `.h5` when `committed`,
+    /// the tile sources made for it and its whole pending state. `drop_caches` runs
+    /// first, under the lock: the caller's open handles of the file.
     pub fn remove_file(
         &self,
         file_rel: &Path,
-        remove_committed: impl FnOnce() -> Result<()>,
+        committed: bool,
+        drop_caches: impl FnOnce(),
     ) -> Result<()> {
-        self.removal().file(&self.file(file_rel)?, remove_committed)
+        self.removal()
+            .file(&self.file(file_rel)?, committed, drop_caches)
     }
 
     /// rmdir of a committed dataset or group: the file rewritten without it, under the

@@ -46,10 +46,24 @@ impl Removal<'_> {
     pub(super) fn file(
         &self,
         file: &PendingFile,
-        remove_committed: impl FnOnce() -> Result<()>,
+        committed: bool,
+        drop_caches: impl FnOnce(),
     ) -> Result<()> {
         transition(self.layout, file, Transition::RemoveFile, |_| {
-            remove_committed()?;
+            // The caller's open handles of the file go first, so the space of the file
+            // and of its sources is free when the removal returns.
+            drop_caches();
+            if committed {
+                let target = self.layout.target(file);
+                match std::fs::remove_file(&target) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Error::from_io(format!("removing {}", target.display()), e))
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(self.layout.dir(file).join(file.sources_rel()));
             for n in Nodes::list(self.layout, file) {
                 self.node_locked(&self.layout.dataset(file, &n.path))?;
             }
