@@ -255,9 +255,26 @@ pub enum NamespaceError {
     /// An ioctl for data files on another file.
     #[error("{0}: not a data file")]
     NotADataFile(String),
-    /// Mounted read-only, or committed data (which is never written in place).
+    /// Mounted read-only.
     #[error("{0}")]
     ReadOnly(String),
+    /// The name is taken.
+    #[error("{0} exists")]
+    Exists(String),
+    /// Not an operation this place takes: a reserved name, a directory where none can
+    /// be made, a view that cannot be removed, committed data (never written in place).
+    #[error("{0}")]
+    NotPermitted(String),
+    /// A write past what the file can hold (a meta.json over 1 MiB) or a size beyond
+    /// what the daemon addresses.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A write to a handle that was not opened for writing.
+    #[error("{0}: not open for writing")]
+    NotOpenForWriting(String),
+    /// An ioctl command the mount does not know.
+    #[error("unknown ioctl {0:#x}")]
+    UnknownIoctl(u32),
 }
 
 impl NamespaceError {
@@ -274,6 +291,11 @@ impl NamespaceError {
             UnknownHandle(_) => libc::EBADF,
             NotADataFile(_) => libc::ENOTTY,
             ReadOnly(_) => libc::EROFS,
+            Exists(_) => libc::EEXIST,
+            NotPermitted(_) => libc::EPERM,
+            TooLarge(_) => libc::EFBIG,
+            NotOpenForWriting(_) => libc::EBADF,
+            UnknownIoctl(_) => libc::ENOTTY,
         }
     }
 
@@ -353,6 +375,11 @@ mod tests {
         let s = || "x".to_string();
         let cases = [
             (NamespaceError::NotUtf8(s()), libc::EINVAL),
+            (NamespaceError::Exists(s()), libc::EEXIST),
+            (NamespaceError::NotPermitted(s()), libc::EPERM),
+            (NamespaceError::TooLarge(s()), libc::EFBIG),
+            (NamespaceError::NotOpenForWriting(s()), libc::EBADF),
+            (NamespaceError::UnknownIoctl(0), libc::ENOTTY),
             (NamespaceError::NotFound(s()), libc::ENOENT),
             (NamespaceError::NotADirectory(s()), libc::ENOTDIR),
             (NamespaceError::IsADirectory(s()), libc::EISDIR),

@@ -398,3 +398,29 @@ fn only_the_adapter_knows_fuser() {
         "modules other than fuse.rs use fuser: {users:?}"
     );
 }
+
+/// An errno is chosen in one place: the errno tables of the domain error enums in
+/// src/error.rs (`NamespaceError`, `PendingError`, `ModelError`, `GpuError`). Elsewhere
+/// code names the cause and the table gives the errno, so one cause never gets two.
+#[test]
+fn errnos_come_from_the_error_tables() {
+    let mut files = Vec::new();
+    rs_files(Path::new("src"), &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        if f.ends_with("error.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("Error::new(libc::") {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "errnos picked outside src/error.rs (add a variant to a domain error enum):\n{}",
+        found.join("\n")
+    );
+}

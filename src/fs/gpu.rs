@@ -4,7 +4,7 @@
 use super::buffers::{tgid, validate_read, Registration};
 use super::open::OpenFile;
 use super::vfs::Fs;
-use crate::error::{Error, Result};
+use crate::error::{Error, GpuError, NamespaceError, Result};
 use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer};
 use crate::model::flatten;
 use crate::selection::Hyperslab;
@@ -22,7 +22,7 @@ impl Fs {
             }
             ioctl::READ_TO_GPU => self.read_to_gpu(fh, pid, input),
             ioctl::QUERY_EXTENTS => self.query_extents(fh, input),
-            _ => Err(Error::new(libc::ENOTTY, format!("unknown ioctl {cmd:#x}"))),
+            _ => Err(NamespaceError::UnknownIoctl(cmd).into()),
         }
     }
 
@@ -93,7 +93,7 @@ impl Fs {
                 OpenFile::View { model, sel, .. } => (model.clone(), sel.clone()),
                 // revalidated as `read` does (tiles first written since the open)
                 OpenFile::PendingIo { .. } => self.handle_view(fh)?,
-                _ => return Err(Error::new(libc::ENOTTY, "not a data file")),
+                _ => return Err(NamespaceError::NotADataFile(format!("handle {fh}")).into()),
             }
         };
         let size = sel.num_elements() * model.itemsize();
@@ -110,7 +110,7 @@ impl Fs {
             let m = reg
                 .mapping
                 .clone()
-                .ok_or_else(|| Error::new(libc::ENODEV, "buffer has no device mapping"))?;
+                .ok_or_else(|| GpuError::NoDevice("buffer has no device mapping".into()))?;
             (m, reg.offset)
         };
         // Plan and transfer window by window so a huge read holds a bounded plan.

@@ -318,7 +318,9 @@ impl OpenFile {
                         .ok()
                         .and_then(|o| o.checked_add(data.len()))
                         .filter(|&e| e <= MAX_DECLARATION)
-                        .ok_or_else(|| Error::new(libc::EFBIG, "meta.json larger than 1 MiB"))?;
+                        .ok_or_else(|| {
+                            NamespaceError::TooLarge("meta.json larger than 1 MiB".into())
+                        })?;
                     if b.len() < end {
                         b.resize(end, 0);
                     }
@@ -383,7 +385,7 @@ impl OpenFile {
                     Err(e)
                 }
             },
-            _ => Err(Error::new(libc::EBADF, "not open for writing")),
+            _ => Err(NamespaceError::NotOpenForWriting("handle".into()).into()),
         }
     }
 

@@ -4,7 +4,7 @@
 //! Zarr chunk lands. Works against `Pending` and the cell cache.
 
 use crate::decode::CellCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, Result};
 use crate::model::{read_selection, DatasetModel};
 use crate::names::{parse_tile_name, tile_name};
 use crate::pending::Pending;
@@ -173,7 +173,7 @@ pub fn pending_read(
         }
     };
     let total = crate::geometry::checked_bytes(&shape, es)
-        .ok_or_else(|| Error::new(libc::EFBIG, format!("{path}: too large")))?;
+        .ok_or_else(|| ModelError::TooLarge(format!("{path}: too large")))?;
     let end = off.saturating_add(size as u64).min(total);
     if off >= end || es == 0 {
         return Ok(vec![]);

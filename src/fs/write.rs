@@ -5,7 +5,7 @@ use super::attr::Attr;
 use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::vfs::Fs;
 use super::views;
-use crate::error::{Error, Result};
+use crate::error::{Error, NamespaceError, Result};
 use crate::h5file::join;
 use crate::names::is_h5_name;
 use crate::namespace::EntryKind;
@@ -25,12 +25,14 @@ impl Fs {
         }
         let pnode = self.mount.inodes.node(parent)?;
         if views::child(&self.mount, &pnode, name).is_ok() {
-            return Err(Error::new(libc::EEXIST, format!("{name} exists")));
+            return Err(NamespaceError::Exists(name.to_string()).into());
         }
         let node = match &pnode {
             Node::Dir(rel) => {
                 if name == crate::pending::STAGE_DIR {
-                    return Err(Error::new(libc::EPERM, "reserved name"));
+                    return Err(
+                        NamespaceError::NotPermitted(format!("{name} is a reserved name")).into(),
+                    );
                 }
                 let crel = rel.join(name);
                 if is_h5_name(name) {
@@ -64,18 +66,25 @@ impl Fs {
                 match self.mount.resolve(&pnode) {
                     Ok(Resolved::Group { .. } | Resolved::Pending { meta: None }) => {}
                     Ok(Resolved::Pending { meta: Some(_) }) => {
-                        return Err(Error::new(libc::ENOTDIR, format!("{path} is a dataset")))
+                        return Err(
+                            NamespaceError::NotADirectory(format!("{path} is a dataset")).into(),
+                        )
                     }
                     Err(e)
                         if e.errno == libc::ENOENT && self.mount.held_unbound(parent, &pnode) => {}
                     Err(e) if e.errno != libc::ENOENT => return Err(e),
-                    _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
+                    _ => {
+                        return Err(NamespaceError::NotPermitted(
+                            "cannot create a directory here".into(),
+                        )
+                        .into())
+                    }
                 }
                 if name.starts_with('.') && path == "/" {
-                    return Err(Error::new(
-                        libc::EPERM,
-                        "names starting with '.' are reserved here",
-                    ));
+                    return Err(NamespaceError::NotPermitted(
+                        "names starting with '.' are reserved here".into(),
+                    )
+                    .into());
                 }
                 // `%2Ecommit` makes an object named `.commit` (docs/namespace.md "Names")
                 let real = crate::h5file::real_name(name).ok_or_else(|| {
@@ -90,7 +99,11 @@ impl Fs {
                 self.touch(file);
                 Node::at(file.clone(), cpath, NodeKind::Object)
             }
-            _ => return Err(Error::new(libc::EPERM, "cannot create a directory here")),
+            _ => {
+                return Err(
+                    NamespaceError::NotPermitted("cannot create a directory here".into()).into(),
+                )
+            }
         };
         self.register(&node)
     }
@@ -111,13 +124,15 @@ impl Fs {
             at = join(&at, part);
             if let Some(n) = self.mount.pending.node(file, &at) {
                 if n.meta.is_some() {
-                    return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset")));
+                    return Err(NamespaceError::NotADirectory(format!("{at} is a dataset")).into());
                 }
                 continue;
             }
             match committed.as_ref().map(|f| f.kind_of(&at)) {
                 Some(Ok(crate::h5file::ChildKind::Group)) => continue,
-                Some(Ok(_)) => return Err(Error::new(libc::ENOTDIR, format!("{at} is a dataset"))),
+                Some(Ok(_)) => {
+                    return Err(NamespaceError::NotADirectory(format!("{at} is a dataset")).into())
+                }
                 _ => {
                     tracing::debug!(file = %file.display(), group = at, "making a removed group again");
                     self.mount.pending.create_node(file, &at)?;
@@ -197,8 +212,10 @@ impl Fs {
                 Resolved::Pending { .. },
             )
             | (Node::Commit { .. }, _) => Ok(a),
-            _ if self.mount.opts.read_only => Err(Error::new(libc::EROFS, "mounted read-only")),
-            _ => Err(Error::new(libc::EPERM, "committed data is read-only")),
+            _ if self.mount.opts.read_only => {
+                Err(NamespaceError::ReadOnly("mounted read-only".into()).into())
+            }
+            _ => Err(NamespaceError::NotPermitted("committed data is read-only".into()).into()),
         }
     }
 
@@ -229,7 +246,7 @@ impl Fs {
                 .into()),
                 _ => self.remove_object(file, path),
             },
-            _ => Err(Error::new(libc::ENOTDIR, "not a directory")),
+            _ => Err(NamespaceError::NotADirectory(name.to_string()).into()),
         };
         if r.is_ok() {
             // The kernel now holds a dead inode for this name, views (`tiles/`, `slice/`)
@@ -255,7 +272,7 @@ impl Fs {
             | Node::Commit { .. }
             | Node::Status { .. }
             | Node::In(_, NodeKind::Zarr | NodeKind::ZarrChunk { .. }) => Ok(()),
-            _ => Err(Error::new(libc::EPERM, format!("{name} cannot be removed"))),
+            _ => Err(NamespaceError::NotPermitted(format!("{name} cannot be removed")).into()),
         }
     }
 

@@ -4,7 +4,7 @@
 use super::storage::get_string;
 use super::types::describe;
 use super::{dspace, error_stack, mem_type, sync, Hid, Ty, MAX_CELL_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, Result};
 use hdf5_sys::h5::hsize_t;
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5t::H5T_class_t;
@@ -154,7 +154,7 @@ fn read_vstr(
         .iter()
         .try_fold(1u64, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= MAX_CELL_BYTES / 8)
-        .ok_or_else(|| Error::new(libc::EFBIG, format!("block {mem_dims:?} is too large")))?
+        .ok_or_else(|| ModelError::TooLarge(format!("block {mem_dims:?} is too large")))?
         as usize;
     let mtype = mem_type(ftype)?;
     let (fspace, mspace) = region_spaces(dset, start, count, mem_dims)?;

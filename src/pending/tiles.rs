@@ -37,7 +37,10 @@ pub(super) const MAX_OPEN_TARGETS: usize = 1024;
 pub(super) fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<bool> {
     use std::os::fd::AsRawFd;
     let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(Error::new(libc::EFBIG, "tile too large"));
+        return Err(PendingError::TooLarge {
+            what: format!("tile of {len} bytes at {offset}"),
+        }
+        .into());
     };
     if n == 0 {
         return Ok(false);
@@ -558,7 +561,9 @@ impl Tiles {
             } else {
                 offset
                     .checked_add(nbytes)
-                    .ok_or_else(|| Error::new(libc::EFBIG, "tile too large"))?
+                    .ok_or_else(|| PendingError::TooLarge {
+                        what: format!("tile of {nbytes} bytes"),
+                    })?
             };
             let head_len = if nbytes == 0 { len } else { offset };
             let head_len = usize::try_from(head_len)
