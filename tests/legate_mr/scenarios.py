@@ -173,10 +173,11 @@ def legate_writes(_):
 def _batched_equal(p, ds, chunk, a):
     """Every batch equals its part of `a`, and the batches cover `a` once. Compared on
     the host: assembling them with `out[sl] = c` into a cuPyNumeric array (an eager one,
-    these arrays are small) launched a copy per batch, and in 3 of 20 runs every rank
+    these arrays are small) launched a copy per batch, and in 3 of 18 runs every rank
     waited forever in one of those launches (Legion's
-    `InnerContext::remap_unmapped_regions`, under `ReplicateContext::execute_index_space`;
-    docs/adapter-notes.md), with h5tilefs idle."""
+    `InnerContext::remap_unmapped_regions`, under `ReplicateContext::execute_index_space`),
+    with h5tilefs idle. The same wait also strikes at other launches
+    (docs/adapter-notes.md)."""
     want = np.asarray(a)
     seen = np.zeros(want.shape, dtype=np.int64)
     equal = True
