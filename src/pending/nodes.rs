@@ -2,7 +2,7 @@
 //! and this daemon's cache of what it read there: node descriptions and generations,
 //! each kept while a `stat` shows the same file.
 
-use super::base::{file_ident, FileIdent};
+use super::base::{file_ident, has_entries, FileIdent};
 use super::layout::{new_gen, Layout, PendingDataset, PendingFile};
 use crate::durable::{create_exclusive, write_atomic};
 use crate::error::{Error, PendingError, Result};
@@ -229,9 +229,7 @@ impl Nodes {
             if same_meta(d, meta) {
                 return Ok(());
             }
-            let written = std::fs::read_dir(d.join("ranges"))
-                .map(|mut r| r.next().is_some())
-                .unwrap_or(false);
+            let written = has_entries(&d.join("ranges"));
             if written {
                 return Err(PendingError::MetaConflict {
                     dataset: ds.path.clone(),
