@@ -22,16 +22,11 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct FuseFs {
     pub core: Arc<Fs>,
-    /// Whether the kernel agreed to FUSE_NO_OPENDIR_SUPPORT at init.
-    pub no_opendir: std::sync::atomic::AtomicBool,
 }
 
 impl FuseFs {
     pub fn new(core: Arc<Fs>) -> Self {
-        FuseFs {
-            core,
-            no_opendir: std::sync::atomic::AtomicBool::new(false),
-        }
+        FuseFs { core }
     }
 }
 
@@ -220,13 +215,6 @@ pub fn configure_kernel(config: &mut KernelConfig) {
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         configure_kernel(config);
-        // Listings are then kept per directory inode (Fs::readdir_at); a kernel without
-        // the flag keeps sending OPENDIR, answered with a per-handle listing.
-        let no_opendir = config
-            .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
-            .is_ok();
-        self.no_opendir
-            .store(no_opendir, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -323,12 +311,10 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let c = call!(self, req, Op::Opendir, "opendir", ino = ino.0);
-        // The kernel takes ENOSYS as "never send OPENDIR/RELEASEDIR again" when it
-        // agreed to FUSE_NO_OPENDIR_SUPPORT: two round trips fewer per directory.
-        if self.no_opendir.load(std::sync::atomic::Ordering::Relaxed) {
-            c.ok(0);
-            return reply.error(Errno::ENOSYS);
-        }
+        // Neither FOPEN_CACHE_DIR nor FUSE_NO_OPENDIR_SUPPORT (which implies it): the
+        // kernel would keep serving a cached listing until it happens to refresh the
+        // directory's mtime, and a listing here changes without one (a file refused
+        // after its first lookup, pending state written through other mounts).
         done!(c, reply, self.core.opendir(ino.0), |fh| reply
             .opened(FileHandle(fh), FopenFlags::empty()))
     }

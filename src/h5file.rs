@@ -363,7 +363,18 @@ impl H5File {
         if self.kind_of(path)? != ChildKind::Dataset {
             return Err(Error::not_found(format!("{path} is not a dataset")));
         }
-        let m = Arc::new(DatasetModel::build(self, path, opts, opener, depth)?);
+        let m = match DatasetModel::build(self, path, opts, opener, depth) {
+            Ok(m) => Arc::new(m),
+            // The group lists it but libhdf5 refuses it (EIO from the library): a
+            // directory whose meta.json says why, for this version of the file. Other
+            // errors (too large, no memory) stay errors.
+            Err(e) if e.errno == libc::EIO => {
+                tracing::warn!(file = %self.abs.display(), dataset = path, error = %e,
+                    "dataset not served: libhdf5 cannot open it");
+                Arc::new(DatasetModel::unopenable(path, &e.to_string()))
+            }
+            Err(e) => return Err(e),
+        };
         self.models.insert(path.to_string(), m.clone());
         Ok(m)
     }

@@ -140,27 +140,27 @@ fn rmdir_gives_the_name_a_new_inode() {
     assert_eq!(fs.lookup(f, "d").unwrap().ino, again);
 }
 
-/// In the kernel's no-opendir mode a listing is held per directory inode from its first
-/// page to its end: released when a reader reaches the end, and never more than 1 024
-/// held however many listings readers abandon after their first page.
+/// A listing is held from `opendir` to `releasedir` and paged from there; the first
+/// read at offset 0 of a handle takes no second listing, a rewind does. A readdir
+/// without `opendir` holds nothing.
 #[test]
-fn listings_without_opendir_are_released_and_bounded() {
+fn listings_are_held_per_open_directory_and_released() {
     let dir = tempfile::tempdir().unwrap();
     for i in 0..1100 {
         std::fs::create_dir(dir.path().join(format!("d{i:04}"))).unwrap();
     }
     let fs = Fs::new(dir.path(), opts()).unwrap();
-    let root = fs.readdir_at(0, ROOT_INO, 0).unwrap();
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    assert_eq!(fs.held_listings(), 1);
     // the 1 100 directories and the control file
-    assert_eq!(root.len(), 1101);
-    assert_eq!(fs.held_listings(), (1, 1101));
-    // a later page comes from the held listing; the end releases it
-    assert_eq!(fs.readdir_at(0, ROOT_INO, 50).unwrap().len(), 1101);
-    fs.readdir_at(0, ROOT_INO, root.len() as u64 + 2).unwrap();
-    assert_eq!(fs.held_listings(), (0, 0));
-    for e in root.iter().filter(|e| e.name.starts_with('d')) {
-        let a = fs.lookup(ROOT_INO, &e.name).unwrap();
-        fs.readdir_at(0, a.ino, 0).unwrap();
-        assert!(fs.held_listings().0 <= 1024, "{:?}", fs.held_listings());
-    }
+    assert_eq!(fs.readdir_at(fh, ROOT_INO, 0).unwrap().len(), 1101);
+    std::fs::create_dir(dir.path().join("late")).unwrap();
+    // later pages come from the listing taken at opendir...
+    assert_eq!(fs.readdir_at(fh, ROOT_INO, 50).unwrap().len(), 1101);
+    // ...a rewind takes a new one
+    assert_eq!(fs.readdir_at(fh, ROOT_INO, 0).unwrap().len(), 1102);
+    fs.releasedir(fh);
+    assert_eq!(fs.held_listings(), 0);
+    assert_eq!(fs.readdir_at(0, ROOT_INO, 0).unwrap().len(), 1102);
+    assert_eq!(fs.held_listings(), 0);
 }

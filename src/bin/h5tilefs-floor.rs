@@ -29,7 +29,7 @@
 //!     h5tilefs-floor MOUNTPOINT --backing FILE OFFSET SIZE [THREADS]
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
     ReplyOpen, Request,
 };
@@ -280,13 +280,12 @@ const TTL: Duration = Duration::from_secs(1);
 impl Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         h5tilefs::fuse::configure_kernel(config);
-        // As the daemon: no OPENDIR/RELEASEDIR round trips where the kernel allows it.
-        let _ = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
+    /// As the daemon: an OPENDIR round trip per listing, no kernel listing cache.
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.error(Errno::from_i32(libc::ENOSYS))
+        reply.opened(FileHandle(0), FopenFlags::empty())
     }
 
     fn readdirplus(

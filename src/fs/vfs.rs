@@ -390,8 +390,8 @@ impl Fs {
             .read_at(fh, ino, offset, &|| self.readdir(ino))
     }
 
-    /// Listings held for readers in no-opendir mode, and their entries.
-    pub fn held_listings(&self) -> (usize, usize) {
+    /// Listings held for open directory handles.
+    pub fn held_listings(&self) -> usize {
         self.listings.held()
     }
 

@@ -75,6 +75,8 @@ pub enum Layout {
     Contiguous,
     Chunked,
     Virtual,
+    /// Of a dataset libhdf5 could not open (its model is `unsupported`).
+    Unknown,
 }
 
 impl Layout {
@@ -84,6 +86,7 @@ impl Layout {
             Layout::Contiguous => "contiguous",
             Layout::Chunked => "chunked",
             Layout::Virtual => "virtual",
+            Layout::Unknown => "unknown",
         }
     }
 }

@@ -129,6 +129,39 @@ impl DatasetModel {
     }
 }
 
+impl DatasetModel {
+    /// The model of a dataset libhdf5 lists but cannot open or describe (a crafted or
+    /// damaged object header): its directory shows meta.json alone, whose
+    /// `unsupported` says why, rather than failing every lookup with EIO.
+    pub fn unopenable(name: &str, why: &str) -> DatasetModel {
+        DatasetModel {
+            name: name.to_string(),
+            shape: vec![],
+            maxshape: vec![],
+            dtype: DType::Unsupported {
+                reason: format!(
+                    "libhdf5 cannot open this dataset ({why}); the file may be damaged: \
+                     check it with h5dump, or rewrite it with h5repack"
+                ),
+                itemsize: 0,
+            },
+            layout: Layout::Unknown,
+            chunks: None,
+            filters: vec![],
+            fill_defined: false,
+            fill: Vec::new().into(),
+            attrs: serde_json::Map::new(),
+            tile_shape: vec![],
+            storage: Storage::None,
+            virtual_count: 0,
+            missing_sources: vec![],
+            meta: OnceLock::new(),
+            zarr: OnceLock::new(),
+            plain: OnceLock::new(),
+        }
+    }
+}
+
 impl Probe {
     /// Opens dataset `name`: its creation list, type, layout and dataspace.
     fn open(file: &dyn SourceFile, name: &str) -> Result<Probe> {

@@ -131,6 +131,8 @@ pub(super) fn place(
                 None => hdf_cells(ds.clone()),
             },
             Layout::Compact => hdf_cells(ds.clone()),
+            // never probed: `DatasetModel::unopenable` models it without placing it
+            Layout::Unknown => Storage::None,
             Layout::Chunked => {
                 let c = p.chunks.clone().unwrap_or_default();
                 if c.len() != rank || c.contains(&0) {
