@@ -8,6 +8,7 @@ use dashmap::DashMap;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// What identifies one version of a backing file: replaced, rewritten or chmod-ed files
@@ -70,6 +71,9 @@ pub struct H5File {
     pub hfile: hdf5::File,
     pub backing: Arc<BackingFile>,
     models: DashMap<String, Arc<DatasetModel>>,
+    /// Models held by every file sharing this counter (a namespace's open files), for
+    /// the namespace's bound on them (`Namespace::shed_models`).
+    models_held: Arc<AtomicUsize>,
     listings: DashMap<String, Arc<Listing>>,
     /// Each group's zarr.json, built on first use (src/zarr.rs).
     group_zarr: DashMap<String, Arc<Vec<u8>>>,
@@ -108,7 +112,33 @@ impl SourceFile for H5File {
     }
 }
 
+impl Drop for H5File {
+    fn drop(&mut self) {
+        self.drop_models();
+    }
+}
+
 impl H5File {
+    /// Drops the models this file holds (those in use live on with their users; the
+    /// next use builds them again): how a namespace keeps its models bounded.
+    pub fn drop_models(&self) {
+        let mut n = 0usize;
+        self.models.retain(|_, _| {
+            n += 1;
+            false
+        });
+        let _ = self
+            .models_held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
+    /// Models this file holds.
+    pub fn models_len(&self) -> usize {
+        self.models.len()
+    }
+
     /// True when the open file was modified in place (same inode, new size or mtime)
     /// since it was opened: its extents and HDF5 handles no longer describe its bytes.
     pub fn modified_in_place(&self) -> bool {
@@ -120,6 +150,30 @@ impl H5File {
 }
 
 /// The HDF5 file signature, searched at 0, 512, 1024, 2048, ... as the library does.
+/// Most metadata cache one open file may grow to. libhdf5's default lets each grow to
+/// 32 MiB (2 MiB at first); with up to `namespace::MAX_OPEN_FILES` files open that was
+/// most of the daemon's memory after a pass over many files (docs/architecture.md,
+/// "Memory"). Metadata is read once per version of a file into the models, so a small
+/// cache costs little.
+pub const MDC_MAX_BYTES: usize = 1 << 20;
+
+/// Opens `abs` with the daemon's bounds on libhdf5's caches: the metadata cache at most
+/// [`MDC_MAX_BYTES`], and no raw-data chunk cache by default (decoded chunks live in the
+/// daemon's own cell cache, bounded by `--cache-bytes`; libhdf5's would keep up to 1 MiB
+/// more per open dataset).
+fn open_bounded(abs: &Path, mode: hdf5::file::OpenMode) -> hdf5::Result<hdf5::File> {
+    let mut b = hdf5::File::with_options();
+    let mdc = hdf5::plist::file_access::MetadataCacheConfig {
+        set_initial_size: true,
+        initial_size: 256 << 10,
+        min_size: 128 << 10,
+        max_size: MDC_MAX_BYTES,
+        ..Default::default()
+    };
+    b.with_fapl(|p| p.mdc_config(&mdc).chunk_cache(521, 0, 0.75));
+    b.open_as(abs, mode)
+}
+
 pub fn has_hdf5_signature(f: &std::fs::File, size: u64) -> bool {
     use std::os::unix::fs::FileExt;
     const SIG: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
@@ -194,6 +248,11 @@ pub fn real_name(shown: &str) -> Option<String> {
 impl H5File {
     /// Opens `abs` if it is an HDF5 file; ENOENT (with the reason) otherwise.
     pub fn open(abs: &Path) -> Result<H5File> {
+        Self::open_counted(abs, Arc::default())
+    }
+
+    /// [`Self::open`], counting the models it will hold in `models_held`.
+    pub fn open_counted(abs: &Path, models_held: Arc<AtomicUsize>) -> Result<H5File> {
         let file = std::fs::File::open(abs)
             .map_err(|e| Error::from_io(format!("opening {}", abs.display()), e))?;
         let meta = file
@@ -205,13 +264,13 @@ impl H5File {
                 abs.display()
             )));
         }
-        let hfile = match hdf5::File::open(abs) {
+        let hfile = match open_bounded(abs, hdf5::file::OpenMode::Read) {
             Ok(f) => f,
             // A writer holds it open in SWMR mode (superblock flags say "open for
             // write"): read it as h5py's `swmr=True` does. A writer not in SWMR mode
             // makes this fail too, and the file stays hidden until it closes the file.
             Err(e) if e.to_string().contains("already open for write") => {
-                hdf5::File::open_as(abs, hdf5::file::OpenMode::ReadSWMR).map_err(|e2| {
+                open_bounded(abs, hdf5::file::OpenMode::ReadSWMR).map_err(|e2| {
                     Error::with_source(
                         libc::ENOENT,
                         format!(
@@ -242,6 +301,7 @@ impl H5File {
                 file,
             }),
             models: DashMap::new(),
+            models_held,
             listings: DashMap::new(),
             group_zarr: DashMap::new(),
             first_paths: std::sync::OnceLock::new(),
@@ -375,7 +435,9 @@ impl H5File {
             }
             Err(e) => return Err(e),
         };
-        self.models.insert(path.to_string(), m.clone());
+        if self.models.insert(path.to_string(), m.clone()).is_none() {
+            self.models_held.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(m)
     }
 }

@@ -21,6 +21,14 @@ pub enum EntryKind {
 /// must not keep them all open.
 pub const MAX_OPEN_FILES: usize = 128;
 
+/// Dataset models the open files may hold together. A model holds libhdf5's handles
+/// of its dataset (its dataset object, creation list and chunk index: about 12 KiB) and
+/// its attributes as JSON: a pass over 300 files of 300 datasets each held 5.4 GB
+/// before this bound (docs/architecture.md, "Memory"). Checked each time an operation
+/// reaches a file: the least recently used files drop their models then. One request
+/// may build more (a group's consolidated zarr.json, up to 10 000).
+pub const MAX_MODELS: usize = 4096;
+
 /// Names of non-HDF5 files remembered before the list is cleared.
 const MAX_REJECTED: usize = 16384;
 
@@ -31,6 +39,9 @@ pub struct Namespace {
     files: DashMap<PathBuf, (Arc<H5File>, u64)>,
     tick: std::sync::atomic::AtomicU64,
     max_open: usize,
+    /// Models held by the open files (each file counts its own into it).
+    models_held: Arc<std::sync::atomic::AtomicUsize>,
+    max_models: usize,
     /// Files that are not (readable) HDF5, by identity, so we log and sniff them once.
     rejected: DashMap<PathBuf, Ident>,
     /// The reason last logged for a skipped file (logged again only when it changes).
@@ -53,6 +64,8 @@ impl Namespace {
             files: DashMap::new(),
             tick: std::sync::atomic::AtomicU64::new(0),
             max_open: MAX_OPEN_FILES,
+            models_held: Arc::default(),
+            max_models: MAX_MODELS,
             rejected: DashMap::new(),
             warned: DashMap::new(),
         })
@@ -143,11 +156,16 @@ impl Namespace {
     fn file_abs(&self, abs: &Path, m: &std::fs::Metadata) -> Result<Arc<H5File>> {
         let ident = Ident::of(m);
         let now = self.tick.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(mut e) = self.files.get_mut(abs) {
-            if e.0.ident == ident {
+        let cached = match self.files.get_mut(abs) {
+            Some(mut e) if e.0.ident == ident => {
                 e.1 = now;
-                return Ok(e.0.clone());
+                Some(e.0.clone())
             }
+            _ => None,
+        };
+        if let Some(f) = cached {
+            self.shed_models();
+            return Ok(f);
         }
         if self.rejected.get(abs).is_some_and(|r| *r == ident) {
             return Err(Error::not_found(format!(
@@ -165,7 +183,7 @@ impl Namespace {
                 crate::reaper::drop_later(old);
             }
         }
-        match H5File::open(abs) {
+        match H5File::open_counted(abs, self.models_held.clone()) {
             Ok(f) => {
                 let f = Arc::new(f);
                 self.rejected.remove(abs);
@@ -237,6 +255,34 @@ impl Namespace {
         }
     }
 
+    /// Keeps the models of the open files within `max_models`: once over, the least
+    /// recently used files drop theirs until three quarters remain. No map guard is held
+    /// while a file drops its models.
+    fn shed_models(&self) {
+        use std::sync::atomic::Ordering;
+        if self.models_held.load(Ordering::Relaxed) <= self.max_models {
+            return;
+        }
+        let keep = self.max_models * 3 / 4;
+        let mut by_age: Vec<(u64, Arc<H5File>)> = self
+            .files
+            .iter()
+            .map(|e| (e.value().1, e.value().0.clone()))
+            .collect();
+        by_age.sort_by_key(|(t, _)| *t);
+        for (_, f) in by_age {
+            if self.models_held.load(Ordering::Relaxed) <= keep {
+                break;
+            }
+            f.drop_models();
+        }
+    }
+
+    /// Models the open files hold (for tests and the control file).
+    pub fn models_held(&self) -> usize {
+        self.models_held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Number of HDF5 files currently open (by the cache).
     pub fn open_files(&self) -> usize {
         self.files.len()
@@ -298,6 +344,53 @@ mod tests {
             ns.file(Path::new("f1.h5")).unwrap().abs,
             ns.root.join("f1.h5")
         );
+    }
+
+    /// The open files' models stay within the bound however many datasets are
+    /// described: the least recently used files drop theirs; a model in use lives on.
+    #[test]
+    fn models_are_bounded_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..6 {
+            let f = hdf5::File::create(dir.path().join(format!("f{i}.h5"))).unwrap();
+            for d in 0..10 {
+                f.new_dataset::<i32>()
+                    .shape([4])
+                    .create(format!("d{d}").as_str())
+                    .unwrap();
+            }
+        }
+        let mut ns = Namespace::new(dir.path()).unwrap();
+        ns.max_models = 16;
+        let opts = crate::model::ModelOptions {
+            tile_bytes: 1 << 20,
+            root: ns.root.clone(),
+            direct: Arc::new(crate::h5file::DirectOpener),
+            sources: Arc::default(),
+        };
+        let first = ns.file(Path::new("f0.h5")).unwrap();
+        let kept = first.model("/d0", &opts, &ns).unwrap();
+        drop(first);
+        let mut most = 0;
+        for i in 0..6 {
+            for d in 0..10 {
+                let f = ns.file(Path::new(&format!("f{i}.h5"))).unwrap();
+                f.model(&format!("/d{d}"), &opts, &ns).unwrap();
+                most = most.max(ns.models_held());
+            }
+        }
+        // checked when an operation reaches a file: at most one over between checks
+        assert!(most <= 17, "{most} models held");
+        let total: usize = (0..6)
+            .map(|i| {
+                ns.file(Path::new(&format!("f{i}.h5")))
+                    .unwrap()
+                    .models_len()
+            })
+            .sum();
+        assert_eq!(total, ns.models_held());
+        // the model handed out before is still whole
+        assert_eq!(kept.shape, vec![4]);
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl Fs {
                 "inodes": self.mount.inodes.len(),
                 "open_handles": self.open.count(),
                 "open_hdf5_files": self.mount.ns.open_files(),
+                "dataset_models": self.mount.ns.models_held(),
                 "bytes_served": self.served.bytes.load(Ordering::Relaxed),
                 "read_requests": self.served.requests.load(Ordering::Relaxed),
                 "gpu_buffers": self.gpu.buffers.len(),
