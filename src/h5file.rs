@@ -412,7 +412,10 @@ impl H5File {
                     }
                 }
                 ChildKind::Dataset => {
-                    let z = self.model(&cpath, opts, opener).ok().and_then(|m| m.zarr_json());
+                    let z = self
+                        .model(&cpath, opts, opener)
+                        .ok()
+                        .and_then(|m| m.zarr_json());
                     if let Some(v) = z.and_then(|z| serde_json::from_slice(&z).ok()) {
                         out.insert(key, v);
                     }

@@ -618,6 +618,43 @@ mod tests {
     }
 
     #[test]
+    fn one_element_attributes_are_scalars_and_strings_are_bytes() {
+        let attrs: Map<String, Value> = serde_json::from_value(json!({
+            "scale_factor": [0.01], "valid_range": [0, 10], "units": "K",
+            "DIMENSION_LIST": [["/t"]], "_FillValue": [-1]
+        }))
+        .unwrap();
+        let a = user_attrs(&attrs);
+        assert_eq!(a["scale_factor"], json!(0.01));
+        assert_eq!(a["valid_range"], json!([0, 10]));
+        assert!(!a.contains_key("DIMENSION_LIST"));
+        assert_eq!(bytes_length("|S5"), Some(5));
+        assert_eq!(bytes_length("|S0"), None);
+        assert_eq!(bytes_length("<f4"), None);
+        let (shape, tiles) = ([3u64], [2u64]);
+        let md = ArrayInfo {
+            name: "/s",
+            shape: &shape,
+            tile_shape: &tiles,
+            itemsize: 5,
+            dtype: Ok("|S5".into()),
+            attrs: &attrs,
+            fill: Value::Null,
+            fill_bytes: &[0; 5],
+            vlen_str: true,
+        };
+        let z: Value = serde_json::from_slice(&array_json(&md).unwrap()).unwrap();
+        assert_eq!(z["data_type"]["name"], "null_terminated_bytes");
+        assert_eq!(z["data_type"]["configuration"]["length_bytes"], 5);
+        assert_eq!(z["fill_value"], "AAAAAAA=");
+        assert_eq!(z["attributes"]["_Encoding"], "utf-8");
+        assert_eq!(z["codecs"], json!([{"name": "bytes"}]));
+        let g: Value = serde_json::from_slice(&group_json(&attrs, Some(Map::new()))).unwrap();
+        assert_eq!(g["consolidated_metadata"]["kind"], "inline");
+        assert_eq!(g["attributes"]["scale_factor"], json!(0.01));
+    }
+
+    #[test]
     fn pad_places_rows_and_fills_the_rest() {
         // A 2 x 3 tile of u8 in a 3 x 4 chunk, fill 9.
         let clipped = [1, 2, 3, 4, 5, 6];

@@ -186,9 +186,10 @@ pub fn open_node(
             let z = cx.zarr_model(&f, path)?.zarr_json().unwrap_or_default();
             (OpenFile::Bytes(z), None)
         }
-        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
-            (OpenFile::Bytes(f.group_zarr(path, &cx.model_opts, &cx.ns)?), None)
-        }
+        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => (
+            OpenFile::Bytes(f.group_zarr(path, &cx.model_opts, &cx.ns)?),
+            None,
+        ),
         // An edge chunk is padded to the full chunk shape: its bytes are made here
         // (at most one tile's); an inner chunk is its tile, read as it is asked for.
         (

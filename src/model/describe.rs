@@ -151,7 +151,10 @@ fn nc_scale(name: &str, attrs: &serde_json::Map<String, Value>, k: usize) -> Opt
             .first()?
             .as_str()
             .map(str::to_string),
-        _ if k == 0 && attrs.contains_key("_Netcdf4Dimid") && attrs.contains_key("REFERENCE_LIST") => {
+        _ if k == 0
+            && attrs.contains_key("_Netcdf4Dimid")
+            && attrs.contains_key("REFERENCE_LIST") =>
+        {
             Some(name.to_string())
         }
         _ => None,
