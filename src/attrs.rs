@@ -25,7 +25,7 @@ pub fn read_attrs(ds: &hdf5::Location) -> Map<String, Value> {
     out
 }
 
-fn read_attr(ds: &hdf5::Location, name: &str) -> Option<Value> {
+pub fn read_attr(ds: &hdf5::Location, name: &str) -> Option<Value> {
     let attr = ds.attr(name).ok()?;
     let shape = attr.shape();
     let scalar = attr.is_scalar();

@@ -56,6 +56,9 @@ const MAX_GROUPS: usize = 1 << 20;
 pub struct Listing {
     pub children: Vec<(String, ChildKind)>,
     index: HashMap<String, ChildKind>,
+    /// Members found by name but left out of directory listings: netCDF-4's
+    /// dimensions without a variable (see `netcdf_dimension_only`).
+    pub unlisted: std::collections::HashSet<String>,
 }
 
 impl Listing {
@@ -77,6 +80,8 @@ pub struct H5File {
     listings: DashMap<String, Arc<Listing>>,
     /// Each group's zarr.json, built on first use (src/zarr.rs).
     group_zarr: DashMap<String, Arc<Vec<u8>>>,
+    /// See [`H5File::is_netcdf`].
+    netcdf: std::sync::OnceLock<bool>,
     /// Each group's first path (token -> path), in the order h5py's `visititems` visits
     /// them (HDF5's `H5Ovisit`, names in increasing order): computed once per version.
     first_paths: std::sync::OnceLock<Arc<HashMap<Token, String>>>,
@@ -202,6 +207,23 @@ pub fn join(group: &str, name: &str) -> String {
 /// first byte escaped.
 const RESERVED: [&str; 6] = [".", "..", ".commit", ".status", ".h5tilefs", "zarr.json"];
 
+/// Most members a group's zarr.json lists as consolidated metadata (each a dataset
+/// model built), and their deepest nesting; past either, zarr lists the directories.
+const MAX_CONSOLIDATED: usize = 2_048;
+const MAX_CONSOLIDATED_DEPTH: usize = 64;
+
+/// Whether member `name` of group `g` is netCDF-4's dimension without a variable (its
+/// `NAME` attribute says so): netCDF readers do not show it, nor do listings.
+fn netcdf_dimension_only(g: &hdf5::Group, name: &str) -> bool {
+    g.dataset(name).ok().is_some_and(|d| {
+        let mut one = serde_json::Map::new();
+        if let Some(v) = crate::attrs::read_attr(&d, "NAME") {
+            one.insert("NAME".into(), v);
+        }
+        crate::zarr::nc_dimension_only(&one)
+    })
+}
+
 /// Longest name a directory entry can have (NAME_MAX): longer object names are left out
 /// of listings (the kernel refuses to look them up).
 pub const NAME_MAX: usize = 255;
@@ -304,6 +326,7 @@ impl H5File {
             models_held,
             listings: DashMap::new(),
             group_zarr: DashMap::new(),
+            netcdf: std::sync::OnceLock::new(),
             first_paths: std::sync::OnceLock::new(),
         })
     }
@@ -348,13 +371,44 @@ impl H5File {
             }
         }
         let index = children.iter().cloned().collect();
-        let l = Arc::new(Listing { children, index });
+        let unlisted = if self.is_netcdf() {
+            children
+                .iter()
+                .filter(|(n, k)| *k == ChildKind::Dataset && netcdf_dimension_only(&g, n))
+                .map(|(n, _)| n.clone())
+                .collect()
+        } else {
+            Default::default()
+        };
+        let l = Arc::new(Listing {
+            children,
+            index,
+            unlisted,
+        });
         self.listings.insert(path.to_string(), l.clone());
         Ok(l)
     }
 
-    /// The zarr.json of group `path` (its attributes as Zarr v3 group metadata).
-    pub fn group_zarr(&self, path: &str) -> Result<Arc<Vec<u8>>> {
+    /// Whether this is a netCDF-4 file: netCDF-C and h5netcdf write `_NCProperties` on
+    /// the root group.
+    pub fn is_netcdf(&self) -> bool {
+        *self.netcdf.get_or_init(|| {
+            self.hfile
+                .attr_names()
+                .is_ok_and(|n| n.iter().any(|a| a == "_NCProperties"))
+        })
+    }
+
+    /// The zarr.json of group `path`: its attributes as Zarr v3 group metadata and,
+    /// as inline consolidated metadata, the zarr.json of every group and array below
+    /// it at their first paths (links to groups left out, so a walk of it ends), when
+    /// there are at most `MAX_CONSOLIDATED` of them.
+    pub fn group_zarr(
+        &self,
+        path: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+    ) -> Result<Arc<Vec<u8>>> {
         if let Some(z) = self.group_zarr.get(path) {
             return Ok(z.clone());
         }
@@ -362,9 +416,74 @@ impl H5File {
             .hfile
             .group(path)
             .map_err(|e| Error::with_source(libc::ENOENT, format!("no group {path}"), e))?;
-        let z = Arc::new(crate::zarr::group_json(&crate::attrs::read_attrs(&g)));
+        let mut members = serde_json::Map::new();
+        let all = self.zarr_members(path, "", 0, opts, opener, &mut members);
+        if !all {
+            tracing::debug!(file = %self.abs.display(), group = path,
+                "too many members to consolidate in zarr.json; zarr lists the directories");
+        }
+        let attrs = crate::attrs::read_attrs(&g);
+        let z = Arc::new(crate::zarr::group_json(&attrs, all.then_some(members)));
         self.group_zarr.insert(path.to_string(), z.clone());
         Ok(z)
+    }
+
+    /// Adds the Zarr metadata of every member below group `path` to `out`, keyed by
+    /// `prefix` and the shown names; false when there are more than `MAX_CONSOLIDATED`
+    /// or they nest deeper than `MAX_CONSOLIDATED_DEPTH`.
+    fn zarr_members(
+        &self,
+        path: &str,
+        prefix: &str,
+        depth: usize,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        out: &mut serde_json::Map<String, serde_json::Value>,
+    ) -> bool {
+        if depth > MAX_CONSOLIDATED_DEPTH {
+            return false;
+        }
+        let Ok(l) = self.listing(path) else {
+            return true;
+        };
+        for (name, kind) in &l.children {
+            if out.len() >= MAX_CONSOLIDATED {
+                return false;
+            }
+            let shown = display_name(name);
+            if shown.len() > NAME_MAX || l.unlisted.contains(name) {
+                continue;
+            }
+            let key = if prefix.is_empty() {
+                shown
+            } else {
+                format!("{prefix}/{shown}")
+            };
+            let cpath = join(path, name);
+            match kind {
+                ChildKind::Group => {
+                    let Ok(g) = self.hfile.group(&cpath) else {
+                        continue;
+                    };
+                    let attrs = crate::attrs::read_attrs(&g);
+                    out.insert(key.clone(), crate::zarr::consolidated_group_entry(&attrs));
+                    if !self.zarr_members(&cpath, &key, depth + 1, opts, opener, out) {
+                        return false;
+                    }
+                }
+                ChildKind::Dataset => {
+                    let z = self
+                        .model(&cpath, opts, opener)
+                        .ok()
+                        .and_then(|m| m.zarr_json());
+                    if let Some(v) = z.and_then(|z| serde_json::from_slice(&z).ok()) {
+                        out.insert(key, v);
+                    }
+                }
+                ChildKind::Link(_) => {}
+            }
+        }
+        true
     }
 
     /// See `first_paths` on the struct. A file HDF5 cannot walk gets an empty map:

@@ -26,7 +26,7 @@ pub const MAX_OPEN_FILES: usize = 128;
 /// its attributes as JSON: a pass over 300 files of 300 datasets each held 5.4 GB
 /// before this bound (docs/architecture.md, "Memory"). Checked each time an operation
 /// reaches a file: the least recently used files drop their models then. One request
-/// may build more (a group's consolidated zarr.json, up to 10 000).
+/// may build more (a group's consolidated zarr.json, up to 2 048).
 pub const MAX_MODELS: usize = 4096;
 
 /// Names of non-HDF5 files remembered before the list is cleared.
@@ -356,6 +356,8 @@ mod tests {
             for d in 0..10 {
                 f.new_dataset::<i32>()
                     .shape([4])
+                    .chunk([2])
+                    .deflate(4)
                     .create(format!("d{d}").as_str())
                     .unwrap();
             }
@@ -371,6 +373,12 @@ mod tests {
         let first = ns.file(Path::new("f0.h5")).unwrap();
         let kept = first.model("/d0", &opts, &ns).unwrap();
         drop(first);
+        let gone = Arc::downgrade(
+            &ns.file(Path::new("f0.h5"))
+                .unwrap()
+                .model("/d1", &opts, &ns)
+                .unwrap(),
+        );
         let mut most = 0;
         for i in 0..6 {
             for d in 0..10 {
@@ -389,8 +397,16 @@ mod tests {
             })
             .sum();
         assert_eq!(total, ns.models_held());
-        // the model handed out before is still whole
+        // the model handed out before is still whole; a dropped one is freed
         assert_eq!(kept.shape, vec![4]);
+        assert!(gone.upgrade().is_none(), "a dropped model is still alive");
+        // and libhdf5's objects with it: only the kept model's dataset is open
+        let f0 = ns.file(Path::new("f0.h5")).unwrap();
+        // SAFETY: a plain query on a file id the open file owns.
+        let open = hdf5::sync::sync(|| unsafe {
+            hdf5_sys::h5f::H5Fget_obj_count(f0.hfile.id(), hdf5_sys::h5f::H5F_OBJ_DATASET)
+        });
+        assert_eq!(open, 1);
     }
 
     #[test]

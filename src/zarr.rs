@@ -13,6 +13,8 @@ use serde_json::{json, Map, Value};
 pub struct ArrayInfo<'a> {
     /// The dataset's HDF5 path.
     pub name: &'a str,
+    /// The shape shown: the dataset's, or along a netCDF-4 unlimited dimension the
+    /// dimension's length (chunks past the dataset's end read as the fill value).
     pub shape: &'a [u64],
     pub tile_shape: &'a [u64],
     pub itemsize: u64,
@@ -21,6 +23,10 @@ pub struct ArrayInfo<'a> {
     pub attrs: &'a Map<String, Value>,
     /// The fill value as meta.json gives it (null when the dataset defines none).
     pub fill: Value,
+    /// The fill value's bytes (a string's fill is given as them).
+    pub fill_bytes: &'a [u8],
+    /// A variable-length string (served fixed width): decoded as text, not bytes.
+    pub vlen_str: bool,
 }
 
 /// Attributes HDF5 and netCDF-4 keep for themselves (dimension scales, netCDF's own
@@ -39,13 +45,22 @@ const INTERNAL_ATTRS: [&str; 8] = [
 
 /// netCDF-4 marks a dimension without a coordinate variable with a dataset whose NAME
 /// starts with this; netCDF readers do not show it as a variable, nor does the view.
-const NC_DIM_ONLY: &str = "This is a netCDF dimension but not a netCDF variable";
+pub const NC_DIM_ONLY: &str = "This is a netCDF dimension but not a netCDF variable";
 
+/// The attributes Zarr shows: a one-element array as its element, as netCDF4-python
+/// and h5py give it (netCDF stores every numeric attribute as an array), so xarray
+/// reads `scale_factor` as a number and not as a list.
 fn user_attrs(attrs: &Map<String, Value>) -> Map<String, Value> {
     attrs
         .iter()
         .filter(|(k, _)| !INTERNAL_ATTRS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Array(a) if a.len() == 1 => a[0].clone(),
+                _ => v.clone(),
+            };
+            (k.clone(), v)
+        })
         .collect()
 }
 
@@ -106,16 +121,41 @@ fn xarray_fill(v: &Value, data_type: &str) -> Value {
     }
 }
 
-/// A group's zarr.json.
-pub fn group_json(attrs: &Map<String, Value>) -> Vec<u8> {
-    let v = json!({
-        "zarr_format": 3,
-        "node_type": "group",
-        "attributes": user_attrs(attrs),
-    });
+/// A group's zarr.json, with the metadata of every member below it (`members`: keys
+/// relative to the group, `a/b/x`, each a member's zarr.json as JSON) as zarr-python's
+/// inline consolidated metadata, when given: zarr then lists the hierarchy from it and
+/// not from the directories, whose links to groups (cycles) it would follow.
+pub fn group_json(attrs: &Map<String, Value>, members: Option<Map<String, Value>>) -> Vec<u8> {
+    let mut v = group_value(attrs);
+    if let (Some(m), Some(o)) = (members, v.as_object_mut()) {
+        o.insert("consolidated_metadata".into(), consolidated(m));
+    }
     let mut b = serde_json::to_vec_pretty(&v).unwrap_or_default();
     b.push(b'\n');
     b
+}
+
+/// A group's metadata as JSON, without consolidated members.
+pub fn group_value(attrs: &Map<String, Value>) -> Value {
+    json!({
+        "zarr_format": 3,
+        "node_type": "group",
+        "attributes": user_attrs(attrs),
+    })
+}
+
+/// A subgroup's entry in consolidated metadata: its members are the parent's keys
+/// below it, which zarr-python nests under it (as its own `consolidate_metadata` does).
+pub fn consolidated_group_entry(attrs: &Map<String, Value>) -> Value {
+    let mut v = group_value(attrs);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("consolidated_metadata".into(), consolidated(Map::new()));
+    }
+    v
+}
+
+fn consolidated(metadata: Map<String, Value>) -> Value {
+    json!({"kind": "inline", "must_understand": false, "metadata": metadata})
 }
 
 /// The Zarr v3 data type and byte order (None for one-byte types) of a NumPy dtype
@@ -156,23 +196,34 @@ pub fn data_type(descr: &str) -> Option<(&'static str, Option<&'static str>)> {
     ))
 }
 
+/// The length of a NumPy fixed-width bytes dtype (`|S5`), served as zarr-python's
+/// `null_terminated_bytes` data type (NumPy's `S`: trailing NULs are not part of a
+/// value), with the stored bytes as they are.
+pub fn bytes_length(descr: &str) -> Option<u64> {
+    descr
+        .strip_prefix("|S")
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+}
+
 /// Why a dataset has no zarr.json, or None when it has one.
 pub fn why_not(md: &ArrayInfo) -> Option<String> {
     let d = match &md.dtype {
         Ok(d) => d,
         Err(why) => return Some(why.clone()),
     };
-    if nc_dimension_only(md) {
+    if nc_dimension_only(md.attrs) {
         return Some("a netCDF dimension without a variable".into());
     }
-    match data_type(d) {
-        Some(_) => None,
-        None => Some(format!("Zarr v3 has no data type for NumPy dtype {d}")),
+    match (data_type(d), bytes_length(d)) {
+        (None, None) => Some(format!("Zarr v3 has no data type for NumPy dtype {d}")),
+        _ => None,
     }
 }
 
-fn nc_dimension_only(md: &ArrayInfo) -> bool {
-    md.attrs
+/// Whether a dataset with attributes `attrs` is netCDF-4's dimension without a variable.
+pub fn nc_dimension_only(attrs: &Map<String, Value>) -> bool {
+    attrs
         .get("NAME")
         .and_then(Value::as_str)
         .is_some_and(|n| n.starts_with(NC_DIM_ONLY))
@@ -229,14 +280,21 @@ fn fill_value(md: &ArrayInfo, t: &str) -> Value {
         (Value::Null, _) => zero,
         (Value::Array(a), _) => Value::Array(a.iter().map(fix).collect()),
         (Value::Number(n), "bool") => json!(n.as_u64().unwrap_or(0) != 0),
+        // a bitfield or enum shown as bool in meta.json, served as its integer
+        (Value::Bool(b), _) if t != "bool" => json!(u8::from(*b)),
         _ => fix(&f),
     }
 }
 
-fn array_attrs(attrs: &Map<String, Value>, data_type: &str) -> Map<String, Value> {
-    let mut a = user_attrs(attrs);
+fn array_attrs(md: &ArrayInfo, data_type: &str) -> Map<String, Value> {
+    let mut a = user_attrs(md.attrs);
     if let Some(v) = a.get_mut("_FillValue") {
         *v = xarray_fill(v, data_type);
+    }
+    // netCDF's (and h5py's) variable-length strings are text: xarray decodes bytes with
+    // an `_Encoding` as netCDF4-python decodes them.
+    if md.vlen_str && !a.contains_key("_Encoding") {
+        a.insert("_Encoding".into(), json!("utf-8"));
     }
     a
 }
@@ -247,7 +305,16 @@ pub fn array_json(md: &ArrayInfo) -> Option<Vec<u8>> {
         return None;
     }
     let descr = md.dtype.as_ref().ok()?;
-    let (t, endian) = data_type(descr)?;
+    let (t, ty, endian, fill) = match (data_type(descr), bytes_length(descr)) {
+        (Some((t, endian)), _) => (t, json!(t), endian, fill_value(md, t)),
+        (None, Some(n)) => (
+            "bytes",
+            json!({"name": "null_terminated_bytes", "configuration": {"length_bytes": n}}),
+            None,
+            json!(base64(md.fill_bytes)),
+        ),
+        (None, None) => return None,
+    };
     let bytes = match endian {
         Some(e) => json!({"name": "bytes", "configuration": {"endian": e}}),
         None => json!({"name": "bytes"}),
@@ -256,12 +323,12 @@ pub fn array_json(md: &ArrayInfo) -> Option<Vec<u8>> {
         "zarr_format": 3,
         "node_type": "array",
         "shape": md.shape,
-        "data_type": t,
+        "data_type": ty,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": md.tile_shape}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill_value(md, t),
+        "fill_value": fill,
         "codecs": [bytes],
-        "attributes": array_attrs(md.attrs, t),
+        "attributes": array_attrs(md, t),
     });
     if let (Some(names), Some(o)) = (dimension_names(md), v.as_object_mut()) {
         o.insert("dimension_names".into(), Value::Array(names));
@@ -548,6 +615,43 @@ mod tests {
         assert_eq!(data_type("<c16"), Some(("complex128", Some("little"))));
         assert_eq!(data_type("|S4"), None);
         assert_eq!(data_type("<f16"), None);
+    }
+
+    #[test]
+    fn one_element_attributes_are_scalars_and_strings_are_bytes() {
+        let attrs: Map<String, Value> = serde_json::from_value(json!({
+            "scale_factor": [0.01], "valid_range": [0, 10], "units": "K",
+            "DIMENSION_LIST": [["/t"]], "_FillValue": [-1]
+        }))
+        .unwrap();
+        let a = user_attrs(&attrs);
+        assert_eq!(a["scale_factor"], json!(0.01));
+        assert_eq!(a["valid_range"], json!([0, 10]));
+        assert!(!a.contains_key("DIMENSION_LIST"));
+        assert_eq!(bytes_length("|S5"), Some(5));
+        assert_eq!(bytes_length("|S0"), None);
+        assert_eq!(bytes_length("<f4"), None);
+        let (shape, tiles) = ([3u64], [2u64]);
+        let md = ArrayInfo {
+            name: "/s",
+            shape: &shape,
+            tile_shape: &tiles,
+            itemsize: 5,
+            dtype: Ok("|S5".into()),
+            attrs: &attrs,
+            fill: Value::Null,
+            fill_bytes: &[0; 5],
+            vlen_str: true,
+        };
+        let z: Value = serde_json::from_slice(&array_json(&md).unwrap()).unwrap();
+        assert_eq!(z["data_type"]["name"], "null_terminated_bytes");
+        assert_eq!(z["data_type"]["configuration"]["length_bytes"], 5);
+        assert_eq!(z["fill_value"], "AAAAAAA=");
+        assert_eq!(z["attributes"]["_Encoding"], "utf-8");
+        assert_eq!(z["codecs"], json!([{"name": "bytes"}]));
+        let g: Value = serde_json::from_slice(&group_json(&attrs, Some(Map::new()))).unwrap();
+        assert_eq!(g["consolidated_metadata"]["kind"], "inline");
+        assert_eq!(g["attributes"]["scale_factor"], json!(0.01));
     }
 
     #[test]

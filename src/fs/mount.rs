@@ -166,6 +166,20 @@ impl Mount {
         }
     }
 
+    /// The tile Zarr chunk `idx` of a dataset reads: Some(its selection), or None for a
+    /// chunk of the Zarr grid past the dataset's end (a netCDF unlimited dimension
+    /// longer than the variable: all fill value); ENOENT outside the Zarr grid.
+    pub fn zarr_chunk(&self, idx: &[u64], model: &DatasetModel) -> Result<Option<Hyperslab>> {
+        let zgrid = model.zarr_grid().grid();
+        if idx.len() != zgrid.len() || idx.iter().zip(&zgrid).any(|(i, g)| i >= g) {
+            return Err(Error::not_found(format!("no chunk {idx:?}")));
+        }
+        Ok(model
+            .grid()
+            .tile_slab(idx)
+            .or_else(|| idx.is_empty().then(|| Hyperslab::full(&model.shape))))
+    }
+
     /// Metadata standing for a pending file (its staging dir).
     pub fn pending_meta_fs(&self, file: &Path) -> Result<std::fs::Metadata> {
         let d = self.pending.stage_dir(file)?;

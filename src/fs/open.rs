@@ -186,9 +186,10 @@ pub fn open_node(
             let z = cx.zarr_model(&f, path)?.zarr_json().unwrap_or_default();
             (OpenFile::Bytes(z), None)
         }
-        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
-            (OpenFile::Bytes(f.group_zarr(path)?), None)
-        }
+        (Node::In(ObjRef { path, .. }, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => (
+            OpenFile::Bytes(f.group_zarr(path, &cx.model_opts, &cx.ns)?),
+            None,
+        ),
         // An edge chunk is padded to the full chunk shape: its bytes are made here
         // (at most one tile's); an inner chunk is its tile, read as it is asked for.
         (
@@ -196,7 +197,13 @@ pub fn open_node(
             Resolved::Dataset { file: f },
         ) => {
             let md = cx.zarr_model(&f, path)?;
-            let sel = cx.selection(node, &md)?;
+            let es = md.itemsize() as usize;
+            let Some(sel) = cx.zarr_chunk(idx, &md)? else {
+                // past the dataset's end along a netCDF unlimited dimension
+                let none = vec![0; idx.len()];
+                let b = crate::zarr::pad(&[], &none, &md.tile_shape, es, &md.fill);
+                return Ok((OpenFile::Bytes(Arc::new(b)), None));
+            };
             caller.may_read_sources(&md, &f.abs, &cx.ns.root)?;
             if crate::zarr::is_edge(&md.shape, &md.tile_shape, idx) {
                 let n = sel.num_elements().saturating_mul(md.itemsize());

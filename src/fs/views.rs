@@ -175,10 +175,9 @@ pub fn list(cx: &Mount, node: &Node) -> Result<Vec<DirEntry>> {
             Node::In(ObjRef { file, path }, NodeKind::Object),
             Resolved::Pending { .. } | Resolved::Group { .. },
         ) => {
+            // `.commit` and `.status` are found by name, not listed: zarr-python takes
+            // every listed name for a member (docs/namespace.md "Zarr").
             let mut out = Vec::new();
-            if path == "/" {
-                out.extend(file_root::list(file));
-            }
             out.extend(group::list_zarr(file, path, &r));
             if let Resolved::Pending { meta: Some(_) } = r {
                 out.extend(dataset::list_pending(file, path));

@@ -26,6 +26,8 @@ fn info<'a>(path: &'a str, pm: &'a PendingMeta) -> ArrayInfo<'a> {
         dtype: Ok(pm.dtype.clone()),
         attrs: &pm.attrs,
         fill: pm.fill_value.clone(),
+        fill_bytes: &[],
+        vlen_str: false,
     }
 }
 

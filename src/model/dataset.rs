@@ -61,6 +61,9 @@ pub trait SourceOpener {
 pub struct DatasetModel {
     pub name: String,
     pub shape: Vec<u64>,
+    /// The shape the Zarr view shows: `shape`, but along a netCDF-4 unlimited
+    /// dimension the dimension's length (see `describe::netcdf_extent`).
+    pub zarr_shape: Vec<u64>,
     pub maxshape: Vec<Option<u64>>,
     pub dtype: DType,
     pub layout: Layout,

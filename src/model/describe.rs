@@ -7,6 +7,7 @@ use super::storage::{self, Placement};
 use crate::error::{Error, Result};
 use crate::geometry::TileGrid;
 use crate::h5::{self, DType, Layout};
+use serde_json::Value;
 use std::sync::{Arc, OnceLock};
 
 /// Widest variable-length string served (fixed width, every string padded to it).
@@ -51,6 +52,12 @@ impl DatasetModel {
         TileGrid::new(self.shape.clone(), self.tile_shape.clone())
     }
 
+    /// The Zarr view's chunk grid: the tile grid over `zarr_shape`, so chunks past the
+    /// dataset's end along a netCDF unlimited dimension exist (as the fill value).
+    pub fn zarr_grid(&self) -> TileGrid {
+        TileGrid::new(self.zarr_shape.clone(), self.tile_shape.clone())
+    }
+
     /// Builds the model of dataset `name` of `file`, in phases: open the dataset and
     /// read its dataspace ([`Probe::open`]), settle the type served ([`Probe::settle_dtype`]),
     /// read its chunking and filters ([`Probe::read_chunking`]), its fill value and
@@ -67,6 +74,7 @@ impl DatasetModel {
         p.read_chunking(file, name)?;
         let (fill, fill_defined) = p.fill();
         let attrs = crate::attrs::read_attrs(&p.ds);
+        let zarr_shape = netcdf_extent(file, name, &p.shape, &p.maxshape, &attrs);
         let Placement {
             storage,
             tile_shape,
@@ -76,6 +84,7 @@ impl DatasetModel {
         Ok(DatasetModel {
             name: name.to_string(),
             shape: p.shape,
+            zarr_shape,
             maxshape: p.maxshape,
             dtype: p.dtype,
             layout: p.layout,
@@ -106,6 +115,7 @@ impl DatasetModel {
         DatasetModel {
             name: name.to_string(),
             maxshape: shape.iter().map(|&s| Some(s)).collect(),
+            zarr_shape: shape.clone(),
             shape,
             dtype: DType::Numeric {
                 descr: dtype.to_string(),
@@ -137,6 +147,7 @@ impl DatasetModel {
         DatasetModel {
             name: name.to_string(),
             shape: vec![],
+            zarr_shape: vec![],
             maxshape: vec![],
             dtype: DType::Unsupported {
                 reason: format!(
@@ -160,6 +171,82 @@ impl DatasetModel {
             plain: OnceLock::new(),
         }
     }
+}
+
+/// The scale that names axis `k` of a dataset with attributes `attrs`, when it is a
+/// netCDF-4 dimension: the first scale attached to the axis (`DIMENSION_LIST`) whose
+/// attributes carry `_Netcdf4Dimid` (netCDF-C and h5netcdf write it on every dimension
+/// scale); a netCDF dimension's own scale names its axis 0.
+fn nc_scale(name: &str, attrs: &serde_json::Map<String, Value>, k: usize) -> Option<String> {
+    match attrs.get("DIMENSION_LIST") {
+        Some(Value::Array(dims)) => dims
+            .get(k)?
+            .as_array()?
+            .first()?
+            .as_str()
+            .map(str::to_string),
+        _ if k == 0
+            && attrs.contains_key("_Netcdf4Dimid")
+            && attrs.contains_key("REFERENCE_LIST") =>
+        {
+            Some(name.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// The shape the Zarr view shows: along a netCDF-4 unlimited dimension, the
+/// dimension's current length, which netCDF readers give every variable of it (a
+/// variable written shorter reads as its fill value up to it): the longest of the
+/// dimension's scale and of every dataset its `REFERENCE_LIST` attaches along it.
+/// Other axes, and datasets that are not netCDF variables, keep their HDF5 length.
+fn netcdf_extent(
+    file: &dyn SourceFile,
+    name: &str,
+    shape: &[u64],
+    maxshape: &[Option<u64>],
+    attrs: &serde_json::Map<String, Value>,
+) -> Vec<u64> {
+    let mut out = shape.to_vec();
+    for (k, len) in out.iter_mut().enumerate() {
+        if maxshape.get(k).is_some_and(Option::is_some) {
+            continue;
+        }
+        let Some(scale) = nc_scale(name, attrs, k) else {
+            continue;
+        };
+        let Ok(sds) = file.hfile().dataset(&scale) else {
+            continue;
+        };
+        let sattrs = crate::attrs::read_attrs(&sds);
+        if !sattrs.contains_key("_Netcdf4Dimid") {
+            continue;
+        }
+        if let Some(&n) = sds.shape().first() {
+            *len = (*len).max(n as u64);
+        }
+        let refs = sattrs.get("REFERENCE_LIST").and_then(Value::as_array);
+        for r in refs.into_iter().flatten() {
+            let (Some(path), Some(dim)) = (
+                r.get("dataset").and_then(Value::as_str),
+                r.get("dimension").and_then(Value::as_u64),
+            ) else {
+                continue;
+            };
+            if path == name {
+                continue;
+            }
+            let n = file
+                .hfile()
+                .dataset(path)
+                .ok()
+                .and_then(|d| d.shape().get(dim as usize).copied());
+            if let Some(n) = n {
+                *len = (*len).max(n as u64);
+            }
+        }
+    }
+    out
 }
 
 impl Probe {

@@ -27,14 +27,20 @@ impl DatasetModel {
                 .unwrap_or_else(|| descr.clone())),
             DType::Unsupported { reason, .. } => Err(reason.clone()),
         };
+        let vlen_str = matches!(
+            &self.dtype,
+            DType::Numeric { ty: Some(t), .. } if matches!(**t, h5::Ty::VStr { .. })
+        );
         crate::zarr::ArrayInfo {
             name: &self.name,
-            shape: &self.shape,
+            shape: &self.zarr_shape,
             tile_shape: &self.tile_shape,
             itemsize: self.itemsize(),
             dtype,
             attrs: &self.attrs,
             fill: self.fill_json(),
+            fill_bytes: &self.fill,
+            vlen_str,
         }
     }
 

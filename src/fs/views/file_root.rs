@@ -1,10 +1,12 @@
 //! An HDF5 file's own directory adds `.commit` (written to commit the pending file) and
-//! `.status` (its pending state as JSON) to the root group's members.
+//! `.status` (its pending state as JSON) to the root group's members: found by name,
+//! not listed (as `ls` leaves dot files out, and zarr-python would take them for
+//! members it cannot read).
 
 use crate::error::Result;
 use crate::fs::attr::{file_attr, Attr, Kind};
 use crate::fs::mount::Mount;
-use crate::fs::node::{Listed, Node};
+use crate::fs::node::Node;
 use crate::names::{COMMIT_NAME, STATUS_NAME};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -31,17 +33,4 @@ pub fn status_attr(cx: &Mount, ino: u64, file: &Path) -> Result<Attr> {
     let m = cx.file_meta(file)?;
     let size = cx.status_json(file).len() as u64;
     Ok(file_attr(ino, Kind::File, size, &m, true))
-}
-
-pub fn list(file: &Path) -> Vec<Listed> {
-    let file = file.to_path_buf();
-    vec![
-        (
-            Node::Commit { file: file.clone() },
-            None,
-            Kind::File,
-            COMMIT_NAME.into(),
-        ),
-        (Node::Status { file }, None, Kind::File, STATUS_NAME.into()),
-    ]
 }

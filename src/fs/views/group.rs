@@ -101,8 +101,9 @@ pub fn list(cx: &Mount, file: &Path, path: &str, r: &Resolved) -> Result<Vec<Lis
         out.push((n, None, Kind::Dir, display_name(rest)));
     }
     if let Resolved::Group { file: Some(f) } = r {
-        for (name, k) in &f.listing(path)?.children {
-            if !seen.insert(name.clone()) {
+        let l = f.listing(path)?;
+        for (name, k) in &l.children {
+            if !seen.insert(name.clone()) || l.unlisted.contains(name) {
                 continue;
             }
             let shown = display_name(name);

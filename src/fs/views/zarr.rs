@@ -38,7 +38,7 @@ pub fn lookup(
     name: &str,
 ) -> Result<Node> {
     let md = cx.zarr_model(f, path)?;
-    let grid = md.grid().grid();
+    let grid = md.zarr_grid().grid();
     let i = grid
         .get(prefix.len())
         .and_then(|&g| parse_index(name, g))
@@ -56,7 +56,7 @@ pub fn list(
     f: &H5File,
 ) -> Result<Vec<Listed>> {
     let md = cx.zarr_model(f, path)?;
-    let grid = md.grid().grid();
+    let grid = md.zarr_grid().grid();
     let v = Some(f.ident);
     let n = grid.get(prefix.len()).copied().unwrap_or(0);
     Ok((0..n)
@@ -74,7 +74,7 @@ pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
     let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
     match (node, r) {
         (Node::In(_, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
-            let size = f.group_zarr(path)?.len() as u64;
+            let size = f.group_zarr(path, &cx.model_opts, &cx.ns)?.len() as u64;
             Ok(committed(
                 file_attr(ino, Kind::File, size, &f.meta, true),
                 f,
@@ -101,9 +101,9 @@ pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
             cx.zarr_model(f, path)?;
             Ok(committed(file_attr(ino, Kind::Dir, 0, &f.meta, true), f))
         }
-        (Node::In(_, NodeKind::ZarrChunk { .. }), Resolved::Dataset { file: f }) => {
+        (Node::In(_, NodeKind::ZarrChunk { idx }), Resolved::Dataset { file: f }) => {
             let md = cx.zarr_model(f, path)?;
-            cx.selection(node, &md)?;
+            cx.zarr_chunk(idx, &md)?;
             let size = crate::zarr::chunk_bytes(&md.tile_shape, md.itemsize());
             Ok(committed(
                 file_attr(ino, Kind::File, size, &f.meta, true),
