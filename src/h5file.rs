@@ -194,6 +194,8 @@ pub fn real_name(shown: &str) -> Option<String> {
 impl H5File {
     /// Opens `abs` if it is an HDF5 file; ENOENT (with the reason) otherwise.
     pub fn open(abs: &Path) -> Result<H5File> {
+        // Before libhdf5 reads anything: it must decode the filters we decode.
+        crate::h5::zfilters::register();
         let file = std::fs::File::open(abs)
             .map_err(|e| Error::from_io(format!("opening {}", abs.display()), e))?;
         let meta = file

@@ -399,6 +399,9 @@ fn mount(args: MountArgs) -> Result<(), String> {
     // directory: keep that inside the backing directory.
     let _ = std::env::set_current_dir(&backing);
     init_logging(args.log_file.as_deref(), false);
+    // libhdf5 decodes the filters we decode from the first read on (docs/namespace.md).
+    let ours = h5tilefs::h5::zfilters::register();
+    tracing::info!(ids = ?ours, "built-in decoders registered with libhdf5");
     match start(&backing, &mnt, opts) {
         Ok((mut session, core)) => {
             tune_readahead(&mnt, readahead_kb);

@@ -27,7 +27,7 @@ pub use c::szip_filter;
 pub use filters::{bitshuffle_filter, blosc, bzip2_filter, lz4_filter, zstd_filter};
 pub use hdf5::{fletcher32, unshuffle};
 pub use lz77::lzf;
-pub use registry::{builtin, filter, Filter, Params};
+pub use registry::{builtin, decoders, filter, Filter, Params};
 pub use shuffle::{
     bitunshuffle, bitunshuffle_rust, bitunshuffle_scalar, unshuffle_into, unshuffle_rust,
 };

@@ -1,0 +1,327 @@
+//! The built-in decoders (codecs::filters) registered with libhdf5 (`H5Zregister`), so
+//! the reads libhdf5 does itself (converted types such as fixed strings, virtual
+//! datasets, chunks it must decode) never depend on an HDF5 plugin for a filter this
+//! build decodes.
+//!
+//! - Registered once per process ([`register`], called where files are opened and at
+//!   daemon start), only for filters libhdf5 has neither built in nor as a plugin found
+//!   in HDF5_PLUGIN_PATH: a plugin the user installed stays the reference decoder.
+//! - Decode only: `encoder_present` is 0, so libhdf5 refuses to create a dataset with
+//!   such a filter ("encoding disabled") rather than write chunks we cannot encode.
+//! - Bounded as the Rust path is: a filter callback is not told the chunk's decoded
+//!   size, so the read that calls H5Dread says it ([`bound_reads`], a thread-local set
+//!   around the call: libhdf5 runs the pipeline on the calling thread, under the `hdf5`
+//!   crate's global lock); unset, the decode limit [`MAX_CELL_BYTES`] bounds it.
+//! - Buffers handed back come from `malloc`: libhdf5 frees filtered chunk buffers with
+//!   `H5MM_xfree`, which is `free` (H5MM.c; H5Dchunk.c's `H5D__chunk_mem_xfree` for
+//!   chunks with a pipeline), as hdf5-blosc and the other plugins assume.
+//! - A panic never unwinds into C: it is logged and the filter fails (returns 0).
+
+use super::storage::get_string;
+use super::{sync, MAX_CELL_BYTES};
+use crate::codecs::{self, Params};
+use hdf5_sys::h5i::hid_t;
+use std::cell::RefCell;
+use std::ffi::{c_char, c_uint, c_void, CString};
+use std::sync::OnceLock;
+
+/// Most bytes the Fletcher-32 filters of one pipeline (at most 32 filters) add.
+const CHECKSUM_SLACK: usize = 32 * 4;
+
+/// What the filter callbacks know of the read under way on this thread.
+#[derive(Clone, Debug, Default)]
+struct Reading {
+    /// Most bytes a filter may produce for one chunk; `None`: [`MAX_CELL_BYTES`].
+    cap: Option<usize>,
+    /// The dataset's element size (Params.elem).
+    elem: usize,
+    /// "FILE: dataset NAME", for log lines.
+    what: String,
+}
+
+thread_local! {
+    static READING: RefCell<Option<Reading>> = const { RefCell::new(None) };
+}
+
+/// Restores the thread's previous read context when dropped.
+pub struct ReadBound {
+    prev: Option<Reading>,
+}
+
+impl Drop for ReadBound {
+    fn drop(&mut self) {
+        let prev = self.prev.take();
+        READING.with(|r| *r.borrow_mut() = prev);
+    }
+}
+
+/// Bounds the filter callbacks for the H5Dread of dataset `dset` this thread is about
+/// to make, until the guard drops: a chunked dataset's chunks decode to at most their
+/// chunk's bytes (plus checksums); other layouts (virtual: its sources' chunks are not
+/// known here) fall back to [`MAX_CELL_BYTES`].
+pub fn bound_reads(dset: hid_t) -> ReadBound {
+    let reading = sync(|| dataset_reading(dset));
+    let prev = READING.with(|r| r.borrow_mut().replace(reading));
+    ReadBound { prev }
+}
+
+/// The bound and names of dataset `dset`. Errors leave the fallback bound.
+fn dataset_reading(dset: hid_t) -> Reading {
+    let mut r = Reading {
+        what: object_label(dset),
+        ..Reading::default()
+    };
+    let Ok(ftype) = super::dtype(dset) else {
+        return r;
+    };
+    // SAFETY: plain library calls on a valid datatype id owned by its guard.
+    let (size, vlen) = unsafe {
+        let size = hdf5_sys::h5t::H5Tget_size(ftype.id());
+        let vlen = hdf5_sys::h5t::H5Tdetect_class(ftype.id(), hdf5_sys::h5t::H5T_class_t::H5T_VLEN)
+            > 0
+            || hdf5_sys::h5t::H5Tdetect_class(ftype.id(), hdf5_sys::h5t::H5T_class_t::H5T_STRING)
+                > 0;
+        (size, vlen)
+    };
+    r.elem = size;
+    // In the file a variable-length element is 16 bytes (length, heap address and
+    // index), at most twice its size in memory (8 for a string pointer).
+    let disk = if vlen { size.saturating_mul(2) } else { size };
+    let Ok(dcpl) = super::dcpl(dset) else {
+        return r;
+    };
+    if !matches!(super::layout(&dcpl), Ok(super::Layout::Chunked)) {
+        return r;
+    }
+    let rank = super::dspace(dset)
+        .ok()
+        .and_then(|s| super::space_dims(&s).ok().flatten())
+        .map_or(0, |(d, _)| d.len());
+    if let Ok(chunk) = super::chunk_shape(&dcpl, rank) {
+        r.cap = crate::geometry::checked_bytes(&chunk, disk as u64)
+            .filter(|&b| b <= MAX_CELL_BYTES)
+            .and_then(|b| usize::try_from(b).ok())
+            .map(|b| b.saturating_add(CHECKSUM_SLACK));
+    }
+    r
+}
+
+/// "FILE: dataset NAME" of an open dataset, for log lines ("?" for what libhdf5 does
+/// not say). Under the library lock.
+fn object_label(dset: hid_t) -> String {
+    // SAFETY: plain name queries on a valid id; buffers sized by `get_string`.
+    let (file, name) = unsafe {
+        (
+            get_string(|b, n| hdf5_sys::h5f::H5Fget_name(dset, b, n)).unwrap_or_default(),
+            get_string(|b, n| hdf5_sys::h5i::H5Iget_name(dset, b, n)).unwrap_or_default(),
+        )
+    };
+    let q = |s: String| if s.is_empty() { "?".to_string() } else { s };
+    format!("{}: dataset {}", q(file), q(name))
+}
+
+/// The ids registered here (filters libhdf5 lacked at start).
+static OURS: OnceLock<Vec<i32>> = OnceLock::new();
+
+/// Registers the built-in decoders libhdf5 does not have, once per process; the ids
+/// registered. Before any read of a file (H5File::open and daemon start call it).
+pub fn register() -> &'static [i32] {
+    OURS.get_or_init(|| sync(register_all))
+}
+
+/// Whether libhdf5's filter `id` is one of ours (then no independent second opinion
+/// on a chunk our decoder found corrupt).
+pub fn ours(id: i32) -> bool {
+    register().contains(&id)
+}
+
+fn register_all() -> Vec<i32> {
+    let mut out = Vec::new();
+    for f in codecs::decoders() {
+        let id = f.id();
+        // libhdf5 reserves ids below 256 for its own filters (H5Zregister refuses them).
+        if id < 256 {
+            continue;
+        }
+        // SAFETY: plain library call; it may search HDF5_PLUGIN_PATH and push onto the
+        // error stack, which is cleared.
+        let avail = unsafe {
+            let r = hdf5_sys::h5z::H5Zfilter_avail(id) > 0;
+            hdf5_sys::h5e::H5Eclear2(hdf5_sys::h5e::H5E_DEFAULT);
+            r
+        };
+        if avail {
+            tracing::debug!(
+                filter = f.name(),
+                id,
+                "libhdf5 has this filter (plugin): left to it"
+            );
+            continue;
+        }
+        let Some(cb) = callback(id) else { continue };
+        let name = match CString::new(format!("{} (h5tilefs built-in decoder)", f.name())) {
+            Ok(n) => n,
+            Err(_) => continue,
+        };
+        let cls = hdf5_sys::h5z::H5Z_class2_t {
+            version: hdf5_sys::h5z::H5Z_CLASS_T_VERS as _,
+            id,
+            encoder_present: 0,
+            decoder_present: 1,
+            // Leaked: libhdf5 keeps the pointer for the life of the process.
+            name: name.into_raw(),
+            can_apply: None,
+            set_local: None,
+            filter: Some(cb),
+        };
+        // SAFETY: `cls` is a valid class; libhdf5 copies the struct (H5Z_register).
+        let r = unsafe { hdf5_sys::h5z::H5Zregister((&cls as *const _ as *const c_void).cast()) };
+        if r < 0 {
+            let stack = super::error_stack();
+            tracing::warn!(filter = f.name(), id, %stack, "H5Zregister failed: libhdf5 cannot decode this filter");
+        } else {
+            out.push(id);
+        }
+    }
+    tracing::debug!(ids = ?out, "built-in decoders registered with libhdf5");
+    out
+}
+
+type FilterFn = unsafe extern "C" fn(
+    c_uint,
+    usize,
+    *const c_uint,
+    usize,
+    *mut usize,
+    *mut *mut c_void,
+) -> usize;
+
+/// The callback of filter `id`: one instance per id, so the callback knows its filter.
+fn callback(id: i32) -> Option<FilterFn> {
+    Some(match id {
+        codecs::LZF => filter_cb::<{ codecs::LZF }>,
+        codecs::BLOSC => filter_cb::<{ codecs::BLOSC }>,
+        codecs::LZ4 => filter_cb::<{ codecs::LZ4 }>,
+        codecs::BITSHUFFLE => filter_cb::<{ codecs::BITSHUFFLE }>,
+        codecs::ZSTD => filter_cb::<{ codecs::ZSTD }>,
+        codecs::BZIP2 => filter_cb::<{ codecs::BZIP2 }>,
+        codecs::BLOSC2 => filter_cb::<{ codecs::BLOSC2 }>,
+        _ => return None,
+    })
+}
+
+/// Pushes `msg` onto libhdf5's error stack (it ends up in the read's error message).
+fn push_error(msg: &str) {
+    let Ok(m) = CString::new(msg.replace('\0', " ")) else {
+        return;
+    };
+    // SAFETY: the format is a literal "%s" with one C string argument; the error
+    // class and message ids are libhdf5's own, valid once the library is open.
+    unsafe {
+        hdf5_sys::h5e::H5Epush2(
+            hdf5_sys::h5e::H5E_DEFAULT,
+            c"h5tilefs".as_ptr(),
+            c"filter".as_ptr(),
+            0,
+            *hdf5_sys::h5e::H5E_ERR_CLS,
+            *hdf5_sys::h5e::H5E_PLINE,
+            *hdf5_sys::h5e::H5E_CANTFILTER,
+            c"%s".as_ptr(),
+            m.as_ptr() as *const c_char,
+        );
+    }
+}
+
+/// libhdf5's filter callback (H5Z_func_t) for filter `ID`: decodes `*buf` (`nbytes`
+/// stored bytes) in place of it; 0 on failure, as libhdf5 expects.
+///
+/// # Safety
+/// Called by libhdf5 only, with `*buf` a malloc'd buffer of `*buf_size` bytes holding
+/// `nbytes` bytes and `cd_values` holding `cd_nelmts` values.
+unsafe extern "C" fn filter_cb<const ID: i32>(
+    flags: c_uint,
+    cd_nelmts: usize,
+    cd_values: *const c_uint,
+    nbytes: usize,
+    buf_size: *mut usize,
+    buf: *mut *mut c_void,
+) -> usize {
+    let run = std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the pointers are libhdf5's, valid as the contract above says.
+        unsafe { decode_in_place(ID, flags, cd_nelmts, cd_values, nbytes, buf_size, buf) }
+    });
+    match std::panic::catch_unwind(run) {
+        Ok(n) => n,
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let r = READING.with(|r| r.borrow().clone()).unwrap_or_default();
+            tracing::error!(filter = ID, dataset = %r.what, %why, "built-in decoder panicked inside libhdf5's read: the chunk fails");
+            push_error(&format!("filter {ID}: built-in decoder panicked: {why}"));
+            0
+        }
+    }
+}
+
+/// The body of [`filter_cb`].
+///
+/// # Safety
+/// As [`filter_cb`].
+unsafe fn decode_in_place(
+    id: i32,
+    flags: c_uint,
+    cd_nelmts: usize,
+    cd_values: *const c_uint,
+    nbytes: usize,
+    buf_size: *mut usize,
+    buf: *mut *mut c_void,
+) -> usize {
+    let Some(f) = codecs::filter(id) else {
+        return 0;
+    };
+    if flags & hdf5_sys::h5z::H5Z_FLAG_REVERSE == 0 {
+        push_error(&format!(
+            "{} filter: h5tilefs decodes it only; writing it needs the filter's plugin \
+             (hdf5plugin)",
+            f.name()
+        ));
+        return 0;
+    }
+    if buf.is_null() || (*buf).is_null() || buf_size.is_null() {
+        return 0;
+    }
+    let cd: &[c_uint] = if cd_values.is_null() || cd_nelmts == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(cd_values, cd_nelmts)
+    };
+    let input = std::slice::from_raw_parts(*buf as *const u8, nbytes.min(*buf_size)).to_vec();
+    let r = READING.with(|r| r.borrow().clone()).unwrap_or_default();
+    let cap = r.cap.unwrap_or(MAX_CELL_BYTES as usize);
+    match f.decode(input, &Params { cd, elem: r.elem }, cap) {
+        Ok(out) if !out.is_empty() => {
+            let p = libc::malloc(out.len());
+            if p.is_null() {
+                push_error(&format!("{} filter: out of memory", f.name()));
+                return 0;
+            }
+            std::ptr::copy_nonoverlapping(out.as_ptr(), p as *mut u8, out.len());
+            libc::free(*buf);
+            *buf = p;
+            *buf_size = out.len();
+            out.len()
+        }
+        Ok(_) => {
+            push_error(&format!("{} filter: chunk decodes to no bytes", f.name()));
+            0
+        }
+        Err(e) => {
+            tracing::debug!(filter = f.name(), dataset = %r.what, error = e.message(), "built-in decoder failed inside libhdf5's read");
+            push_error(e.message());
+            0
+        }
+    }
+}
