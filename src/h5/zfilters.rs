@@ -6,8 +6,9 @@
 //! - Registered once per process ([`register`], called where files are opened and at
 //!   daemon start), only for filters libhdf5 has neither built in nor as a plugin found
 //!   in HDF5_PLUGIN_PATH: a plugin the user installed stays the reference decoder.
-//! - Decode only: `encoder_present` is 0, so libhdf5 refuses to create a dataset with
-//!   such a filter ("encoding disabled") rather than write chunks we cannot encode.
+//! - Decode only: the encode direction fails with a message naming the plugin to use.
+//!   (`encoder_present` stays 1: libhdf5 refuses to create a dataset whose filter cannot
+//!   encode, even an optional one, and nothing else would tell why.)
 //! - Bounded as the Rust path is: a filter callback is not told the chunk's decoded
 //!   size, so the read that calls H5Dread says it ([`bound_reads`], a thread-local set
 //!   around the call: libhdf5 runs the pipeline on the calling thread, under the `hdf5`
@@ -76,11 +77,15 @@ fn dataset_reading(dset: hid_t) -> Reading {
     };
     // SAFETY: plain library calls on a valid datatype id owned by its guard.
     let (size, vlen) = unsafe {
-        let size = hdf5_sys::h5t::H5Tget_size(ftype.id());
-        let vlen = hdf5_sys::h5t::H5Tdetect_class(ftype.id(), hdf5_sys::h5t::H5T_class_t::H5T_VLEN)
-            > 0
-            || hdf5_sys::h5t::H5Tdetect_class(ftype.id(), hdf5_sys::h5t::H5T_class_t::H5T_STRING)
-                > 0;
+        use hdf5_sys::h5t::{H5T_class_t, H5Tdetect_class, H5Tget_class, H5Tis_variable_str};
+        let t = ftype.id();
+        let size = hdf5_sys::h5t::H5Tget_size(t);
+        // A fixed string is what it is; anything holding a variable-length sequence or
+        // a string member may hold a variable-length one (counted at its disk size).
+        let fixed_str = H5Tget_class(t) == H5T_class_t::H5T_STRING && H5Tis_variable_str(t) <= 0;
+        let vlen = !fixed_str
+            && (H5Tdetect_class(t, H5T_class_t::H5T_VLEN) > 0
+                || H5Tdetect_class(t, H5T_class_t::H5T_STRING) > 0);
         (size, vlen)
     };
     r.elem = size;
@@ -166,7 +171,7 @@ fn register_all() -> Vec<i32> {
         let cls = hdf5_sys::h5z::H5Z_class2_t {
             version: hdf5_sys::h5z::H5Z_CLASS_T_VERS as _,
             id,
-            encoder_present: 0,
+            encoder_present: 1,
             decoder_present: 1,
             // Leaked: libhdf5 keeps the pointer for the life of the process.
             name: name.into_raw(),
@@ -322,6 +327,229 @@ unsafe fn decode_in_place(
             tracing::debug!(filter = f.name(), dataset = %r.what, error = e.message(), "built-in decoder failed inside libhdf5's read");
             push_error(e.message());
             0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{dtype, read_region, Hid};
+    use super::*;
+    use hdf5_sys::{h5d, h5f, h5p, h5s, h5t};
+    use std::io::Write;
+
+    /// Six space-padded 5-byte strings: one chunk of 30 bytes.
+    const WORDS: &[u8; 30] = b"ab   cdefgh    ijklmo    pq rs";
+
+    /// `WORDS` as h5py reads it: libhdf5 turns the space padding into NULs.
+    fn nul_padded() -> Vec<u8> {
+        WORDS
+            .chunks(5)
+            .flat_map(|w| {
+                let n = w.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
+                let mut v = w[..n].to_vec();
+                v.resize(5, 0);
+                v
+            })
+            .collect()
+    }
+
+    /// The stored chunk of `WORDS` under filter `id`, encoded by hand or by the
+    /// compression crates we link (only stored forms our decoders read), with the
+    /// filter's cd_values.
+    fn encoded(id: i32, data: &[u8]) -> (Vec<u8>, Vec<c_uint>) {
+        let n = data.len();
+        match id {
+            // LZF: one literal run (control byte = length - 1).
+            codecs::LZF => {
+                let mut v = vec![(n - 1) as u8];
+                v.extend_from_slice(data);
+                (v, vec![4, 261, n as c_uint])
+            }
+            // Blosc 1: a 16-byte header, then the bytes copied (flag 0x02).
+            codecs::BLOSC => {
+                let mut v = vec![2, 1, 0x02, 1];
+                for x in [n, n, n + 16] {
+                    v.extend_from_slice(&(x as u32).to_le_bytes());
+                }
+                v.extend_from_slice(data);
+                (v, vec![2, 2, 1, n as c_uint, 5, 0, 0])
+            }
+            // LZ4: one block stored raw (its stored size equals its size).
+            codecs::LZ4 => {
+                let mut v = (n as u64).to_be_bytes().to_vec();
+                v.extend_from_slice(&(n as u32).to_be_bytes());
+                v.extend_from_slice(&(n as u32).to_be_bytes());
+                v.extend_from_slice(data);
+                (v, vec![0])
+            }
+            // Bitshuffle, no compression: fewer than 8 elements stay as they are.
+            codecs::BITSHUFFLE => (data.to_vec(), vec![0, 4, 5, 0, 0]),
+            codecs::ZSTD => (zstd::encode_all(data, 3).unwrap(), vec![3]),
+            codecs::BZIP2 => {
+                let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+                e.write_all(data).unwrap();
+                (e.finish().unwrap(), vec![9])
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// A file holding dataset "s" (six space-padded S5 strings, one chunk) whose
+    /// pipeline is filter `id`, its chunk written as `chunk` (H5Dwrite_chunk: no
+    /// encoder runs). `encode`: first write it through the pipeline, which must fail.
+    fn write_file(path: &std::path::Path, id: i32, cd: &[c_uint], chunk: &[u8], encode: bool) {
+        let name = CString::new(path.to_str().unwrap()).unwrap();
+        sync(|| {
+            // SAFETY: test-only library calls on ids checked and closed here.
+            unsafe {
+                let f = h5f::H5Fcreate(
+                    name.as_ptr(),
+                    h5f::H5F_ACC_TRUNC,
+                    h5p::H5P_DEFAULT,
+                    h5p::H5P_DEFAULT,
+                );
+                assert!(f >= 0);
+                let t = h5t::H5Tcopy(*h5t::H5T_C_S1);
+                h5t::H5Tset_size(t, 5);
+                h5t::H5Tset_strpad(t, h5t::H5T_str_t::H5T_STR_SPACEPAD);
+                let dims = [6u64];
+                let s = h5s::H5Screate_simple(1, dims.as_ptr(), std::ptr::null());
+                let dcpl = h5p::H5Pcreate(*h5p::H5P_CLS_DATASET_CREATE);
+                h5p::H5Pset_chunk(dcpl, 1, dims.as_ptr());
+                assert!(h5p::H5Pset_filter(dcpl, id, 0, cd.len(), cd.as_ptr()) >= 0);
+                let d = h5d::H5Dcreate2(
+                    f,
+                    c"s".as_ptr(),
+                    t,
+                    s,
+                    h5p::H5P_DEFAULT,
+                    dcpl,
+                    h5p::H5P_DEFAULT,
+                );
+                assert!(
+                    d >= 0,
+                    "H5Dcreate2 with filter {id}: {}",
+                    super::super::error_stack()
+                );
+                if encode {
+                    // Writing through the pipeline needs an encoder: the chunk's flush
+                    // fails, with the reason on the error stack.
+                    let w = h5d::H5Dwrite(
+                        d,
+                        t,
+                        h5s::H5S_ALL,
+                        h5s::H5S_ALL,
+                        h5p::H5P_DEFAULT,
+                        WORDS.as_ptr().cast(),
+                    );
+                    assert!(w >= 0);
+                    assert!(h5d::H5Dflush(d) < 0, "filter {id} encoded a chunk");
+                    let stack = super::super::error_stack();
+                    assert!(stack.contains("decodes it only"), "{stack}");
+                }
+                let off = [0u64];
+                assert!(
+                    h5d::H5Dwrite_chunk(
+                        d,
+                        h5p::H5P_DEFAULT,
+                        0,
+                        off.as_ptr(),
+                        chunk.len(),
+                        chunk.as_ptr().cast()
+                    ) >= 0
+                );
+                for (id, close) in [
+                    (d, h5d::H5Dclose as unsafe extern "C" fn(hid_t) -> _),
+                    (dcpl, h5p::H5Pclose),
+                    (s, h5s::H5Sclose),
+                    (t, h5t::H5Tclose),
+                    (f, h5f::H5Fclose),
+                ] {
+                    close(id);
+                }
+            }
+        });
+    }
+
+    /// Reads dataset "s" of `path` through the read path libhdf5 decodes for
+    /// (converted fixed strings: read_region).
+    fn read_strings(path: &std::path::Path) -> crate::error::Result<Vec<u8>> {
+        let file = hdf5::File::open(path).unwrap();
+        let ds = file.dataset("s").unwrap();
+        let ftype: Hid = dtype(ds.id())?;
+        read_region(ds.id(), &ftype, 5, &[0], &[6], &[6])
+    }
+
+    #[test]
+    fn libhdf5_reads_fixed_strings_through_our_decoders() {
+        if std::env::var_os("HDF5_PLUGIN_PATH").is_some() {
+            eprintln!("skipped: HDF5_PLUGIN_PATH is set (its plugins would decode)");
+            return;
+        }
+        let ours = register();
+        let dir = tempfile::tempdir().unwrap();
+        let ids = [
+            codecs::LZF,
+            codecs::BLOSC,
+            codecs::LZ4,
+            codecs::BITSHUFFLE,
+            codecs::ZSTD,
+            codecs::BZIP2,
+        ];
+        for id in ids {
+            assert!(ours.contains(&id), "filter {id} not registered: {ours:?}");
+            let p = dir.path().join(format!("f{id}.h5"));
+            let (chunk, cd) = encoded(id, WORDS);
+            write_file(&p, id, &cd, &chunk, false);
+            let got = read_strings(&p).unwrap_or_else(|e| panic!("filter {id}: {e}"));
+            assert_eq!(got, nul_padded(), "filter {id}");
+        }
+    }
+
+    #[test]
+    fn libhdf5_decodes_within_the_chunk_bound() {
+        if std::env::var_os("HDF5_PLUGIN_PATH").is_some() {
+            return;
+        }
+        register();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big.h5");
+        // An LZ4 chunk declaring 1 GiB for a 30-byte chunk: refused before allocating.
+        let (mut chunk, cd) = encoded(codecs::LZ4, WORDS);
+        chunk[..8].copy_from_slice(&(1u64 << 30).to_be_bytes());
+        write_file(&p, codecs::LZ4, &cd, &chunk, false);
+        let e = read_strings(&p).unwrap_err();
+        assert!(
+            e.message
+                .contains("more than the chunk's decoded size of 158 bytes"),
+            "{}",
+            e.message
+        );
+        // A corrupt stream: the decoder's reason reaches the read's error.
+        let (mut chunk, cd) = encoded(codecs::ZSTD, WORDS);
+        chunk[..4].copy_from_slice(b"junk");
+        write_file(&p, codecs::ZSTD, &cd, &chunk, false);
+        let e = read_strings(&p).unwrap_err();
+        assert!(e.message.contains("zstd filter"), "{}", e.message);
+    }
+
+    #[test]
+    fn encoding_fails_with_a_reason() {
+        if std::env::var_os("HDF5_PLUGIN_PATH").is_some() {
+            return;
+        }
+        register();
+        let dir = tempfile::tempdir().unwrap();
+        let (chunk, cd) = encoded(codecs::ZSTD, WORDS);
+        write_file(&dir.path().join("w.h5"), codecs::ZSTD, &cd, &chunk, true);
+    }
+
+    #[test]
+    fn our_filters_are_no_second_opinion() {
+        for &id in register() {
+            assert!(super::ours(id));
+            assert!(crate::codecs::builtin(id));
         }
     }
 }
