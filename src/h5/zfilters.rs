@@ -36,8 +36,9 @@ struct Reading {
     cap: Option<usize>,
     /// The dataset's element size (Params.elem).
     elem: usize,
-    /// "FILE: dataset NAME", for log lines.
-    what: String,
+    /// The file and dataset read, for log lines ("?" for what libhdf5 does not say).
+    file: String,
+    dataset: String,
 }
 
 thread_local! {
@@ -68,8 +69,10 @@ pub fn bound_reads(dset: hid_t) -> ReadBound {
 
 /// The bound and names of dataset `dset`. Errors leave the fallback bound.
 fn dataset_reading(dset: hid_t) -> Reading {
+    let (file, dataset) = object_names(dset);
     let mut r = Reading {
-        what: object_label(dset),
+        file,
+        dataset,
         ..Reading::default()
     };
     let Ok(ftype) = super::dtype(dset) else {
@@ -98,12 +101,12 @@ fn dataset_reading(dset: hid_t) -> Reading {
     if !matches!(super::layout(&dcpl), Ok(super::Layout::Chunked)) {
         return r;
     }
-    let rank = super::dspace(dset)
-        .ok()
-        .and_then(|s| super::space_dims(&s).ok().flatten())
-        .map_or(0, |(d, _)| d.len());
-    if let Ok(chunk) = super::chunk_shape(&dcpl, rank) {
-        r.cap = crate::geometry::checked_bytes(&chunk, disk as u64)
+    // H5Pget_chunk directly (not filters::chunk_shape: filters.rs uses this module).
+    let mut chunk = [0 as hdf5_sys::h5::hsize_t; 32];
+    // SAFETY: `chunk` has room for the 32 dimensions HDF5 allows.
+    let rank = unsafe { hdf5_sys::h5p::H5Pget_chunk(dcpl.id(), 32, chunk.as_mut_ptr()) };
+    if let Ok(rank @ 1..=32) = usize::try_from(rank) {
+        r.cap = crate::geometry::checked_bytes(&chunk[..rank], disk as u64)
             .filter(|&b| b <= MAX_CELL_BYTES)
             .and_then(|b| usize::try_from(b).ok())
             .map(|b| b.saturating_add(CHECKSUM_SLACK));
@@ -111,9 +114,9 @@ fn dataset_reading(dset: hid_t) -> Reading {
     r
 }
 
-/// "FILE: dataset NAME" of an open dataset, for log lines ("?" for what libhdf5 does
-/// not say). Under the library lock.
-fn object_label(dset: hid_t) -> String {
+/// The file and path of an open dataset, for log lines ("?" for what libhdf5 does not
+/// say). Under the library lock.
+fn object_names(dset: hid_t) -> (String, String) {
     // SAFETY: plain name queries on a valid id; buffers sized by `get_string`.
     let (file, name) = unsafe {
         (
@@ -122,7 +125,7 @@ fn object_label(dset: hid_t) -> String {
         )
     };
     let q = |s: String| if s.is_empty() { "?".to_string() } else { s };
-    format!("{}: dataset {}", q(file), q(name))
+    (q(file), q(name))
 }
 
 /// The ids registered here (filters libhdf5 lacked at start).
@@ -264,7 +267,7 @@ unsafe extern "C" fn filter_cb<const ID: i32>(
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             let r = READING.with(|r| r.borrow().clone()).unwrap_or_default();
-            tracing::error!(filter = ID, dataset = %r.what, %why, "built-in decoder panicked inside libhdf5's read: the chunk fails");
+            tracing::error!(filter = ID, file = %r.file, dataset = %r.dataset, %why, "built-in decoder panicked inside libhdf5's read: the chunk fails");
             push_error(&format!("filter {ID}: built-in decoder panicked: {why}"));
             0
         }
@@ -324,7 +327,7 @@ unsafe fn decode_in_place(
             0
         }
         Err(e) => {
-            tracing::debug!(filter = f.name(), dataset = %r.what, error = e.message(), "built-in decoder failed inside libhdf5's read");
+            tracing::debug!(filter = f.name(), file = %r.file, dataset = %r.dataset, error = e.message(), "built-in decoder failed inside libhdf5's read");
             push_error(e.message());
             0
         }

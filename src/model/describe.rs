@@ -132,10 +132,12 @@ impl DatasetModel {
 impl Probe {
     /// Opens dataset `name`: its creation list, type, layout and dataspace.
     fn open(file: &dyn SourceFile, name: &str) -> Result<Probe> {
-        let ds = file
-            .hfile()
-            .dataset(name)
-            .map_err(|e| Error::from_h5(format!("opening dataset {name}"), e))?;
+        let ds = file.hfile().dataset(name).map_err(|e| {
+            Error::from_h5(
+                format!("{}: opening dataset {name}", file.abs().display()),
+                e,
+            )
+        })?;
         let id = ds.id();
         let dcpl = h5::dcpl(id)?;
         let ftype = h5::dtype(id)?;
@@ -194,7 +196,7 @@ impl Probe {
                 Err(e) => Some(e.message),
             };
             if let Some(reason) = escaping {
-                tracing::warn!(dataset = name, %reason, "not served");
+                tracing::warn!(file = %file.abs().display(), dataset = name, %reason, "not served");
                 self.dtype = DType::Unsupported {
                     reason,
                     itemsize: 0,
