@@ -62,6 +62,23 @@ impl DatasetModel {
         opener: &dyn SourceOpener,
         depth: usize,
     ) -> Result<DatasetModel> {
+        // Every failure names the file and the dataset (it is logged as it is).
+        Self::build_unnamed(file, name, opts, opener, depth).map_err(|mut e| {
+            let f = file.abs().display().to_string();
+            if !e.message.starts_with(&f) {
+                e.message = format!("{f}: dataset {name}: {}", e.message);
+            }
+            e
+        })
+    }
+
+    fn build_unnamed(
+        file: &dyn SourceFile,
+        name: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<DatasetModel> {
         let mut p = Probe::open(file, name)?;
         p.settle_dtype(file, name, opts)?;
         p.read_chunking(file, name)?;
