@@ -10,7 +10,7 @@ pub fn read_attrs(ds: &hdf5::Location) -> Map<String, Value> {
     let names = match ds.attr_names() {
         Ok(n) => n,
         Err(e) => {
-            tracing::debug!(error = %e, "listing attributes failed");
+            tracing::debug!(file = %ds.filename(), object = %ds.name(), error = %e, "listing attributes failed");
             return out;
         }
     };
@@ -19,7 +19,12 @@ pub fn read_attrs(ds: &hdf5::Location) -> Map<String, Value> {
             Some(v) => {
                 out.insert(name, v);
             }
-            None => tracing::debug!(attr = %name, "attribute not representable as JSON"),
+            None => tracing::debug!(
+                file = %ds.filename(),
+                object = %ds.name(),
+                attr = %name,
+                "attribute not representable as JSON"
+            ),
         }
     }
     out

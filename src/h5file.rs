@@ -275,6 +275,8 @@ impl H5File {
 
     /// [`Self::open`], counting the models it will hold in `models_held`.
     pub fn open_counted(abs: &Path, models_held: Arc<AtomicUsize>) -> Result<H5File> {
+        // Before libhdf5 reads anything: it must decode the filters we decode.
+        crate::h5::zfilters::register();
         let file = std::fs::File::open(abs)
             .map_err(|e| Error::from_io(format!("opening {}", abs.display()), e))?;
         let meta = file

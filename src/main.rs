@@ -525,6 +525,10 @@ fn start(
     // make them unreadable to us.
     // SAFETY: called before any thread is spawned.
     unsafe { std::env::set_var("HDF5_USE_FILE_LOCKING", "FALSE") };
+    // libhdf5 decodes the filters we decode from the first read on (docs/namespace.md).
+    // After the variable above: this opens libhdf5, which reads it then.
+    let ours = h5tilefs::h5::zfilters::register();
+    tracing::info!(ids = ?ours, "built-in decoders registered with libhdf5");
     h5tilefs::decode::fault::arm_from_env();
     let threads = opts.threads;
     let read_only = opts.read_only;

@@ -27,7 +27,7 @@ pub use c::szip_filter;
 pub use filters::{bitshuffle_filter, blosc, bzip2_filter, lz4_filter, zstd_filter};
 pub use hdf5::{fletcher32, unshuffle};
 pub use lz77::lzf;
-pub use registry::{builtin, filter, Filter, Params};
+pub use registry::{builtin, decoders, filter, Filter, Params};
 pub use shuffle::{
     bitunshuffle, bitunshuffle_rust, bitunshuffle_scalar, unshuffle_into, unshuffle_rust,
 };
@@ -76,6 +76,8 @@ pub const ZSTD: i32 = 32015;
 pub const BZIP2: i32 = 307;
 pub const SZIP: i32 = 4;
 pub const BLOSC2: i32 = 32026;
+/// PyTables' LZO filter: no decoder here, nor in hdf5plugin.
+pub const LZO: i32 = 305;
 
 /// The name of a registered filter id (The HDF Group's filter registry), for messages
 /// and meta.json when the file does not name it: the decoder's name from [`filter`],
@@ -86,6 +88,7 @@ pub fn registered_name(id: i32) -> Option<&'static str> {
     }
     Some(match id {
         SZIP => "szip",
+        LZO => "lzo",
         5 => "nbit",
         6 => "scaleoffset",
         32013 => "zfp",
@@ -97,11 +100,23 @@ pub fn registered_name(id: i32) -> Option<&'static str> {
     })
 }
 
-/// Why a filter of this build has no decoder, and what the user can do about it.
+/// Why a filter of this build has no decoder, and what the user can do about it: a fix
+/// that exists for that filter.
 pub fn no_decoder_reason(id: i32, name: &str) -> String {
-    let why = "install hdf5plugin (`pip install hdf5plugin`) and set \
-               HDF5_PLUGIN_PATH=$(python -c 'import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)') \
-               before mounting";
+    let why = match id {
+        // hdf5plugin has no LZO filter; PyTables registers its own in-process only (no
+        // HDF5 plugin library), and PyPI's wheels of PyTables are built without LZO.
+        LZO => "LZO is PyTables' own compressor, which neither h5tilefs nor hdf5plugin \
+                decodes: rewrite the file with a PyTables built with LZO (conda-forge's \
+                `pytables`; `python -c \"import tables; print(tables.which_lib_version('lzo'))\"` \
+                prints a version there), e.g. `ptrepack --complib blosc:zstd --complevel 5 \
+                IN.h5:/ OUT.h5:/`"
+            .to_string(),
+        _ => "install hdf5plugin (`pip install hdf5plugin`) and set \
+              HDF5_PLUGIN_PATH=$(python -c 'import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)') \
+              before mounting"
+            .to_string(),
+    };
     format!("filter {id} ({name}) has no decoder: {why}")
 }
 

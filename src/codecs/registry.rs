@@ -32,24 +32,31 @@ pub trait Filter: Sync {
     }
 }
 
+/// Every filter this build decodes.
+static FILTERS: &[&dyn Filter] = &[
+    &Deflate,
+    &Shuffle,
+    &Fletcher32,
+    // SZIP needs libaec, linked when the build found it (build.rs)
+    #[cfg(h5tilefs_szip)]
+    &Szip,
+    &Lzf,
+    &Blosc,
+    &Lz4,
+    &Bitshuffle,
+    &Zstd,
+    &Bzip2,
+    &Blosc2,
+];
+
+/// Every filter this build decodes (also registered with libhdf5: h5::zfilters).
+pub fn decoders() -> &'static [&'static dyn Filter] {
+    FILTERS
+}
+
 /// The decoder of filter `id`, if this build has one.
 pub fn filter(id: i32) -> Option<&'static dyn Filter> {
-    Some(match id {
-        DEFLATE => &Deflate,
-        SHUFFLE => &Shuffle,
-        FLETCHER32 => &Fletcher32,
-        // SZIP needs libaec, linked when the build found it (build.rs)
-        #[cfg(h5tilefs_szip)]
-        super::SZIP => &Szip,
-        LZF => &Lzf,
-        BLOSC => &Blosc,
-        LZ4 => &Lz4,
-        BITSHUFFLE => &Bitshuffle,
-        ZSTD => &Zstd,
-        BZIP2 => &Bzip2,
-        BLOSC2 => &Blosc2,
-        _ => return None,
-    })
+    FILTERS.iter().copied().find(|f| f.id() == id)
 }
 
 /// Whether filter `id` is decoded in Rust (or by a C library linked in).

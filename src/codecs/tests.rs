@@ -509,3 +509,18 @@ fn mutated_inputs_are_bounded() {
         }
     }
 }
+
+#[test]
+fn lzo_reason_names_a_fix_that_exists() {
+    // hdf5plugin has no LZO filter: its advice would not help.
+    let name = super::registered_name(super::LZO).unwrap();
+    let r = super::no_decoder_reason(super::LZO, name);
+    assert!(r.starts_with("filter 305 (lzo) has no decoder"), "{r}");
+    assert!(r.contains("ptrepack --complib"), "{r}");
+    assert!(!r.contains("HDF5_PLUGIN_PATH"), "{r}");
+    let z = super::no_decoder_reason(32013, "zfp");
+    assert!(
+        z.contains("HDF5_PLUGIN_PATH") && z.contains("hdf5plugin"),
+        "{z}"
+    );
+}

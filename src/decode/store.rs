@@ -318,6 +318,8 @@ impl CellSource for ChunkStore {
 /// storage, external storage, and virtual datasets we do not map ourselves.
 pub struct HdfCells {
     uid: u64,
+    /// "FILE: dataset NAME", for messages.
+    label: String,
     dset: hdf5::Dataset,
     pub shape: Vec<u64>,
     pub cell: Vec<u64>,
@@ -334,6 +336,7 @@ impl HdfCells {
             .collect();
         HdfCells {
             uid: next_uid(),
+            label: format!("{}: dataset {}", dset.filename(), dset.name()),
             dset,
             shape,
             cell,
@@ -358,9 +361,13 @@ impl CellSource for HdfCells {
             .zip(&self.cell)
             .map(|(i, c)| i * c)
             .collect();
-        format!("block {index} at {start:?} read through libhdf5")
+        format!(
+            "{}: block {index} at {start:?} read through libhdf5",
+            self.label
+        )
     }
 
+    /// A failure names the file, the dataset and the block around libhdf5's error.
     fn load(&self, index: u64) -> Result<Vec<u8>> {
         read_cell(
             &self.dset,
@@ -370,6 +377,7 @@ impl CellSource for HdfCells {
             self.elem,
             index,
         )
+        .map_err(|e| Error::new(e.errno, format!("{}: {}", self.describe(index), e.message)))
     }
 }
 

@@ -43,15 +43,18 @@ pub struct FilterInfo {
     /// The filter may be skipped for a chunk (H5Z_FLAG_OPTIONAL).
     #[serde(skip)]
     pub optional: bool,
-    /// libhdf5 can apply it (built in, or a plugin it loaded): the fallback when our
-    /// decoder finds a chunk corrupt.
+    /// libhdf5 can apply it with a decoder of its own (built in, or a plugin it
+    /// loaded; not ours registered by zfilters): the fallback when our decoder finds a
+    /// chunk corrupt.
     #[serde(skip)]
     pub hdf5: bool,
 }
 
 /// Whether libhdf5 can apply filter `id`: built in, registered, or a plugin it finds
-/// in HDF5_PLUGIN_PATH (H5Zfilter_avail loads it).
+/// in HDF5_PLUGIN_PATH (H5Zfilter_avail loads it). Our own decoders are registered
+/// first (zfilters), so a filter only a plugin has is still found.
 pub fn filter_avail(id: i32) -> bool {
+    super::zfilters::register();
     // SAFETY: plain library call; failures push onto the error stack, which is cleared.
     sync(|| unsafe {
         let r = hdf5_sys::h5z::H5Zfilter_avail(id) > 0;
@@ -109,7 +112,9 @@ pub fn filters(dcpl: &Hid) -> Result<Vec<FilterInfo>> {
                     None if lib_name.is_empty() => "unknown".to_string(),
                     None => lib_name,
                 };
-                let hdf5 = filter_avail(fid);
+                // Our decoders registered with libhdf5 are no second opinion on a
+                // chunk they found corrupt: not a fallback.
+                let hdf5 = filter_avail(fid) && !super::zfilters::ours(fid);
                 out.push(FilterInfo {
                     id: fid,
                     name,

@@ -11,13 +11,15 @@
 //! - `storage`: where a dataset's bytes are (fill value, contiguous offset, chunk
 //!   index, virtual mappings, external storage);
 //! - `read`: reads through the library (regions, variable-length strings, attributes,
-//!   object references).
+//!   object references);
+//! - `zfilters`: the built-in decoders registered with libhdf5, bounded per read.
 
 mod base;
 mod filters;
 mod read;
 mod storage;
 mod types;
+pub mod zfilters;
 
 pub use base::*;
 // What base.rs shares with its siblings only (`sync`, `Hid::new`).

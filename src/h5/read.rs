@@ -65,6 +65,7 @@ pub fn read_region(
         )?
     };
     let (fspace, mspace) = region_spaces(dset, start, count, mem_dims)?;
+    let _bound = super::zfilters::bound_reads(dset);
     sync(|| {
         // SAFETY: buffer is sized for mem_dims elements of `mtype` (h5py's type has the
         // file type's size); all ids are valid and closed by their guards.
@@ -159,6 +160,7 @@ fn read_vstr(
     let mtype = mem_type(ftype)?;
     let (fspace, mspace) = region_spaces(dset, start, count, mem_dims)?;
     let mut ptrs: Vec<*mut c_char> = vec![std::ptr::null_mut(); n];
+    let _bound = super::zfilters::bound_reads(dset);
     sync(|| {
         // SAFETY: `ptrs` holds one `char *` per element of mem_dims, which is what a
         // variable-length string memory type is; libhdf5 fills the selected ones with

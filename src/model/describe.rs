@@ -69,6 +69,23 @@ impl DatasetModel {
         opener: &dyn SourceOpener,
         depth: usize,
     ) -> Result<DatasetModel> {
+        // Every failure names the file and the dataset (it is logged as it is).
+        Self::build_unnamed(file, name, opts, opener, depth).map_err(|mut e| {
+            let f = file.abs().display().to_string();
+            if !e.message.starts_with(&f) {
+                e.message = format!("{f}: dataset {name}: {}", e.message);
+            }
+            e
+        })
+    }
+
+    fn build_unnamed(
+        file: &dyn SourceFile,
+        name: &str,
+        opts: &ModelOptions,
+        opener: &dyn SourceOpener,
+        depth: usize,
+    ) -> Result<DatasetModel> {
         let mut p = Probe::open(file, name)?;
         p.settle_dtype(file, name, opts)?;
         p.read_chunking(file, name)?;
@@ -252,10 +269,12 @@ fn netcdf_extent(
 impl Probe {
     /// Opens dataset `name`: its creation list, type, layout and dataspace.
     fn open(file: &dyn SourceFile, name: &str) -> Result<Probe> {
-        let ds = file
-            .hfile()
-            .dataset(name)
-            .map_err(|e| Error::from_h5(format!("opening dataset {name}"), e))?;
+        let ds = file.hfile().dataset(name).map_err(|e| {
+            Error::from_h5(
+                format!("{}: opening dataset {name}", file.abs().display()),
+                e,
+            )
+        })?;
         let id = ds.id();
         let dcpl = h5::dcpl(id)?;
         let ftype = h5::dtype(id)?;
@@ -314,7 +333,7 @@ impl Probe {
                 Err(e) => Some(e.message),
             };
             if let Some(reason) = escaping {
-                tracing::warn!(dataset = name, %reason, "not served");
+                tracing::warn!(file = %file.abs().display(), dataset = name, %reason, "not served");
                 self.dtype = DType::Unsupported {
                     reason,
                     itemsize: 0,

@@ -146,7 +146,13 @@ impl DatasetModel {
                                 src.emit(&ssel, &sub_dst, out, depth + 1)?;
                             }
                             Err(why) => {
-                                tracing::debug!(source = %lz.path.display(), %why, "block read through HDF5");
+                                tracing::debug!(
+                                    file = %lz.path.display(),
+                                    dataset = %lz.dset,
+                                    r#virtual = %self.name,
+                                    %why,
+                                    "virtual block read through HDF5"
+                                );
                                 emit_cells(&lz.fallback, &part, &self.shape, es, &sub_dst, out)?;
                             }
                         }

@@ -100,6 +100,9 @@ impl DatasetModel {
             m.insert("tile_grid".into(), json!(g.grid()));
             m.insert("nbytes".into(), json!(self.nbytes()));
             m.insert("fill_value".into(), self.fill_json());
+            if let Some(limit) = self.decode_limit() {
+                m.insert("decode_limit".into(), limit);
+            }
         } else if let DType::Unsupported { reason, .. } = &self.dtype {
             m.insert("unsupported".into(), json!(reason));
         }
@@ -122,6 +125,32 @@ impl DatasetModel {
         }
         m.insert("attrs".into(), Value::Object(self.attrs.clone()));
         Value::Object(m)
+    }
+
+    /// For a filtered dataset whose chunks decode to more than the daemon decodes one
+    /// chunk to (`MAX_CELL_BYTES`, 1 GiB): the limit, the chunk's size and what it
+    /// means (a stored chunk reads as EFBIG, where h5py reads it).
+    fn decode_limit(&self) -> Option<Value> {
+        let chunks = self.chunks.as_ref()?;
+        if self.filters.is_empty() {
+            return None;
+        }
+        let bytes = crate::geometry::checked_bytes(chunks, self.itemsize()).unwrap_or(u64::MAX);
+        if bytes <= h5::MAX_CELL_BYTES {
+            return None;
+        }
+        Some(json!({
+            "chunk_bytes": bytes,
+            "max_chunk_bytes": h5::MAX_CELL_BYTES,
+            "note": format!(
+                "a chunk decodes to {bytes} bytes, more than the {} bytes h5tilefs decodes \
+                 one chunk to: reading a stored chunk fails (EFBIG) where h5py reads it, \
+                 unwritten chunks read as the fill value; rewrite it with smaller chunks \
+                 (`h5repack -l {}:CHUNK=...`)",
+                h5::MAX_CELL_BYTES,
+                self.name
+            ),
+        }))
     }
 
     /// The fill value as JSON, decoded from its stored bytes.

@@ -68,7 +68,7 @@ pub(super) fn place(
             match external_source(&segs, file.abs(), &opts.root, nbytes) {
                 Ok(x) => external = Some(x),
                 Err(reason) => {
-                    tracing::warn!(dataset = name, %reason, "external storage not served");
+                    tracing::warn!(file = %file.abs().display(), dataset = name, %reason, "external storage not served");
                     p.dtype = DType::Unsupported {
                         reason,
                         itemsize: elem,
@@ -154,7 +154,7 @@ pub(super) fn place(
                         Storage::Chunked(Arc::new(store))
                     }
                     Err(e) => {
-                        tracing::warn!(dataset = name, error = %e, "not served");
+                        tracing::warn!(file = %file.abs().display(), dataset = name, error = %e, "not served");
                         p.dtype = unsupported(e.message);
                         Storage::None
                     }
@@ -164,7 +164,7 @@ pub(super) fn place(
                 // Not even HDF5 may read it: its sources cannot be checked to lie
                 // inside the backing directory without reading them all.
                 Err(e) if e.errno == libc::EFBIG => {
-                    tracing::warn!(dataset = name, error = %e, "not served");
+                    tracing::warn!(file = %file.abs().display(), dataset = name, error = %e, "not served");
                     p.dtype = unsupported(e.message);
                     Storage::None
                 }
@@ -189,12 +189,12 @@ pub(super) fn place(
                                 let reason = format!(
                                     "virtual source {src} lies outside the backing directory"
                                 );
-                                tracing::warn!(dataset = name, %reason, "not served");
+                                tracing::warn!(file = %file.abs().display(), dataset = name, %reason, "not served");
                                 p.dtype = unsupported(reason);
                                 Storage::None
                             }
                             None => {
-                                tracing::debug!(dataset = name, %why, "virtual dataset read through HDF5");
+                                tracing::debug!(file = %file.abs().display(), dataset = name, %why, "virtual dataset read through HDF5");
                                 hdf_cells(ds.clone())
                             }
                         },

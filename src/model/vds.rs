@@ -133,7 +133,12 @@ pub(super) fn map_virtual(
                 }));
             }
             Ok(c) if !c.starts_with(&opts.root) => {
-                tracing::warn!(source = %c.display(), "virtual source outside the backing directory: served as fill");
+                tracing::warn!(
+                    file = %file.abs().display(),
+                    dataset = %ds.name(),
+                    source = %c.display(),
+                    "virtual source outside the backing directory: served as fill"
+                );
                 missing.push(m.file.clone());
             }
             _ => missing.push(m.file.clone()),

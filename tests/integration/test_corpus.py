@@ -144,6 +144,132 @@ def _h5py(path):
         f.create_dataset("ref", data=[f["compact"].ref], dtype=h5py.ref_dtype)
 
 
+def _pandas_blosc(path):
+    """pandas with Blosc and strings: `format='fixed'` (index and column names are fixed
+    strings, read through libhdf5) and `format='table'` (string columns in the table's
+    compound rows), under each Blosc codec pandas offers."""
+    n = 300
+    df = pd.DataFrame({"a": np.arange(n, dtype="<i8"), "b": np.linspace(0, 1, n),
+                       "c": [f"s{i}" * (i % 4 + 1) for i in range(n)]},
+                      index=[f"row{i}" for i in range(n)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lib in enumerate(("blosc", "blosc:zstd", "blosc:lz4")):
+            key = lib.replace(":", "_")
+            mode = "w" if i == 0 else "a"
+            df.to_hdf(path, key=f"fixed_{key}", format="fixed", mode=mode, complib=lib, complevel=5)
+            df.to_hdf(path, key=f"table_{key}", format="table", mode="a", complib=lib, complevel=5,
+                      data_columns=["c"])
+            df[["c"]].to_hdf(path, key=f"strings_{key}", format="fixed", mode="a", complib=lib,
+                             complevel=5)
+
+
+def _pytables_blosc(path):
+    """PyTables tables with string columns under Blosc (and Blosc2 where PyTables has it)."""
+    class Row(tables.IsDescription):
+        name = tables.StringCol(12)
+        tag = tables.StringCol(3)
+        value = tables.Float64Col()
+        n = tables.Int32Col()
+
+    with tables.open_file(path, "w") as f:
+        for lib in ("blosc", "blosc:lz4", "blosc:zstd", "blosc:zlib", "blosc2:zstd", "blosc2:lz4"):
+            try:
+                flt = tables.Filters(complevel=5, complib=lib, shuffle=True)
+            except (ValueError, tables.FiltersWarning):
+                continue
+            t = f.create_table("/", "t_" + lib.replace(":", "_"), Row, filters=flt)
+            row = t.row
+            for i in range(500):
+                row["name"] = f"name-{i}".encode()
+                row["tag"] = b"abc"[: i % 4]
+                row["value"] = i / 7
+                row["n"] = i
+                row.append()
+            t.flush()
+            f.create_carray("/", "s_" + lib.replace(":", "_"),
+                            obj=np.array([b"x%d" % i for i in range(400)], dtype="S6"),
+                            filters=flt, chunkshape=(64,))
+
+
+def _string_filters():
+    """Every filter with a built-in decoder, as h5py create_dataset arguments."""
+    B, B2 = hdf5plugin.Blosc, hdf5plugin.Blosc2
+    return {
+        "gzip": dict(compression="gzip"),
+        "shuffle_fletcher": dict(shuffle=True, fletcher32=True),
+        "lzf": dict(compression="lzf"),
+        "blosc_lz4": dict(**B(cname="lz4", shuffle=B.SHUFFLE)),
+        "blosc_zstd": dict(**B(cname="zstd", shuffle=B.BITSHUFFLE)),
+        "blosc_blosclz": dict(**B(cname="blosclz", shuffle=B.NOSHUFFLE)),
+        "lz4": dict(**hdf5plugin.LZ4()),
+        "zstd": dict(**hdf5plugin.Zstd()),
+        "bzip2": dict(**hdf5plugin.BZip2()),
+        "bitshuffle": dict(**hdf5plugin.Bitshuffle(cname="none")),
+        "bitshuffle_lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
+        "bitshuffle_zstd": dict(**hdf5plugin.Bitshuffle(cname="zstd")),
+        "blosc2": dict(**B2(cname="zstd", filters=B2.SHUFFLE)),
+        # (SZIP is left out: libhdf5 refuses to apply it to strings.)
+    }
+
+
+def _fixed_strings(path):
+    """Fixed-length strings NUL-padded, NUL-terminated and space-padded under every
+    built-in filter: h5py reads them converted to NUL padding, so they are read through
+    libhdf5, which must then decode the filter itself."""
+    words = np.array([b"a", b"", b"spaces  in", b"x" * 9, b"tail "] * 40, dtype="S9").reshape(20, 10)
+    pads = {"nullpad": h5py.h5t.STR_NULLPAD, "nullterm": h5py.h5t.STR_NULLTERM,
+            "spacepad": h5py.h5t.STR_SPACEPAD}
+    from h5py._hl.filters import fill_dcpl
+    with h5py.File(path, "w") as f:
+        for fname, kw in _string_filters().items():
+            for pname, pad in pads.items():
+                tid = h5py.h5t.C_S1.copy()
+                tid.set_size(9)
+                tid.set_strpad(pad)
+                # h5py's own filter set-up: a dcpl copied from another dataset would
+                # run the filters' set_local twice (Bitshuffle's cd_values doubled).
+                dcpl = fill_dcpl(h5py.h5p.create(h5py.h5p.DATASET_CREATE), (20, 10), np.dtype("S9"),
+                                 (8, 4), kw.get("compression"), kw.get("compression_opts"),
+                                 kw.get("shuffle"), kw.get("fletcher32"), None, None, None,
+                                 allow_unknown_filter=True)
+                space = h5py.h5s.create_simple((20, 10))
+                did = h5py.h5d.create(f.id, f"{fname}/{pname}".encode(), tid, space, dcpl=dcpl,
+                                      lcpl=f._lcpl)
+                did.write(h5py.h5s.ALL, h5py.h5s.ALL, words, mtype=tid)
+
+
+def _vds_irregular(path):
+    """Virtual datasets with strided and interleaved mappings over compressed sources,
+    in the same file and in another one."""
+    src = path[:-3] + "_sources.h5"
+    a = np.arange(400, dtype="<f4").reshape(40, 10)
+    b = -np.arange(400, dtype="<f4").reshape(40, 10)
+    s = np.array([b"v%d" % i for i in range(80)], dtype="S4")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("a", data=a, chunks=(8, 10), **hdf5plugin.Blosc(cname="lz4"))
+        f.create_dataset("b", data=b, chunks=(8, 5), **hdf5plugin.Zstd())
+        f.create_dataset("s", data=s, chunks=(16,), **hdf5plugin.LZ4())
+    with h5py.File(path, "w") as f:
+        f.create_dataset("c", data=a * 2, chunks=(5, 5), **hdf5plugin.Bitshuffle())
+        f.create_dataset("d", data=s, chunks=(10,), compression="lzf")
+        # interleaved: rows of a and b alternate
+        lay = h5py.VirtualLayout(shape=(80, 10), dtype="<f4")
+        lay[0::2] = h5py.VirtualSource(src, "a", shape=(40, 10))
+        lay[1::2] = h5py.VirtualSource(src, "b", shape=(40, 10))
+        f.create_virtual_dataset("interleaved", lay, fillvalue=-1)
+        # strided source selection, and a column-strided destination
+        lay = h5py.VirtualLayout(shape=(20, 20), dtype="<f4")
+        lay[:, 0::2] = h5py.VirtualSource(src, "a", shape=(40, 10))[0::2, :]
+        lay[:, 1::2] = h5py.VirtualSource(".", "c", shape=(40, 10))[1::2, :]
+        f.create_virtual_dataset("strided", lay, fillvalue=0)
+        # strings, interleaved from two sources
+        lay = h5py.VirtualLayout(shape=(160,), dtype="S4")
+        lay[0::2] = h5py.VirtualSource(src, "s", shape=(80,))
+        lay[1::2] = h5py.VirtualSource(".", "d", shape=(80,))
+        f.create_virtual_dataset("strings", lay)
+
+
 GENERATORS = {
     "pytables.h5": _pytables,
     "pandas.h5": _pandas,
@@ -151,6 +277,10 @@ GENERATORS = {
     "xr_netcdf4.nc": lambda p: _xarray(p, "netcdf4"),
     "xr_h5netcdf.nc": lambda p: _xarray(p, "h5netcdf"),
     "h5py_plugins.h5": _h5py,
+    "pandas_blosc.h5": _pandas_blosc,
+    "pytables_blosc.h5": _pytables_blosc,
+    "fixed_strings.h5": _fixed_strings,
+    "vds_irregular.h5": _vds_irregular,
 }
 
 # Kinds that may stay unsupported (the issue's list: references, opaque and vlen other
@@ -166,7 +296,14 @@ def corpus():
     os.makedirs(mnt)
     for name, gen in GENERATORS.items():
         gen(os.path.join(backing, name))
-    mount(backing, mnt, log=os.path.join(root, "daemon.log"))
+    # The daemon must decode every filter itself: no plugin may come from the
+    # environment (libhdf5 would load hdf5plugin's filters from HDF5_PLUGIN_PATH).
+    saved = os.environ.pop("HDF5_PLUGIN_PATH", None)
+    try:
+        mount(backing, mnt, log=os.path.join(root, "daemon.log"))
+    finally:
+        if saved is not None:
+            os.environ["HDF5_PLUGIN_PATH"] = saved
     try:
         yield backing, mnt
     finally:
@@ -196,7 +333,11 @@ def _datasets(path):
     return out
 
 
-@pytest.mark.parametrize("fname", list(GENERATORS))
+# Files a generator writes besides its own (the sources of virtual datasets).
+EXTRA_FILES = ["vds_irregular_sources.h5"]
+
+
+@pytest.mark.parametrize("fname", list(GENERATORS) + EXTRA_FILES)
 def test_every_dataset_served_as_h5py_reads_it(corpus, fname):
     backing, mnt = corpus
     src = os.path.join(backing, fname)

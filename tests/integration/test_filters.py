@@ -174,6 +174,13 @@ def _write(path):
         # A chunk never written reads as the fill value.
         d = f.create_dataset("sparse_zstd", shape=(40, 40), dtype="<i2", chunks=(16, 16), fillvalue=-7, **hdf5plugin.Zstd())
         d[0:16, 0:16] = 5
+        # PyTables' LZO (305), which no plugin of hdf5plugin decodes: an optional filter
+        # libhdf5 skips when writing, so h5py reads the chunks while the pipeline names it.
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((16, 20))
+        dcpl.set_filter(305, h5py.h5z.FLAG_OPTIONAL, (4, 0, 0))
+        h5py.h5d.create(f.id, b"lzo", h5py.h5t.IEEE_F32LE, h5py.h5s.create_simple((37, 53)), dcpl=dcpl)
+        f["lzo"][...] = _values("<f4", (37, 53), 12)
         for name, (kw, _fid, _n, dt) in NO_DECODER.items():
             try:
                 f.create_dataset(f"nodec/{name}", data=_values(dt, (37, 53), 10), chunks=(16, 20), **kw)
@@ -181,6 +188,20 @@ def _write(path):
                 print(f"skipping {name}: {e}")
         f.visititems(lambda n, o: expect.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
     return expect
+
+
+# Elements of a chunk just over the 1 GiB a chunk may decode to (4-byte floats).
+HUGE_CHUNK = (1 << 28) + 16
+
+
+def _write_huge(path):
+    """Datasets whose chunks decode to more than 1 GiB, never written (the file stays
+    small): filtered (meta.json says the limit) and not (stored chunks are served as
+    they are, no limit)."""
+    with h5py.File(path, "w") as f:
+        f.create_dataset("zstd", shape=(HUGE_CHUNK,), chunks=(HUGE_CHUNK,), dtype="<f4", **hdf5plugin.Zstd())
+        f.create_dataset("gzip", shape=(HUGE_CHUNK,), chunks=(HUGE_CHUNK,), dtype="<f4", compression="gzip")
+        f.create_dataset("raw", shape=(HUGE_CHUNK,), chunks=(HUGE_CHUNK,), dtype="<f4")
 
 
 # Datasets of corrupt.h5 whose first chunk gets its first bytes (its header) flipped:
@@ -193,13 +214,35 @@ CORRUPT = {
 }
 
 
+def _spacepad_strings(f, name, kw, shape, chunks):
+    """A dataset of space-padded fixed strings (h5py reads them converted to NUL
+    padding, so the daemon reads them through libhdf5) under filter `kw`."""
+    from h5py._hl.filters import fill_dcpl
+    tid = h5py.h5t.C_S1.copy()
+    tid.set_size(8)
+    tid.set_strpad(h5py.h5t.STR_SPACEPAD)
+    dcpl = fill_dcpl(h5py.h5p.create(h5py.h5p.DATASET_CREATE), shape, np.dtype("S8"), chunks,
+                     kw.get("compression"), kw.get("compression_opts"), None, None, None, None,
+                     None, allow_unknown_filter=True)
+    did = h5py.h5d.create(f.id, name.encode(), tid, h5py.h5s.create_simple(shape), dcpl=dcpl)
+    words = np.array([b"w%d  " % i for i in range(int(np.prod(shape)))], dtype="S8").reshape(shape)
+    did.write(h5py.h5s.ALL, h5py.h5s.ALL, words, mtype=tid)
+
+
+# Datasets of corrupt.h5 read through libhdf5 (converted strings) whose first chunk is
+# corrupted the same way: libhdf5 runs our decoder, registered with it.
+CORRUPT_VIA_HDF5 = {"zstd_strings": dict(**hdf5plugin.Zstd()), "lz4_strings": dict(**hdf5plugin.LZ4())}
+
+
 def _write_corrupt(path):
     with h5py.File(path, "w") as f:
         for name, kw in CORRUPT.items():
             f.create_dataset(name, data=_values("<f4", (64, 64), 11), chunks=(32, 64), **kw)
+        for name, kw in CORRUPT_VIA_HDF5.items():
+            _spacepad_strings(f, name, kw, (64,), (32,))
     with h5py.File(path, "r") as f:
         spots = []
-        for name in CORRUPT:
+        for name in list(CORRUPT) + list(CORRUPT_VIA_HDF5):
             info = f[name].id.get_chunk_info(0)
             spots.append((info.byte_offset, 4))
     with open(path, "r+b") as fh:
@@ -217,6 +260,7 @@ def corpus():
     os.makedirs(backing)
     expect = _write(os.path.join(backing, "filters.h5"))
     _write_corrupt(os.path.join(backing, "corrupt.h5"))
+    _write_huge(os.path.join(backing, "huge.h5"))
     yield root, backing, expect
     if not os.environ.get("H5TILEFS_KEEP_TMP"):
         shutil.rmtree(root, ignore_errors=True)
@@ -348,6 +392,48 @@ def test_filter_without_decoder(builtin_mount, name):
     assert any(p in ln and str(fid) in ln and "filters.h5" in ln for ln in text.splitlines()), (
         f"no log line names the file, {p} and filter {fid}"
     )
+
+
+def test_lzo_reason_names_a_fix_that_exists(builtin_mount):
+    """hdf5plugin has no LZO filter: the reason points at PyTables' ptrepack instead."""
+    top, _expect, _log = builtin_mount
+    meta = json.loads(_read(os.path.join(top, "lzo", "meta.json")))
+    reason = meta.get("unsupported", "")
+    assert reason.startswith("filter 305 (lzo) has no decoder"), meta
+    assert "ptrepack --complib" in reason and "HDF5_PLUGIN_PATH" not in reason, reason
+    assert [f["decoder"] for f in meta["filters"]] == ["none"]
+
+
+def test_chunks_over_the_decode_limit(builtin_mount):
+    """Chunks decoding to more than 1 GiB: meta.json says so for filtered datasets
+    (their stored chunks read as EFBIG); unwritten ones read as the fill value."""
+    top, _expect, _log = builtin_mount
+    huge = os.path.join(os.path.dirname(top), "huge.h5")
+    for name in ("zstd", "gzip"):
+        meta = json.loads(_read(os.path.join(huge, name, "meta.json")))
+        assert "unsupported" not in meta, meta
+        lim = meta.get("decode_limit")
+        assert lim, f"{name}: meta.json has no decode_limit"
+        assert lim["chunk_bytes"] == HUGE_CHUNK * 4 and lim["max_chunk_bytes"] == 1 << 30, lim
+        assert "EFBIG" in lim["note"] and "h5repack" in lim["note"], lim
+        with open(os.path.join(huge, name, "data"), "rb") as fh:
+            fh.seek(HUGE_CHUNK * 4 - 8)
+            assert fh.read() == b"\0" * 8
+    meta = json.loads(_read(os.path.join(huge, "raw", "meta.json")))
+    assert "decode_limit" not in meta, meta
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT_VIA_HDF5))
+def test_corrupt_chunk_through_libhdf5_names_file_and_dataset(builtin_mount, name):
+    """A corrupt chunk of a dataset libhdf5 reads (converted strings), decoded by our
+    decoder registered with libhdf5: EIO, and the log line names the file, the dataset
+    and our decoder's reason."""
+    top, _expect, log = builtin_mount
+    assert _corrupt_read(top, name) == errno.EIO
+    fname = name.split("_")[0]
+    hits = [ln for ln in _log_lines(log) if "corrupt.h5" in ln and f"dataset /{name}" in ln]
+    assert hits, f"no log line names corrupt.h5 and /{name}"
+    assert any(f"{fname} filter" in ln for ln in hits), hits
 
 
 @pytest.mark.parametrize("name", ["zfp", "sz3", "blosc2_lz4_shuffle", "blosc_lz4_shuffle", "bitshuffle_zstd"])

@@ -15,7 +15,7 @@ pub fn lookup(cx: &Mount, file: &Path, path: &str, r: &Resolved, name: &str) -> 
     };
     let md = cx.supported_model(f, path)?;
     if let Err(e) = parse_slice(name, &md.shape) {
-        tracing::info!(dataset = %path, slice = name, reason = %e, "slice name rejected");
+        tracing::info!(file = %file.display(), dataset = %path, slice = name, reason = %e, "slice name rejected");
         return Err(e);
     }
     Ok(Node::at(
