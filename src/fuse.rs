@@ -373,7 +373,8 @@ impl Filesystem for FuseFs {
             Ok(e) => e,
             Err(e) => return reply.error(c.err(e)),
         };
-        c.ok(0);
+        // The request stays in flight (for `status`) until every entry's lookup is done:
+        // a lookup may open a file or build models, and hang in libhdf5.
         // `.` and `..`: attributes only, no lookup count.
         for (i, (dino, name)) in [(ino.0, "."), (ROOT_INO, "..")].into_iter().enumerate() {
             if (i as u64) < offset {
@@ -390,6 +391,7 @@ impl Filesystem for FuseFs {
                 &to_attr(&a),
                 Generation(0),
             ) {
+                c.ok(0);
                 return reply.ok();
             }
         }
@@ -415,6 +417,7 @@ impl Filesystem for FuseFs {
                 break;
             }
         }
+        c.ok(0);
         reply.ok();
     }
 

@@ -210,6 +210,8 @@ const RESERVED: [&str; 6] = [".", "..", ".commit", ".status", ".h5tilefs", "zarr
 /// Most members a group's zarr.json lists as consolidated metadata (each a dataset
 /// model built), and their deepest nesting; past either, zarr lists the directories.
 const MAX_CONSOLIDATED: usize = 2_048;
+/// Members below a group up to which its zarr.json is consolidated in any case.
+const CONSOLIDATE_ALWAYS: usize = 256;
 const MAX_CONSOLIDATED_DEPTH: usize = 64;
 
 /// Whether member `name` of group `g` is netCDF-4's dimension without a variable (its
@@ -419,7 +421,14 @@ impl H5File {
             .group(path)
             .map_err(|e| Error::with_source(libc::ENOENT, format!("no group {path}"), e))?;
         let mut members = serde_json::Map::new();
-        let all = self.zarr_members(path, "", 0, opts, opener, &mut members);
+        // Consolidated where it is cheap (at most `CONSOLIDATE_ALWAYS` members below, so
+        // xarray's default open finds it) and where zarr's own walk of the directories
+        // would not end (a link to a group below). A larger file without links has
+        // none: a `stat` of its zarr.json (`ls -l`, READDIRPLUS) would build a model of
+        // every dataset in it.
+        let mut seen = 0;
+        let all = (self.few_members_below(path, 0, &mut seen) || self.links_below(path, 0))
+            && self.zarr_members(path, "", 0, opts, opener, &mut members);
         if !all {
             tracing::debug!(file = %self.abs.display(), group = path,
                 "too many members to consolidate in zarr.json; zarr lists the directories");
@@ -428,6 +437,45 @@ impl H5File {
         let z = Arc::new(crate::zarr::group_json(&attrs, all.then_some(members)));
         self.group_zarr.insert(path.to_string(), z.clone());
         Ok(z)
+    }
+
+    /// Whether at most `CONSOLIDATE_ALWAYS` members lie below group `path` (counted
+    /// into `seen`), from the listings alone.
+    fn few_members_below(&self, path: &str, depth: usize, seen: &mut usize) -> bool {
+        if depth > MAX_CONSOLIDATED_DEPTH {
+            return false;
+        }
+        let Ok(l) = self.listing(path) else {
+            return true;
+        };
+        for (name, kind) in &l.children {
+            *seen += 1;
+            if *seen > CONSOLIDATE_ALWAYS {
+                return false;
+            }
+            if *kind == ChildKind::Group
+                && !self.few_members_below(&join(path, name), depth + 1, seen)
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether a link to a group (`ChildKind::Link`) lies below group `path`, from the
+    /// listings alone; past `MAX_CONSOLIDATED_DEPTH` levels, false.
+    fn links_below(&self, path: &str, depth: usize) -> bool {
+        if depth > MAX_CONSOLIDATED_DEPTH {
+            return false;
+        }
+        let Ok(l) = self.listing(path) else {
+            return false;
+        };
+        l.children.iter().any(|(name, kind)| match kind {
+            ChildKind::Link(_) => true,
+            ChildKind::Group => self.links_below(&join(path, name), depth + 1),
+            ChildKind::Dataset => false,
+        })
     }
 
     /// Adds the Zarr metadata of every member below group `path` to `out`, keyed by

@@ -307,7 +307,8 @@ def test_tar_round_trip(tree, scratch):
     p = sh("tar", "-cf", os.path.join(scratch, "p.tar"), "-C", tree.mnt, "tar.h5")
     assert p.stderr == "", p.stderr
     listing = sh("tar", "-tvf", os.path.join(scratch, "p.tar")).stdout
-    assert "tar.h5/x/tiles/2" in listing and "tar.h5/.status" in listing
+    # .commit and .status are found by name, not listed: tar does not see them
+    assert "tar.h5/x/tiles/2" in listing and "tar.h5/.status" not in listing
 
 
 # ----------------------------------------------------------------------------- find
@@ -325,10 +326,10 @@ def test_find(tree):
     assert sorted(os.path.relpath(p, root) for p in big) == ["cont/data", "g/chunked/data"]
     tiles = sh("find", os.path.join(root, "cont", "tiles"), "-type", "f", "-size", "4096c").stdout.split()
     assert len(tiles) == 9            # 10 row-block tiles of 512 elements, the last one 392
-    # -empty finds the (empty) slice directories and the zero-size .commit
+    # -empty finds the (empty) slice directories (.commit is not listed)
     empty = sh("find", root, "-empty").stdout.split()
     assert sorted(os.path.relpath(p, root) for p in empty) == sorted(
-        [".commit"] + [f"{n}/slice" for n in ("g/chunked", "cont", "g/h/small", "scalar")])
+        [f"{n}/slice" for n in ("g/chunked", "cont", "g/h/small", "scalar")])
 
 
 # ----------------------------------------------------------------------------- stat / du
@@ -377,7 +378,6 @@ def test_du(tree):
     with h5py.File(tree.h5, "r") as f:
         data = sum(f[n].nbytes for n in ("g/chunked", "cont", "g/h/small", "scalar"))
     meta = sum(os.stat(tree.m("r.h5", n, "meta.json")).st_size for n in ("g/chunked", "cont", "g/h/small", "scalar"))
-    status_size = os.stat(tree.m("r.h5", ".status")).st_size
     # The Zarr view: every zarr.json, and chunk files of the full chunk size.
     zarr = 0
     for dp, _dns, fns in os.walk(tree.m("r.h5")):
@@ -388,4 +388,4 @@ def test_du(tree):
             if fn == "zarr.json" or "/c/" in p + "/" and os.path.basename(os.path.dirname(p)) != "tiles":
                 zarr += os.stat(p).st_size
     assert zarr > data
-    assert total == 2 * data + meta + status_size + zarr  # data + tiles + meta.json + .status + Zarr view
+    assert total == 2 * data + meta + zarr  # data + tiles + meta.json + Zarr view (.status unlisted)
