@@ -82,7 +82,7 @@ def _in_step():
     Such code allocates on those ranks only, so their collectors would next start at
     other places in the program than the rest, freeing cupynumeric arrays (and their
     Legate stores) there: the ranks' Legate operations diverge (docs/adapter-notes.md,
-    "The multi-rank hang: rank-divergent garbage collection")."""
+    "The multi-rank hang, second look")."""
     gc.collect()
 
 
@@ -186,8 +186,9 @@ def _batched_equal(p, ds, chunk, a):
     these arrays are small) launched a copy per batch, and in 3 of 18 runs every rank
     waited forever in one of those launches (Legion's
     `InnerContext::remap_unmapped_regions`, under `ReplicateContext::execute_index_space`),
-    with h5tilefs idle. The same wait also strikes at other launches
-    (docs/adapter-notes.md)."""
+    with h5tilefs idle. The same wait also strikes at other launches, and still did after
+    the ranks' garbage collectors were kept in step (docs/adapter-notes.md, "The
+    multi-rank hang, second look")."""
     want = np.asarray(a)
     seen = np.zeros(want.shape, dtype=np.int64)
     equal = True
@@ -304,8 +305,8 @@ SCENARIOS = {f.__name__: f for f in (repro, ours_writes, overwrite, legate_write
 
 
 def _gc_diagnostics():
-    """H5T_MR_GC (diagnostics of the hang of docs/adapter-notes.md, "The multi-rank hang:
-    rank-divergent garbage collection"): ``off`` turns the cyclic collector off for the
+    """H5T_MR_GC (diagnostics, docs/adapter-notes.md, "The multi-rank hang, second
+    look"): ``off`` turns the cyclic collector off for the
     whole program; ``trace`` writes where each of this rank's collections ran to
     $H5T_MR_GC_DIR/gctrace.<rank>.txt; ``garbage`` turns it off and, after each
     scenario, records what a full collection finds (the record's "garbage"). Returns

@@ -121,13 +121,13 @@ def _collective_gc():
     frees them, and with them their Legate stores). The collector starts when a count of
     allocations passes a threshold; our Python tasks allocate in the shared interpreter on
     the ranks that run them only (single-point tasks on one rank), so afterwards each rank
-    collected at a different place in the program. Legion then saw different operation
-    streams: ``-lg:safe_ctrlrepl 1`` reported a violation in 5 of 5 3-rank launches, and
-    without it about 1 launch in 8 hung for good (docs/adapter-notes.md, "The multi-rank
-    hang: rank-divergent garbage collection"). So, with several ranks: no automatic
-    collection during the call, and one full collection at its end, a point every rank
-    reaches; every rank leaves with the collector's counts at zero and the same garbage
-    freed. One rank: nothing to keep in step, nothing done."""
+    collected at a different place in the program. Legion's ``-lg:safe_ctrlrepl 1`` then
+    reported a control replication violation in every 3-rank test launch (7 of 7), and
+    the same with cupynumeric alone when one rank allocated more (tests/legate_mr/gc_repro.py;
+    docs/adapter-notes.md, "The multi-rank hang, second look"). So, with several ranks:
+    no automatic collection during the call, and one full collection at its end, a point
+    every rank reaches; every rank leaves with the collector's counts at zero and the
+    same garbage freed. One rank: nothing to keep in step, nothing done."""
     was = gc.isenabled()
     gc.disable()
     try:
