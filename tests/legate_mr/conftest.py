@@ -188,6 +188,12 @@ def launch(nranks, scenarios, timeout=LAUNCH_TIMEOUT, cluster=None):
         # good in 2 of 3 full runs here (both ranks in execute(), no task running).
         "REALM_DEFAULT_ARGS": os.environ.get("H5T_MR_REALM_ARGS", "-ll:bgwork 1 -ucx:pollers_max 1"),
         "UCX_WARN_UNUSED_ENV_VARS": "n",
+        # Legion's control replication checker: ranks that issue different operations
+        # abort the launch with "control replication violation" (test_launch_ends_cleanly
+        # quotes it) instead of going on with diverged operation streams, which can hang
+        # (docs/adapter-notes.md, "The multi-rank hang, second look"). Level 1 has no
+        # false positives, by Legion's developers.
+        "LEGION_DEFAULT_ARGS": os.environ.get("H5T_MR_LEGION_ARGS", "-lg:safe_ctrlrepl 1"),
     })
     env.pop("LEGATE_CONFIG", None)
     if env.get("H5T_MR_SHIM"):

@@ -11,6 +11,7 @@ the backing file, errors) are only recorded.
     legate ... scenarios.py NAME[:ARG] ...
 """
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -74,6 +75,15 @@ def _h5_equal(path, ds, expect):
 
 def _err(e):
     return {"type": type(e).__name__, "errno": getattr(e, "errno", None), "msg": str(e)[:600]}
+
+
+def _in_step():
+    """A full cyclic collection on every rank, after code that ran on some ranks only.
+    Such code allocates on those ranks only, so their collectors would next start at
+    other places in the program than the rest, freeing cupynumeric arrays (and their
+    Legate stores) there: the ranks' Legate operations diverge (docs/adapter-notes.md,
+    "The multi-rank hang, second look")."""
+    gc.collect()
 
 
 def _eq(a, b):
@@ -176,8 +186,9 @@ def _batched_equal(p, ds, chunk, a):
     these arrays are small) launched a copy per batch, and in 3 of 18 runs every rank
     waited forever in one of those launches (Legion's
     `InnerContext::remap_unmapped_regions`, under `ReplicateContext::execute_index_space`),
-    with h5tilefs idle. The same wait also strikes at other launches
-    (docs/adapter-notes.md)."""
+    with h5tilefs idle. The same wait also strikes at other launches, and still did after
+    the ranks' garbage collectors were kept in step (docs/adapter-notes.md, "The
+    multi-rank hang, second look")."""
     want = np.asarray(a)
     seen = np.zeros(want.shape, dtype=np.int64)
     equal = True
@@ -264,6 +275,7 @@ def kill(arg):
     res = {"victim": victim}
     if RANK == victim:
         mounted = _kill_own_daemon()
+    _in_step()
     new = _array((37, 23), "float64", k=2)
     try:
         ours.to_file(array=new, path=p, dataset_name="/k")
@@ -277,6 +289,7 @@ def kill(arg):
         res["after_failure"] = "absent"
     if RANK == victim:
         _remount(*mounted)
+    _in_step()
     third = _array((37, 23), "float64", k=3)
     try:
         ours.to_file(array=third, path=p, dataset_name="/k")
@@ -291,11 +304,61 @@ def kill(arg):
 SCENARIOS = {f.__name__: f for f in (repro, ours_writes, overwrite, legate_writes, batched, errors, kill)}
 
 
+def _gc_diagnostics():
+    """H5T_MR_GC (diagnostics, docs/adapter-notes.md, "The multi-rank hang, second
+    look"): ``off`` turns the cyclic collector off for the
+    whole program; ``trace`` writes where each of this rank's collections ran to
+    $H5T_MR_GC_DIR/gctrace.<rank>.txt; ``garbage`` turns it off and, after each
+    scenario, records what a full collection finds (the record's "garbage"). Returns
+    (set the scenario's name, the after-scenario hook)."""
+    mode = os.environ.get("H5T_MR_GC")
+    state = {"spec": None}
+    if mode in ("off", "garbage"):
+        gc.disable()
+    if mode == "trace":
+        import threading
+
+        trace = open(os.path.join(os.environ.get("H5T_MR_GC_DIR", LOGS), f"gctrace.{RANK}.txt"), "w")
+
+        def _cb(phase, info):
+            if phase != "stop":
+                return
+            f, where = sys._getframe(1), []
+            while f is not None and len(where) < 4:
+                if "site-packages" not in f.f_code.co_filename:
+                    where.append(f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}")
+                f = f.f_back
+            trace.write(f"{state['spec']} gen={info['generation']} collected={info['collected']} "
+                        f"thread={threading.current_thread().name} at={'<'.join(where)}\n")
+            trace.flush()
+
+        gc.callbacks.append(_cb)
+
+    def after(rec):
+        if mode != "garbage":
+            return
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kinds = {}
+        for o in gc.garbage:
+            m = type(o).__module__ or ""
+            if m.split(".")[0] in ("legate", "cupynumeric", "h5tilefs"):
+                k = f"{m}.{type(o).__qualname__}"
+                kinds[k] = kinds.get(k, 0) + 1
+        rec["garbage"] = {"total": len(gc.garbage), "kinds": kinds}
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+    return (lambda spec: state.update(spec=spec)), after
+
+
 def main():
+    set_spec, after_scenario = _gc_diagnostics()
     dump_after = float(os.environ.get("H5T_MR_DUMP_AFTER", "60"))
     out = open(os.path.join(os.environ["H5T_MR_OUT"], f"rank{RANK}.jsonl"), "a")
     for spec in sys.argv[1:]:
         name, _, arg = spec.partition(":")
+        set_spec(spec)
         # a scenario that hangs tells where each rank waits (stderr is in the launch output)
         faulthandler.dump_traceback_later(dump_after, repeat=True)
         t0 = time.monotonic()
@@ -308,6 +371,7 @@ def main():
             rec["error"] = _err(e)
             rec["traceback"] = traceback.format_exc()[-3000:]
         rec["seconds"] = round(time.monotonic() - t0, 2)
+        after_scenario(rec)
         out.write(json.dumps(rec) + "\n")
         out.flush()
     faulthandler.cancel_dump_traceback_later()

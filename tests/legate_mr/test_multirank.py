@@ -101,6 +101,9 @@ def test_daemon_killed_during_to_file(run, spec):
 
 
 def test_launch_ends_cleanly(run):
+    violations = [line for line in run.output.splitlines() if "control replication violation" in line]
+    assert not violations, ("the ranks issued different Legate operations (Legion's -lg:safe_ctrlrepl):\n"
+                            + "\n".join(violations[:6]))
     assert not run.hung, f"hung after {run.seconds:.0f} s\n{run.output[-3000:]}"
     assert run.rc == 0, run.output[-3000:]
     for r in range(run.nranks):

@@ -111,6 +111,34 @@ def _gc_off():
             gc.enable()
 
 
+@contextlib.contextmanager
+def _collective_gc():
+    """Keeps the ranks' cyclic garbage collectors in step across one call of ours.
+
+    Control replication needs every rank to issue the same Legate operations in the same
+    order, and freeing a cupynumeric array is one of them in effect (an eager array and
+    the deferred array it turned into reference each other, so only the cyclic collector
+    frees them, and with them their Legate stores). The collector starts when a count of
+    allocations passes a threshold; our Python tasks allocate in the shared interpreter on
+    the ranks that run them only (single-point tasks on one rank), so afterwards each rank
+    collected at a different place in the program. Legion's ``-lg:safe_ctrlrepl 1`` then
+    reported a control replication violation in every 3-rank test launch (7 of 7), and
+    the same with cupynumeric alone when one rank allocated more (tests/legate_mr/gc_repro.py;
+    docs/adapter-notes.md, "The multi-rank hang, second look"). So, with several ranks:
+    no automatic collection during the call, and one full collection at its end, a point
+    every rank reaches; every rank leaves with the collector's counts at zero and the
+    same garbage freed. One rank: nothing to keep in step, nothing done."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            if get_legate_runtime().node_count > 1:
+                gc.collect()
+            gc.enable()
+
+
 def _launch_per_tile(py_task, store, tile, add, *scalars: str) -> None:
     """Runs ``py_task`` once per tile of ``store`` (one point for a scalar), the store's
     piece added with ``add`` ("input" or "output"), then the string scalars; returns
@@ -402,6 +430,11 @@ def to_file(array, path, dataset_name: str) -> None:
     task commits. With several ranks, one task per processor then waits until its
     node's mount shows the committed version, so a ``from_file`` on any rank right
     after reads it (on GlusterFS another client can lag about 1 s)."""
+    with _collective_gc():
+        _to_file(array, path, dataset_name)
+
+
+def _to_file(array, path, dataset_name: str) -> None:
     path = os.path.abspath(os.fspath(path))
     la = _as_logical_array(array)
     if la.unbound:
@@ -440,6 +473,11 @@ def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
 def from_file(path, dataset_name: str) -> LogicalArray:
     """Reads dataset ``dataset_name`` of ``path`` (inside an h5tilefs mount): one point
     task per tile, or per block of whole-row tiles (see ``_read_block``)."""
+    with _collective_gc():
+        return _from_file(path, dataset_name)
+
+
+def _from_file(path, dataset_name: str) -> LogicalArray:
     ds_dir, meta = _meta(path, dataset_name)
     shape = tuple(meta["shape"])
     dtype = np.dtype(meta["dtype"])
@@ -463,7 +501,8 @@ def from_file_batched(
     through its rank's mount (no rank reads the whole chunk)."""
     if math.prod(chunk_size) <= 0:
         raise ValueError(f"Invalid chunk size ({chunk_size}), must be >0")
-    ds_dir, meta = _meta(path, dataset_name)
+    with _collective_gc():
+        ds_dir, meta = _meta(path, dataset_name)
     shape = tuple(meta["shape"])
     if len(shape) != len(chunk_size):
         raise ValueError(
@@ -473,8 +512,10 @@ def from_file_batched(
     runtime = get_legate_runtime()
     for offs in itertools.product(*(range(0, e, c) for e, c in zip(shape, chunk_size))):
         bshape = tuple(min(c, e - o) for o, e, c in zip(offs, shape, chunk_size))
-        store = runtime.create_store(Type.from_numpy_dtype(dtype), shape=bshape)
-        # row blocks over the processors, each point reading its slice through its mount
-        _launch_per_tile(_read_slice, store, _default_tile(bshape, store), "output", ds_dir,
-                         ",".join(map(str, offs)), dtype.str)
+        # not across the yield: the caller's code between chunks runs with its own settings
+        with _collective_gc():
+            store = runtime.create_store(Type.from_numpy_dtype(dtype), shape=bshape)
+            # row blocks over the processors, each point reading its slice through its mount
+            _launch_per_tile(_read_slice, store, _default_tile(bshape, store), "output", ds_dir,
+                             ",".join(map(str, offs)), dtype.str)
         yield LogicalArray.from_store(store), offs
