@@ -69,6 +69,18 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The message of a panic's payload (a `&str` or `String`, as `panic!` makes): for
+/// logs and errors wherever a panic is caught (decode pool, libhdf5 filter callbacks).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 /// Why a write-path operation (src/pending, the write half of src/fs) failed: one
 /// variant per cause; [`PendingError::errno`] is the errno table (docs/namespace.md).
 /// Messages name the file, the dataset and the fix.

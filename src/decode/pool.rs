@@ -99,16 +99,7 @@ fn run_job(pool: &'static str, job: Job) {
     }
 }
 
-/// The message of a panic's payload (a `&str` or `String`, as `panic!` makes).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
+pub use crate::error::panic_message;
 
 #[cfg(test)]
 mod tests {

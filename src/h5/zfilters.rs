@@ -261,11 +261,7 @@ unsafe extern "C" fn filter_cb<const ID: i32>(
     match std::panic::catch_unwind(run) {
         Ok(n) => n,
         Err(p) => {
-            let why = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let why = crate::error::panic_message(p.as_ref());
             let r = READING.with(|r| r.borrow().clone()).unwrap_or_default();
             tracing::error!(filter = ID, file = %r.file, dataset = %r.dataset, %why, "built-in decoder panicked inside libhdf5's read: the chunk fails");
             push_error(&format!("filter {ID}: built-in decoder panicked: {why}"));
