@@ -1,10 +1,13 @@
 """Helpers shared by the integration tests: mounting, h5py walkers, expectations that
 mirror docs/namespace.md (tile shapes, meta.json values)."""
+import contextlib
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import h5py
@@ -43,6 +46,31 @@ def mount(backing, mnt, *extra, log=None, check=True, timeout=60):
     if check and p.returncode != 0:
         pytest.fail(f"mount failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}")
     return p
+
+
+@contextlib.contextmanager
+def generated_mount(prefix, make, *, no_plugin_path=False):
+    """A temporary backing directory filled by `make(backing)`, mounted; yields
+    (backing, mnt). Unmounts and removes it after (kept with H5TILEFS_KEEP_TMP).
+    `no_plugin_path`: the daemon starts without HDF5_PLUGIN_PATH, so it decodes every
+    filter itself."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    make(backing)
+    saved = os.environ.pop("HDF5_PLUGIN_PATH", None) if no_plugin_path else None
+    try:
+        mount(backing, mnt, log=os.path.join(root, "daemon.log"))
+    finally:
+        if saved is not None:
+            os.environ["HDF5_PLUGIN_PATH"] = saved
+    try:
+        yield backing, mnt
+    finally:
+        unmount(mnt)
+        if not os.environ.get("H5TILEFS_KEEP_TMP"):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- h5py walkers

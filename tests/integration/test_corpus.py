@@ -7,8 +7,6 @@ Every dataset must be either served byte for byte as h5py reads it (`data` again
 meta.json with a reason; only the kinds listed in UNSUPPORTED_OK may be unsupported."""
 import json
 import os
-import shutil
-import tempfile
 import warnings
 
 import h5py
@@ -21,7 +19,7 @@ netCDF4 = pytest.importorskip("netCDF4")
 pd = pytest.importorskip("pandas")
 xr = pytest.importorskip("xarray")
 
-from h5t_helpers import mount, unmount  # noqa: E402
+from h5t_helpers import generated_mount  # noqa: E402
 
 N = 1000
 
@@ -290,26 +288,14 @@ UNSUPPORTED_OK = ("reference", "opaque", "vlen")
 
 @pytest.fixture(scope="module")
 def corpus():
-    root = tempfile.mkdtemp(prefix="h5tilefs-corpus-")
-    backing, mnt = os.path.join(root, "backing"), os.path.join(root, "mnt")
-    os.makedirs(backing)
-    os.makedirs(mnt)
-    for name, gen in GENERATORS.items():
-        gen(os.path.join(backing, name))
+    def make(backing):
+        for name, gen in GENERATORS.items():
+            gen(os.path.join(backing, name))
+
     # The daemon must decode every filter itself: no plugin may come from the
     # environment (libhdf5 would load hdf5plugin's filters from HDF5_PLUGIN_PATH).
-    saved = os.environ.pop("HDF5_PLUGIN_PATH", None)
-    try:
-        mount(backing, mnt, log=os.path.join(root, "daemon.log"))
-    finally:
-        if saved is not None:
-            os.environ["HDF5_PLUGIN_PATH"] = saved
-    try:
-        yield backing, mnt
-    finally:
-        unmount(mnt)
-        if not os.environ.get("H5TILEFS_KEEP_TMP"):
-            shutil.rmtree(root, ignore_errors=True)
+    with generated_mount("h5tilefs-corpus-", make, no_plugin_path=True) as bm:
+        yield bm
 
 
 def _kind(dt):

@@ -14,15 +14,13 @@ object), the shorter variable kept its HDF5 length ("conflicting sizes for dimen
 'time'"), dimensions without a variable and `.commit`/`.status` made zarr warn,
 strings were not served, and zarr walked the links of a cycle until ELOOP."""
 import os
-import shutil
-import tempfile
 import warnings
 
 import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import mount, unmount
+from h5t_helpers import generated_mount
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
@@ -119,29 +117,21 @@ FILES = {
 
 @pytest.fixture(scope="module")
 def ncmount():
-    root = tempfile.mkdtemp(prefix="h5tilefs-zarrnc-")
-    b, m = os.path.join(root, "b"), os.path.join(root, "m")
-    os.makedirs(b)
-    os.makedirs(m)
-    for name, gen in FILES.items():
-        gen(os.path.join(b, name))
-    with h5py.File(os.path.join(b, "cycle.h5"), "w") as f:
-        a = f.create_group("a")
-        ab = a.create_group("b")
-        ab["x"] = np.arange(6, dtype="<i4")
-        ab["up"] = a                           # a hard link back to an ancestor
-        f["a/b/root"] = h5py.SoftLink("/")
-        f["alias"] = ab
-        z = f.create_group("z")
-        z["self"] = z
-    mount(b, m, log=os.path.join(root, "daemon.log"))
-    try:
-        yield b, m
-    finally:
-        unmount(m)
-        if not os.environ.get("H5TILEFS_KEEP_TMP"):
-            shutil.rmtree(root, ignore_errors=True)
+    def make(b):
+        for name, gen in FILES.items():
+            gen(os.path.join(b, name))
+        with h5py.File(os.path.join(b, "cycle.h5"), "w") as f:
+            a = f.create_group("a")
+            ab = a.create_group("b")
+            ab["x"] = np.arange(6, dtype="<i4")
+            ab["up"] = a                           # a hard link back to an ancestor
+            f["a/b/root"] = h5py.SoftLink("/")
+            f["alias"] = ab
+            z = f.create_group("z")
+            z["self"] = z
 
+    with generated_mount("h5tilefs-zarrnc-", make) as bm:
+        yield bm
 
 def _packed(var):
     return "scale_factor" in var.encoding or "add_offset" in var.encoding
@@ -249,25 +239,17 @@ def test_zarr_walks_a_cycle_and_ends(ncmount):
 def corpus_mount():
     from test_corpus import GENERATORS
 
-    root = tempfile.mkdtemp(prefix="h5tilefs-zarrcorpus-")
-    b, m = os.path.join(root, "b"), os.path.join(root, "m")
-    os.makedirs(b)
-    os.makedirs(m)
-    for name, gen in GENERATORS.items():
-        gen(os.path.join(b, name))
-    _netcdf4_python(os.path.join(b, "nc4py.nc"))
-    with h5py.File(os.path.join(b, "cycle.h5"), "w") as f:
-        a = f.create_group("a")
-        a.create_group("b")["up"] = a
-        a["b/x"] = np.arange(3.0)
-    mount(b, m, log=os.path.join(root, "daemon.log"))
-    try:
-        yield b, m, sorted(os.listdir(b))
-    finally:
-        unmount(m)
-        if not os.environ.get("H5TILEFS_KEEP_TMP"):
-            shutil.rmtree(root, ignore_errors=True)
+    def make(b):
+        for name, gen in GENERATORS.items():
+            gen(os.path.join(b, name))
+        _netcdf4_python(os.path.join(b, "nc4py.nc"))
+        with h5py.File(os.path.join(b, "cycle.h5"), "w") as f:
+            a = f.create_group("a")
+            a.create_group("b")["up"] = a
+            a["b/x"] = np.arange(3.0)
 
+    with generated_mount("h5tilefs-zarrcorpus-", make) as (b, m):
+        yield b, m, sorted(os.listdir(b))
 
 def test_zarr_walks_every_corpus_file_and_tensorstore_opens_the_arrays(corpus_mount):
     ts = pytest.importorskip("tensorstore")

@@ -129,14 +129,12 @@ def _collective_gc():
     every rank reaches; every rank leaves with the collector's counts at zero and the
     same garbage freed. One rank: nothing to keep in step, nothing done."""
     was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            if get_legate_runtime().node_count > 1:
+    with _gc_off():
+        try:
+            yield
+        finally:
+            if was and get_legate_runtime().node_count > 1:
                 gc.collect()
-            gc.enable()
 
 
 def _launch_per_tile(py_task, store, tile, add, *scalars: str) -> None:
