@@ -127,11 +127,15 @@ impl H5File {
     /// Drops the models this file holds (those in use live on with their users; the
     /// next use builds them again): how a namespace keeps its models bounded.
     pub fn drop_models(&self) {
-        let mut n = 0usize;
-        self.models.retain(|_, _| {
-            n += 1;
-            false
-        });
+        // Taken out first and dropped after: no map guard is held while the models
+        // close their libhdf5 datasets.
+        let keys: Vec<String> = self.models.iter().map(|e| e.key().clone()).collect();
+        let gone: Vec<Arc<DatasetModel>> = keys
+            .iter()
+            .filter_map(|k| self.models.remove(k).map(|(_, m)| m))
+            .collect();
+        let n = gone.len();
+        drop(gone);
         let _ = self
             .models_held
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
