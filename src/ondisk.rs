@@ -28,6 +28,9 @@ pub const SOURCES_SUFFIX: &str = "_h5tilefs_vds";
 pub const NODES_DIR: &str = "nodes";
 /// The written-range logs, under a dataset's node directory.
 pub const RANGES_DIR: &str = "ranges";
+/// Why the last meta.json (or zarr.json) written for a pending node was refused, under
+/// its node directory; gone once one is accepted. A commit refuses while it is there.
+pub const REFUSED: &str = "refused";
 
 /// `<tile>.h5 -> (data offset, file length)` of one directory of tile sources.
 pub type SourceIndex = HashMap<String, (u64, u64)>;

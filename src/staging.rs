@@ -81,6 +81,64 @@ pub fn non_finite(v: &Value) -> Option<f64> {
     }
 }
 
+/// The keys a pending dataset's meta.json sets.
+pub const SETTINGS: &[&str] = &[
+    "shape",
+    "dtype",
+    "tile_shape",
+    "fill_value",
+    "unwritten_tiles",
+    "attrs",
+    "layout",
+];
+
+/// Keys the daemon serves back in a pending dataset's meta.json and derives itself: a
+/// meta.json read back and written again is taken (their values are ignored, except
+/// `order`, which only "C" can be).
+pub const DERIVED: &[&str] = &["itemsize", "state", "tile_grid", "nbytes", "order"];
+
+/// Keys of a compressed chunked layout, not built yet: refused with their own reason
+/// rather than as unknown, so the user knows the setting exists and is not taken.
+const NOT_YET: &[&str] = &["compression", "compression_opts", "shuffle"];
+
+/// A misspelled or unsupported key would silently lose a setting (`tile_shap`, or
+/// `compression` before it is supported): every key must be one we know.
+fn check_keys(o: &Map<String, Value>) -> Result<()> {
+    for k in o.keys() {
+        if SETTINGS.contains(&k.as_str()) || DERIVED.contains(&k.as_str()) {
+            continue;
+        }
+        if NOT_YET.contains(&k.as_str()) {
+            return Err(Error::invalid(format!(
+                "meta.json key {k:?} is not supported yet (compressed datasets cannot be \
+                 written through the mount): remove it to write the dataset uncompressed"
+            )));
+        }
+        return Err(Error::invalid(format!(
+            "meta.json has unknown key {k:?}: the keys are {}",
+            SETTINGS.join(", ")
+        )));
+    }
+    if let Some(order) = o.get("order") {
+        if order.as_str() != Some("C") {
+            return Err(Error::invalid(format!(
+                "meta.json \"order\" {order} is not taken: tiles are C order (row-major); \
+                 remove the key"
+            )));
+        }
+    }
+    match o.get("layout").map(|v| v.as_str()) {
+        None | Some(Some("virtual")) => Ok(()),
+        Some(Some("chunked")) => Err(Error::invalid(
+            "meta.json \"layout\": \"chunked\" is not supported yet: remove the key \
+             (the committed dataset is then virtual, over one source file per tile)",
+        )),
+        Some(_) => Err(Error::invalid(
+            "meta.json \"layout\" must be \"virtual\" (the default)",
+        )),
+    }
+}
+
 fn u64_list(v: &Value, what: &str) -> Result<Vec<u64>> {
     v.as_array()
         .ok_or_else(|| Error::invalid(format!("{what} must be a list of integers")))?
@@ -100,6 +158,7 @@ impl PendingMeta {
         let o = v
             .as_object()
             .ok_or_else(|| Error::invalid("meta.json must be a JSON object"))?;
+        check_keys(o)?;
         let shape = u64_list(
             o.get("shape")
                 .ok_or_else(|| Error::invalid("meta.json needs \"shape\""))?,
@@ -324,10 +383,31 @@ mod tests {
             br#"{"shape":[4294967296,4294967296,16],"dtype":"<f8"}"#,
             br#"{"shape":[-1],"dtype":"<f4"}"#,
             br#"{"dtype":"<f4"}"#,
+            br#"{"shape":[4],"dtype":"<f4","tile_shap":[2]}"#,
+            br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#,
+            br#"{"shape":[4],"dtype":"<f4","layout":"contiguous"}"#,
+            br#"{"shape":[4],"dtype":"<f4","order":"F"}"#,
         ] {
             let e = PendingMeta::parse(bad).unwrap_err();
             assert_eq!(e.errno, libc::EINVAL, "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    /// Every key of a misspelled or unsupported setting is named in the refusal; what
+    /// the daemon serves back is taken again.
+    #[test]
+    fn meta_refuses_unknown_keys_by_name() {
+        let e = PendingMeta::parse(br#"{"shape":[4],"dtype":"<f4","tile_shap":[2]}"#).unwrap_err();
+        assert!(e.message.contains("\"tile_shap\""), "{}", e.message);
+        let e =
+            PendingMeta::parse(br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#).unwrap_err();
+        assert!(e.message.contains("\"compression\""), "{}", e.message);
+        let m = PendingMeta::parse(
+            br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4],"layout":"virtual"}"#,
+        )
+        .unwrap();
+        let served = serde_json::to_vec(&m.to_json()).unwrap();
+        assert_eq!(PendingMeta::parse(&served).unwrap(), m);
     }
 
     #[test]

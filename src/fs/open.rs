@@ -424,15 +424,23 @@ impl OpenFile {
                 accepted,
                 zarr,
             } => {
-                let refusal = {
+                let parsed = {
                     let b = buf.lock();
                     if b.is_empty() || accepted.load(Ordering::Relaxed) {
                         return Ok(());
                     }
-                    let what = declaration_name(*zarr);
                     parse_declaration(&b, *zarr)
-                        .err()
-                        .unwrap_or_else(|| Error::invalid(format!("{what} incomplete")))
+                };
+                let refusal = match parsed {
+                    // Whole and valid, but its acceptance failed at the write (which
+                    // returned why): tried again, so close reports the same error (a
+                    // conflict with written tiles records itself on the node).
+                    Ok(m) => {
+                        cx.pending.accept_meta(file, path, &m)?;
+                        accepted.store(true, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Err(e) => e,
                 };
                 refused(cx, file, path, declaration_name(*zarr), &refusal.message);
                 Err(Error::invalid(refusal.message))
@@ -548,12 +556,16 @@ fn declaration_name(zarr: bool) -> &'static str {
     }
 }
 
-/// A refused declaration goes to the file's `.status`, naming the dataset.
+/// A refused declaration goes to the file's `.status`, naming the dataset, and is
+/// recorded on the pending node, so that the next commit refuses too.
 fn refused(cx: &Mount, file: &std::path::Path, path: &str, what: &str, why: &str) {
     cx.pending.record_status(
         file,
         serde_json::json!({"ok": false, "error": format!("{path}/{what}: {why}")}),
     );
+    if let Err(e) = cx.pending.refuse_meta(file, path, why) {
+        tracing::warn!(file = %file.display(), dataset = path, error = %e, "refused {what} not recorded on its node");
+    }
 }
 
 /// A pending dataset's declaration: meta.json as written, or a Zarr v3 zarr.json taken

@@ -230,6 +230,17 @@ impl Commit<'_> {
         let mut recorded = Vec::new();
         let mut t_ranges = std::time::Duration::ZERO;
         for n in nodes {
+            // A refused meta.json: the user meant a dataset (or another description of
+            // it) that this commit cannot make. Without this the node became an empty
+            // group, or kept the description the user tried to replace.
+            if let Some(why) = &n.refused {
+                problems.push(format!(
+                    "{}: its meta.json was refused ({}); write one that is accepted, or rmdir it",
+                    n.path,
+                    why.trim()
+                ));
+                continue;
+            }
             let Some(m) = &n.meta else {
                 groups.push(n.path.clone());
                 continue;

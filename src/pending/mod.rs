@@ -202,12 +202,22 @@ impl Pending {
     pub fn accept_meta(&self, file_rel: &Path, h5path: &str, meta: &PendingMeta) -> Result<()> {
         let ds = self.dataset(file_rel, h5path)?;
         // Every rank writes the same meta.json: that needs no lock.
-        if nodes::same_meta(&ds.node, meta) {
+        if nodes::same_meta(&ds.node, meta) && !Nodes::refused(&ds) {
             return Ok(());
         }
         state::transition(&self.layout, &ds.file, Transition::AcceptMeta, |_| {
             self.nodes
                 .accept_meta_locked(&self.layout, &ds, meta, &self.ranges.writer_id)
+        })
+    }
+
+    /// Records that a meta.json (or zarr.json) written for a pending node was refused,
+    /// and why: the file's next commit refuses, naming the node, until a description
+    /// is accepted or the node removed.
+    pub fn refuse_meta(&self, file_rel: &Path, h5path: &str, why: &str) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        state::transition(&self.layout, &ds.file, Transition::RefuseMeta, |_| {
+            Nodes::refuse_locked(&ds, why)
         })
     }
 

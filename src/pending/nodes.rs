@@ -6,6 +6,7 @@ use super::base::{file_ident, has_entries, FileIdent};
 use super::layout::{new_gen, Layout, PendingDataset, PendingFile};
 use crate::durable::{create_exclusive, write_atomic};
 use crate::error::{Error, PendingError, Result};
+use crate::ondisk::REFUSED;
 use crate::staging::PendingMeta;
 use dashmap::DashMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 pub struct PendingNode {
     pub path: String,
     pub meta: Option<PendingMeta>,
+    /// Why its last meta.json was refused (`ondisk::REFUSED`), if it was.
+    pub refused: Option<String>,
 }
 
 /// The pending node stored in node directory `d`, if it is one.
@@ -30,7 +33,14 @@ fn read_node(d: &Path) -> Option<PendingNode> {
         Err(_) => None,
     };
     let path = String::from_utf8(path).ok()?;
-    Some(PendingNode { path, meta })
+    let refused = std::fs::read(d.join(REFUSED))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    Some(PendingNode {
+        path,
+        meta,
+        refused,
+    })
 }
 
 /// Reads a state file, retrying a few times over 60 ms when it is missing while its
@@ -211,6 +221,30 @@ impl Nodes {
         .into())
     }
 
+    /// Whether the node's last description was refused.
+    pub(super) fn refused(ds: &PendingDataset) -> bool {
+        ds.node.join(REFUSED).exists()
+    }
+
+    /// Records why a description written for node `ds` was refused (under the file's
+    /// lock), so that a commit refuses instead of making the node an empty group or
+    /// committing the description the user meant to replace. Nothing is recorded for a
+    /// node that is not pending.
+    pub(super) fn refuse_locked(ds: &PendingDataset, why: &str) -> Result<()> {
+        if !ds.node.join("path").exists() {
+            return Ok(());
+        }
+        write_atomic(&ds.node.join(REFUSED), why.as_bytes())
+    }
+
+    fn clear_refusal(d: &Path) -> Result<()> {
+        match std::fs::remove_file(d.join(REFUSED)) {
+            Ok(()) => crate::durable::fsync_dir(d),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::from_io("clearing a refused meta.json record", e)),
+        }
+    }
+
     /// Accepts `meta` for `ds` (under the file's lock); a new generation name is made
     /// from `writer_id`.
     pub(super) fn accept_meta_locked(
@@ -225,16 +259,22 @@ impl Nodes {
             Self::create_locked(layout, ds)?;
         }
         let stored = serde_json::to_vec(&meta.to_json()).map_err(|e| Error::io(e.to_string()))?;
+        // An accepted description ends an earlier refusal (the commit no longer refuses).
+        Self::clear_refusal(d)?;
         if d.join("meta.json").exists() {
             if same_meta(d, meta) {
                 return Ok(());
             }
             let written = has_entries(&d.join("ranges"));
             if written {
-                return Err(PendingError::MetaConflict {
+                let e: Error = PendingError::MetaConflict {
                     dataset: ds.path.clone(),
                 }
-                .into());
+                .into();
+                // the user meant another description: the commit must not make the
+                // old one as if nothing had happened
+                Self::refuse_locked(ds, &e.message)?;
+                return Err(e);
             }
             // A new description gets a new generation of tile sources, published
             // (atomically) before the description that uses it.

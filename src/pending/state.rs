@@ -56,6 +56,8 @@ pub enum Transition {
     DeclareNode,
     /// meta.json of a pending dataset (a different one than stored).
     AcceptMeta,
+    /// A meta.json refused for a pending node: recorded there, so the commit refuses.
+    RefuseMeta,
     /// rmdir of a pending node.
     RemoveNode,
     /// `.commit`.
@@ -100,7 +102,8 @@ impl FileState {
             (Absent, DeclareNode) => Err(gone()),
             (Absent, AcceptMeta) => Ok(Declared { committed }),
             (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
-            (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta) => Ok(self),
+            (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta | RefuseMeta) => Ok(self),
+            (Absent | Committed, RefuseMeta) => Err(gone()),
             (Declared { .. } | Writing { .. }, RemoveNode) => Ok(self),
             (Absent | Committed, RemoveNode) => Err(gone()),
             (Declared { .. } | Writing { .. }, Commit) => Ok(Committed),
@@ -262,6 +265,7 @@ mod tests {
             Declare,
             DeclareNode,
             AcceptMeta,
+            RefuseMeta,
             RemoveNode,
             Commit,
             RemoveObject,
@@ -279,7 +283,7 @@ mod tests {
                     (Absent, _) => enoent,
                     (Committed, Declare) => Err(libc::EEXIST),
                     (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed: true }),
-                    (Committed, RemoveNode) => enoent,
+                    (Committed, RemoveNode | RefuseMeta) => enoent,
                     (Committed, Commit | RemoveObject) => Ok(Committed),
                     (_, RemoveFile) => Ok(Absent),
                     (_, Commit) => Ok(Committed),

@@ -28,7 +28,11 @@ impl Status {
     ) -> Result<Value> {
         let mut ds = serde_json::Map::new();
         let mut groups = Vec::new();
+        let mut refused = serde_json::Map::new();
         for n in Nodes::list(layout, file) {
+            if let Some(why) = &n.refused {
+                refused.insert(n.path.clone(), Value::String(why.trim().to_string()));
+            }
             match &n.meta {
                 Some(m) => {
                     let d = layout.dataset(file, &n.path);
@@ -53,6 +57,8 @@ impl Status {
                         }),
                     );
                 }
+                // a node whose meta.json was refused is not a group
+                None if n.refused.is_some() => {}
                 None => groups.push(n.path.clone()),
             }
         }
@@ -67,6 +73,8 @@ impl Status {
             "pending": Nodes::is_pending(layout, file),
             "datasets": ds,
             "groups": groups,
+            // nodes whose last meta.json was refused, and why: the commit refuses
+            "refused": refused,
             "last_commit": last,
         }))
     }

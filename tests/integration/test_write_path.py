@@ -531,3 +531,75 @@ def test_tile_writes_make_no_directory(env):
     commit(a_m, "nodirs.h5")
     with h5py.File(os.path.join(env.backing, "nodirs.h5"), "r") as f:
         assert np.array_equal(f["g/x"][()], v)
+
+
+def test_unknown_meta_keys_are_refused_by_name(env):
+    """A misspelled or unsupported setting is refused (EINVAL), named in `.status`;
+    before, `tile_shap` or `compression` were ignored and the dataset committed without
+    them."""
+    m = env.mount()
+    base = os.path.join(m, "keys.h5")
+    os.makedirs(os.path.join(base, "d"))
+    for key, val in [("tile_shap", [2]), ("compression", "gzip"), ("layout", "contiguous")]:
+        meta = {"shape": [4], "dtype": "<f4", key: val}
+
+        def put():
+            with open(os.path.join(base, "d", "meta.json"), "w") as fh:
+                fh.write(json.dumps(meta))
+        assert _oserr(put) == errno.EINVAL, key
+        st = status(m, "keys.h5")
+        assert f'"{key}"' in st["last_commit"]["error"], (key, st)
+        assert "/d" in st["refused"], st
+    # what the daemon serves back is taken again (informational keys included)
+    d = create(m, "keys.h5", "/d", (4,), "<f4", (2,))
+    served = json.load(open(os.path.join(d, "meta.json")))
+    with open(os.path.join(d, "meta.json"), "w") as fh:
+        fh.write(json.dumps(served))
+    assert status(m, "keys.h5")["refused"] == {}
+
+
+def test_a_refused_meta_makes_the_commit_refuse(env):
+    """A meta.json cut short (written with `>`, whose close error the shell ignores)
+    left the node without a dataset, and the commit then made it an empty group; a
+    meta.json refused after tiles were written left the old one to be committed. Both
+    now make the commit refuse, naming the node and the reason, until a description is
+    accepted (or the node removed)."""
+    m = env.mount()
+    rel = "cut.h5"
+    base = os.path.join(m, rel)
+    os.makedirs(os.path.join(base, "a"))
+    d_ok = create(m, rel, "/ok", (4,), "<f8", (4,))
+    write_tile(d_ok, (0,), np.arange(4.0))
+    # cut short, the way `echo ... > meta.json` leaves it when the shell ignores close
+    subprocess.run(["sh", "-c", f"printf '%s' '{{\"shape\":[4],\"dty' > {base}/a/meta.json"])
+    assert _oserr(lambda: commit(m, rel)) == errno.ENODATA
+    st = status(m, rel)
+    err = st["last_commit"]["error"]
+    assert "/a: its meta.json was refused" in err and "not valid JSON" in err, err
+    assert "/a" in st["refused"] and "/a" not in st["groups"], st
+    assert not os.path.exists(os.path.join(env.backing, rel))
+    # the fix: a valid meta.json, its tile, and the commit goes through
+    d_a = create(m, rel, "/a", (4,), "<i4", (4,))
+    write_tile(d_a, (0,), np.arange(4, dtype="<i4"))
+    assert status(m, rel)["refused"] == {}
+    commit(m, rel)
+    with h5py.File(os.path.join(env.backing, rel), "r") as f:
+        assert f["a"][()].tolist() == [0, 1, 2, 3]
+        assert f["ok"][()].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # another description after tiles were written is refused (EBUSY), and so is the
+    # commit that would have made the old one; writing the old one again clears it
+    os.makedirs(os.path.join(base, "b"))
+    d_b = create(m, rel, "/b", (4,), "<f4", (2,))
+    write_tile(d_b, (0,), np.zeros(2, "<f4"))
+    write_tile(d_b, (1,), np.ones(2, "<f4"))
+
+    def other_meta():
+        with open(os.path.join(d_b, "meta.json"), "w") as fh:
+            fh.write(json.dumps({"shape": [8], "dtype": "<f4", "tile_shape": [2]}))
+    assert _oserr(other_meta) == errno.EBUSY
+    assert _oserr(lambda: commit(m, rel)) == errno.ENODATA
+    assert "/b" in status(m, rel)["last_commit"]["error"]
+    create(m, rel, "/b", (4,), "<f4", (2,))
+    commit(m, rel)
+    with h5py.File(os.path.join(env.backing, rel), "r") as f:
+        assert f["b"][()].tolist() == [0, 0, 1, 1]

@@ -351,6 +351,18 @@ impl Sut {
                 if want == Ok(true) {
                     let fm = self.model.files.get_mut(f).expect("file");
                     fm.nodes.insert(d.into(), PendingDs::new(spec));
+                } else if let Some(p) = self
+                    .model
+                    .files
+                    .get_mut(f)
+                    .and_then(|fm| fm.nodes.get_mut(d))
+                {
+                    // the same description clears a refusal; another one is refused
+                    match want {
+                        Ok(false) => p.refused = false,
+                        Err(libc::EBUSY) => p.refused = true,
+                        _ => {}
+                    }
                 }
             }
             Op::WriteTile {

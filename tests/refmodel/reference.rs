@@ -25,6 +25,10 @@ pub(crate) struct PendingDs {
     pub(crate) any_write: bool,
     /// Distinguishes declarations (a dataset removed and declared again is another).
     pub(crate) epoch: u64,
+    /// Its last meta.json was refused (another description after a tile write): the
+    /// commit refuses until the same description is written again (docs/namespace.md,
+    /// "A refused meta.json makes the commit refuse").
+    pub(crate) refused: bool,
 }
 
 pub(crate) static EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -38,6 +42,7 @@ impl PendingDs {
             written: vec![false; n],
             any_write: false,
             epoch: EPOCH.fetch_add(1, Ordering::Relaxed),
+            refused: false,
         }
     }
     /// What `data` reads: written bytes, the fill value elsewhere (docs/namespace.md,
@@ -56,7 +61,7 @@ impl PendingDs {
             .collect()
     }
     pub(crate) fn complete(&self) -> bool {
-        self.written.iter().all(|w| *w)
+        !self.refused && self.written.iter().all(|w| *w)
     }
 }
 
