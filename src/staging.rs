@@ -68,6 +68,10 @@ pub struct PendingMeta {
     /// after the commit (it gets no VDS mapping) instead of refusing the commit. Zarr
     /// declarations set it, since Zarr skips chunks equal to the fill value.
     pub fill_unwritten: bool,
+    /// `"layout": "chunked"`: committed as one chunked dataset (chunk = tile) of the
+    /// file itself, its tiles written in place; else a virtual dataset over one source
+    /// file per tile.
+    pub chunked: bool,
 }
 
 /// A non-finite float as meta.json may give it ("nan", "inf", "-inf", or Zarr's
@@ -127,16 +131,7 @@ fn check_keys(o: &Map<String, Value>) -> Result<()> {
             )));
         }
     }
-    match o.get("layout").map(|v| v.as_str()) {
-        None | Some(Some("virtual")) => Ok(()),
-        Some(Some("chunked")) => Err(Error::invalid(
-            "meta.json \"layout\": \"chunked\" is not supported yet: remove the key \
-             (the committed dataset is then virtual, over one source file per tile)",
-        )),
-        Some(_) => Err(Error::invalid(
-            "meta.json \"layout\" must be \"virtual\" (the default)",
-        )),
-    }
+    Ok(())
 }
 
 fn u64_list(v: &Value, what: &str) -> Result<Vec<u64>> {
@@ -222,6 +217,20 @@ impl PendingMeta {
                 ))
             }
         };
+        let chunked = match o.get("layout").map(|v| v.as_str()) {
+            None | Some(Some("virtual")) => false,
+            Some(Some("chunked")) => true,
+            Some(_) => {
+                return Err(Error::invalid(
+                    "meta.json \"layout\" must be \"virtual\" (the default: one source file per tile) or \"chunked\" (one self-contained file, chunk = tile)",
+                ))
+            }
+        };
+        if chunked && shape.is_empty() {
+            return Err(Error::invalid(
+                "a scalar (shape []) cannot be chunked: use the virtual layout",
+            ));
+        }
         let attrs = match o.get("attrs") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -235,6 +244,7 @@ impl PendingMeta {
             fill_value,
             attrs,
             fill_unwritten,
+            chunked,
         })
     }
 
@@ -258,7 +268,7 @@ impl PendingMeta {
             "shape": self.shape,
             "dtype": self.dtype,
             "itemsize": self.itemsize,
-            "layout": "virtual",
+            "layout": if self.chunked { "chunked" } else { "virtual" },
             "state": "pending",
             "tile_shape": self.tile_shape,
             "tile_grid": g.grid(),
@@ -386,6 +396,7 @@ mod tests {
             br#"{"shape":[4],"dtype":"<f4","tile_shap":[2]}"#,
             br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#,
             br#"{"shape":[4],"dtype":"<f4","layout":"contiguous"}"#,
+            br#"{"shape":[],"dtype":"<f4","layout":"chunked"}"#,
             br#"{"shape":[4],"dtype":"<f4","order":"F"}"#,
         ] {
             let e = PendingMeta::parse(bad).unwrap_err();

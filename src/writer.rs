@@ -12,6 +12,8 @@ use std::path::Path;
 
 pub use crate::ondisk::{ALIGN, SOURCE_DSET, SOURCE_INDEX};
 
+pub mod chunked;
+
 fn sync<T>(f: impl FnOnce() -> T) -> T {
     hdf5::sync::sync(f)
 }
@@ -282,6 +284,29 @@ pub fn write_vds_file(
         std::fs::copy(b, path)
             .map_err(|e| Error::from_io(format!("copying {}", b.display()), e))?;
     }
+    write_vds(path, base.is_some(), specs, groups, &[])
+}
+
+/// Writes `specs`, `groups` and the attributes `attrs` (by object path) into the
+/// existing HDF5 file `path` in place (the chunked layout's file at its commit),
+/// flushed and fsync-ed.
+pub fn write_vds_into(
+    path: &Path,
+    specs: &[VdsSpec],
+    groups: &[String],
+    attrs: &[(String, serde_json::Map<String, Value>)],
+) -> Result<()> {
+    write_vds(path, true, specs, groups, attrs)
+}
+
+fn write_vds(
+    path: &Path,
+    existing: bool,
+    specs: &[VdsSpec],
+    groups: &[String],
+    attrs: &[(String, serde_json::Map<String, Value>)],
+) -> Result<()> {
+    let base = existing.then_some(());
     let name = path_cstr(path)?;
     let fapl = plist(*hdf5::globals::H5P_FILE_ACCESS, "H5Pcreate(fapl)")?;
     let lcpl = plist(*hdf5::globals::H5P_LINK_CREATE, "H5Pcreate(lcpl)")?;
@@ -411,8 +436,14 @@ pub fn write_vds_file(
             Ok(())
         }
     })?;
-    if specs.iter().any(|s| !s.attrs.is_empty()) {
-        write_attrs(path, specs)?;
+    let all: Vec<(&str, &serde_json::Map<String, Value>)> = specs
+        .iter()
+        .map(|s| (s.path.as_str(), &s.attrs))
+        .chain(attrs.iter().map(|(p, a)| (p.as_str(), a)))
+        .filter(|(_, a)| !a.is_empty())
+        .collect();
+    if !all.is_empty() {
+        write_attrs(path, &all)?;
     }
     let f = std::fs::File::open(path).map_err(|e| Error::from_io("reopening for fsync", e))?;
     f.sync_all()
@@ -494,14 +525,14 @@ fn f32_to_f16(f: f32) -> u16 {
 }
 
 /// Attributes through the high-level crate (strings, numbers, bools, flat arrays).
-fn write_attrs(path: &Path, specs: &[VdsSpec]) -> Result<()> {
+fn write_attrs(path: &Path, items: &[(&str, &serde_json::Map<String, Value>)]) -> Result<()> {
     use hdf5::types::VarLenUnicode;
     let f = hdf5::File::open_rw(path).map_err(|e| Error::from_h5("reopening for attributes", e))?;
-    for spec in specs {
+    for (obj, attrs) in items {
         let ds = f
-            .dataset(&spec.path)
-            .map_err(|e| Error::from_h5(format!("opening {}", spec.path), e))?;
-        for (k, v) in &spec.attrs {
+            .dataset(obj)
+            .map_err(|e| Error::from_h5(format!("opening {obj}"), e))?;
+        for (k, v) in attrs.iter() {
             let r = match v {
                 Value::Bool(b) => ds
                     .new_attr::<bool>()

@@ -465,7 +465,11 @@ impl OpenFile {
                     Some(idx) => vec![idx.clone()],
                     None => {
                         let tiles = view.lock().tiles.clone();
-                        tiles.values().map(|(idx, _)| idx.clone()).collect()
+                        tiles
+                            .values()
+                            .flatten()
+                            .map(|(_, idx, _)| idx.clone())
+                            .collect()
                     }
                 };
                 cx.pending.sync_tiles(file, path, meta, &idxs)

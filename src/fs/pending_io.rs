@@ -17,8 +17,10 @@ use std::sync::Arc;
 /// Largest read handed to a tile at once when a Zarr chunk is assembled.
 const PIECE: u64 = 16 << 20;
 
-/// Tile source file -> (tile index, data offset in it).
-pub type TileMap = std::collections::HashMap<PathBuf, (Vec<u64>, u64)>;
+/// Tile source file -> the tiles in it (one for a tile source; every tile of a chunked
+/// dataset for the chunked layout's file), by data offset.
+pub type TileMap =
+    std::collections::HashMap<PathBuf, Vec<(u64, Vec<u64>, Arc<crate::pending::TileTarget>)>>;
 
 /// The tile sources a pending handle maps, and what it learnt of them. Built at open;
 /// a read adds the sources of tiles first written since, and the tiles found complete,
@@ -346,8 +348,13 @@ fn pending_model(
     let mut map = TileMap::new();
     for (idx, t) in targets {
         if let Some(t) = t {
-            map.insert(t.file.path.clone(), (idx.clone(), t.offset));
+            map.entry(t.file.path.clone())
+                .or_default()
+                .push((t.offset, idx.clone(), t.clone()));
         }
+    }
+    for tiles in map.values_mut() {
+        tiles.sort_by_key(|e| e.0);
     }
     let model = match tile {
         None => crate::pending::view_model(path, meta, targets),
@@ -567,10 +574,19 @@ pub fn write_data(
         if cs >= ct {
             continue;
         }
-        let (idx, doff) = tiles
+        let at = offset + (cs - s);
+        let in_file = tiles
             .get(&bf.path)
             .ok_or_else(|| Error::io("unknown tile source"))?;
-        let tile_off = offset + (cs - s) - doff;
+        // the tile whose data starts last at or before `at`
+        let k = in_file.partition_point(|e| e.0 <= at);
+        let (_, idx, t) = k
+            .checked_sub(1)
+            .and_then(|k| in_file.get(k))
+            .ok_or_else(|| Error::io("pending data maps before its tile"))?;
+        let tile_off = t
+            .tile_offset(at)
+            .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
         let bytes = &data[(cs - off) as usize..(ct - off) as usize];
         pending.write_tile(file, path, meta, idx, tile_off, bytes)?;
     }

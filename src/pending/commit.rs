@@ -114,9 +114,23 @@ pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path)
 /// offset, file length)`.
 type Recorded = (PathBuf, PathBuf, HashMap<String, (u64, u64)>);
 
+/// A chunked dataset a commit publishes: its link in the file being built, its name,
+/// attributes, and the tiles nobody wrote that the commit fills (`unwritten_tiles:
+/// fill`).
+struct ChunkedCommit {
+    link: String,
+    path: String,
+    attrs: serde_json::Map<String, Value>,
+    base: u64,
+    chunk_bytes: u64,
+    fill: Vec<u8>,
+    fill_chunks: Vec<u64>,
+}
+
 /// What a commit writes, found under the lock from the range logs.
 struct CommitPlan {
     specs: Vec<VdsSpec>,
+    chunked: Vec<ChunkedCommit>,
     groups: Vec<String>,
     /// Every tile source the new file maps.
     sources: Vec<PathBuf>,
@@ -126,6 +140,26 @@ struct CommitPlan {
     /// `(data offset, file length)`.
     recorded: Vec<Recorded>,
     t_ranges: std::time::Duration,
+}
+
+/// The commit's reason for a dataset with missing tile bytes.
+fn incomplete_problem(
+    path: &str,
+    miss: &[(String, Vec<(u64, u64)>)],
+    m: &crate::staging::PendingMeta,
+) -> String {
+    let first: Vec<String> = miss
+        .iter()
+        .take(10)
+        .map(|(t, r)| format!("{t} {r:?}"))
+        .collect();
+    format!(
+        "{}: {} of {} tiles incomplete (first: {})",
+        path,
+        miss.len(),
+        m.grid().num_tiles(),
+        first.join(", ")
+    )
 }
 
 /// Age after which a trash directory is taken as left by a daemon that died.
@@ -186,7 +220,11 @@ impl Commit<'_> {
         // Tile bytes must be durable before the file that points at them appears.
         fsync_all(&plan.to_sync)?;
         let t_fsync = t0.elapsed();
-        let t_vds = self.publish(file, stage, &dir, &target, &plan)?;
+        let t_vds = if plan.chunked.is_empty() {
+            self.publish(file, stage, &dir, &target, &plan)?
+        } else {
+            self.publish_chunked(file, stage, &dir, &target, &plan)?
+        };
         self.retire(file, stage, &nodes)?;
         let CommitPlan {
             specs,
@@ -228,6 +266,7 @@ impl Commit<'_> {
         let mut to_sync = Vec::new();
         // per dataset: its sources dir and what the range logs say of its sources
         let mut recorded = Vec::new();
+        let mut chunked = Vec::new();
         let mut t_ranges = std::time::Duration::ZERO;
         for n in nodes {
             // A refused meta.json: the user meant a dataset (or another description of
@@ -253,6 +292,36 @@ impl Commit<'_> {
             t_ranges += t.elapsed();
             let (miss, unwritten) = incomplete(&written.ranges, m);
             let gen = self.nodes.gen(&ds)?;
+            if m.chunked {
+                if !miss.is_empty() {
+                    problems.push(incomplete_problem(&n.path, &miss, m));
+                    continue;
+                }
+                let rec = super::chunked::record(&ds.node)
+                    .filter(|r| r.gen == gen)
+                    .ok_or_else(|| PendingError::Corrupt {
+                        what: format!("{}: no chunk record of generation {gen}", n.path),
+                    })?;
+                let grid = m.grid();
+                let fill_chunks = grid
+                    .indices()
+                    .enumerate()
+                    .filter(|(_, idx)| unwritten.contains(&tile_name(idx)))
+                    .map(|(k, _)| k as u64)
+                    .collect();
+                let fill = writer::fill_bytes(&m.dtype, &m.fill_value)
+                    .unwrap_or_else(|| vec![0; m.itemsize as usize]);
+                chunked.push(ChunkedCommit {
+                    link: rec.link,
+                    path: n.path.clone(),
+                    attrs: m.attrs.clone(),
+                    base: rec.base,
+                    chunk_bytes: rec.chunk_bytes,
+                    fill,
+                    fill_chunks,
+                });
+                continue;
+            }
             let rel_dir = format!("{}/{}/{gen}", file.sources_rel(), encode(&n.path));
             let src_dir = dir.join(&rel_dir);
             let present = names_in(&src_dir);
@@ -302,18 +371,7 @@ impl Commit<'_> {
                 continue;
             }
             if !miss.is_empty() {
-                let first: Vec<String> = miss
-                    .iter()
-                    .take(10)
-                    .map(|(t, r)| format!("{t} {r:?}"))
-                    .collect();
-                problems.push(format!(
-                    "{}: {} of {} tiles incomplete (first: {})",
-                    n.path,
-                    miss.len(),
-                    m.grid().num_tiles(),
-                    first.join(", ")
-                ));
+                problems.push(incomplete_problem(&n.path, &miss, m));
                 continue;
             }
             recorded.push((src_dir, ds.node, written.sources));
@@ -336,6 +394,7 @@ impl Commit<'_> {
         }
         Ok(CommitPlan {
             specs,
+            chunked,
             groups,
             sources,
             to_sync,
@@ -402,6 +461,75 @@ impl Commit<'_> {
             ));
         }
         fsync_dir(dir)?;
+        Ok(took)
+    }
+
+    /// The chunked layout's commit: the file being built becomes the committed file.
+    /// Tiles nobody wrote (with `unwritten_tiles: fill`) get the fill value, the file's
+    /// bytes are fsynced, the declared datasets get their names, the virtual datasets
+    /// and groups of the same commit are added in place, and the file is renamed into
+    /// place. No tile byte moves.
+    fn publish_chunked(
+        &self,
+        file: &PendingFile,
+        stage: &Path,
+        dir: &Path,
+        target: &Path,
+        plan: &CommitPlan,
+    ) -> Result<std::time::Duration> {
+        let t = std::time::Instant::now();
+        let product = self.layout.product(file);
+        if target.exists() {
+            return Err(Error::invalid(format!(
+                "{}: chunked datasets need a new file, and it exists (made outside h5tilefs since they were declared): remove it and commit again",
+                file.display()
+            )));
+        }
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&product)
+                .map_err(io(format!("opening {}", product.display())))?;
+            for c in &plan.chunked {
+                if c.fill_chunks.is_empty() {
+                    continue;
+                }
+                let n = usize::try_from(c.chunk_bytes / c.fill.len().max(1) as u64)
+                    .map_err(|_| Error::io("chunk too large"))?;
+                let chunk = c.fill.repeat(n);
+                for k in &c.fill_chunks {
+                    let at = k
+                        .checked_mul(c.chunk_bytes)
+                        .and_then(|o| o.checked_add(c.base))
+                        .ok_or_else(|| Error::io("chunk offset overflows"))?;
+                    f.write_all_at(&chunk, at)
+                        .map_err(io(format!("filling a chunk of {}", c.path)))?;
+                }
+            }
+            // every node's tile bytes (the commit's fsync of the file) before the
+            // names that make them visible
+            f.sync_all()
+                .map_err(io(format!("fsync {}", product.display())))?;
+        }
+        let moves: Vec<(String, String)> = plan
+            .chunked
+            .iter()
+            .map(|c| (c.link.clone(), c.path.clone()))
+            .collect();
+        writer::chunked::publish_links(&product, &moves, super::chunked::HIDDEN)?;
+        let attrs: Vec<(String, serde_json::Map<String, Value>)> = plan
+            .chunked
+            .iter()
+            .map(|c| (c.path.clone(), c.attrs.clone()))
+            .collect();
+        writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs)?;
+        set_owner(&product, &dir.join(file.sources_rel()), target, stage);
+        let took = t.elapsed();
+        std::fs::rename(&product, target)
+            .map_err(|e| Error::from_io(format!("renaming into {}", target.display()), e))?;
+        fsync_dir(dir)?;
+        self.tiles.close_under(&product);
         Ok(took)
     }
 

@@ -23,6 +23,7 @@
 //! methods check the caller's `(file, path)` once into handles and delegate.
 
 mod base;
+mod chunked;
 mod commit;
 mod layout;
 mod nodes;

@@ -289,7 +289,20 @@ impl Nodes {
         // leave one of them holding a directory the server does not know (measured:
         // ESTALE or EIO on the first tile create in about one round in six).
         let gen = self.gen(ds)?;
-        crate::durable::create_dir_all(&layout.sources_dir(ds, &gen))?;
+        if meta.chunked {
+            // no source directory: its tiles are chunks of the file being built
+            if let Err(e) = super::chunked::declare_locked(layout, ds, meta, &gen) {
+                // a description this file cannot take: refused like a bad meta.json
+                if e.errno == libc::EINVAL {
+                    Self::refuse_locked(ds, &e.message)?;
+                }
+                return Err(e);
+            }
+        } else {
+            // an earlier chunked description's dataset goes
+            super::chunked::remove_locked(layout, ds)?;
+            crate::durable::create_dir_all(&layout.sources_dir(ds, &gen))?;
+        }
         write_atomic(&d.join("meta.json"), &stored)
     }
 }

@@ -24,6 +24,9 @@ impl Removal<'_> {
     pub(super) fn node(&self, ds: &PendingDataset) -> Result<()> {
         transition(self.layout, &ds.file, Transition::RemoveNode, |_| {
             Nodes::refuse_pending_inside(self.layout, ds)?;
+            // a chunked dataset leaves the file being built first, or the commit would
+            // still make it
+            super::chunked::remove_locked(self.layout, ds)?;
             self.node_locked(ds)
         })
     }

@@ -277,6 +277,89 @@ pub struct TileTarget {
     pub file: Arc<BackingFile>,
     pub offset: u64,
     pub size: u64,
+    /// A chunk of the chunked layout whose tile is clipped in a dimension after the
+    /// first: the tile's rows lie apart in the (whole) chunk.
+    pub padded: Option<Padded>,
+}
+
+/// An edge tile inside a whole chunk: HDF5 stores edge chunks whole, so the tile's
+/// C-order rows (of `count` elements) lie at the chunk's row pitch (of `chunk`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Padded {
+    pub count: Vec<u64>,
+    pub chunk: Vec<u64>,
+    pub itemsize: u64,
+}
+
+/// The C-order position of `idx` in `shape`.
+fn ravel(idx: &[u64], shape: &[u64]) -> u64 {
+    idx.iter().zip(shape).fold(0, |a, (&i, &s)| a * s + i)
+}
+
+/// The index of C-order position `k` in `shape`.
+fn unravel(mut k: u64, shape: &[u64]) -> Vec<u64> {
+    let mut idx = vec![0; shape.len()];
+    for j in (0..shape.len()).rev() {
+        let s = shape[j].max(1);
+        idx[j] = k % s;
+        k /= s;
+    }
+    idx
+}
+
+impl Padded {
+    fn rows(&self) -> (&[u64], &[u64], u64, u64) {
+        let r = self.count.len().saturating_sub(1);
+        let row = self.count.get(r).copied().unwrap_or(1) * self.itemsize;
+        let pitch = self.chunk.get(r).copied().unwrap_or(1) * self.itemsize;
+        (&self.count[..r], &self.chunk[..r], row, pitch)
+    }
+}
+
+impl TileTarget {
+    /// The file ranges `(file offset, offset into the bytes, length)` that tile bytes
+    /// `[off, off + len)` lie in: one range, or one per row of a padded edge tile.
+    pub fn runs(&self, off: u64, len: u64) -> Vec<(u64, u64, u64)> {
+        let Some(p) = &self.padded else {
+            return vec![(self.offset + off, 0, len)];
+        };
+        let (outer, chunk_outer, row, pitch) = p.rows();
+        let mut out = Vec::new();
+        let (mut b, end) = (off, off + len);
+        while b < end && row > 0 {
+            let (r, within) = (b / row, b % row);
+            let n = (row - within).min(end - b);
+            let at = ravel(&unravel(r, outer), chunk_outer) * pitch + within;
+            out.push((self.offset + at, b - off, n));
+            b += n;
+        }
+        out
+    }
+
+    /// The tile byte at file offset `at` (the inverse of [`TileTarget::runs`]); None
+    /// outside the tile's bytes (before it, or in an edge chunk's padding).
+    pub fn tile_offset(&self, at: u64) -> Option<u64> {
+        let rel = at.checked_sub(self.offset)?;
+        let Some(p) = &self.padded else {
+            return (rel < self.size).then_some(rel);
+        };
+        let (outer, chunk_outer, row, pitch) = p.rows();
+        let (cr, within) = (rel / pitch.max(1), rel % pitch.max(1));
+        let i = unravel(cr, chunk_outer);
+        if within >= row
+            || i.iter().zip(outer).any(|(a, b)| a >= b)
+            || cr >= chunk_outer.iter().product()
+        {
+            return None;
+        }
+        Some(ravel(&i, outer) * row + within)
+    }
+
+    /// The shape of the array the tile's bytes sit in: the whole chunk of a padded
+    /// edge tile, else None (the tile's own).
+    pub fn source_shape(&self) -> Option<&[u64]> {
+        self.padded.as_ref().map(|p| p.chunk.as_slice())
+    }
 }
 
 /// A dataset's tile sources of one generation: where `Tiles` makes and finds them.
@@ -285,15 +368,23 @@ pub(super) struct Sources<'a> {
     pub(super) gen: String,
     /// `layout.sources_dir(ds, gen)`.
     pub(super) dir: PathBuf,
+    /// The chunked layout's file being built (`layout.product`).
+    pub(super) product: PathBuf,
 }
 
 impl<'a> Sources<'a> {
     pub(super) fn new(layout: &Layout, ds: &'a PendingDataset, gen: String) -> Sources<'a> {
         Sources {
             dir: layout.sources_dir(ds, &gen),
+            product: layout.product(&ds.file),
             ds,
             gen,
         }
+    }
+
+    /// The key of a chunk of the file being built among the open targets.
+    fn chunk_key(&self, tile: &str) -> PathBuf {
+        self.product.join(format!("{}/{tile}", self.gen))
     }
 }
 
@@ -304,6 +395,9 @@ pub(super) struct Tiles {
     targets: DashMap<PathBuf, Arc<TileTarget>>,
     /// One HDF5-made tile source per (dtype, tile shape), copied for every further tile.
     templates: DashMap<(String, Vec<u64>), Arc<Template>>,
+    /// The chunked layout's files being built, open, by (path, generation of the
+    /// dataset that opened it).
+    products: DashMap<(PathBuf, String), Arc<BackingFile>>,
 }
 
 impl Tiles {
@@ -322,6 +416,17 @@ impl Tiles {
             .map(|e| e.key().clone())
             .collect();
         let dropped: Vec<_> = keys.iter().filter_map(|k| self.targets.remove(k)).collect();
+        drop(dropped);
+        let keys: Vec<(PathBuf, String)> = self
+            .products
+            .iter()
+            .filter(|e| e.key().0.starts_with(dir))
+            .map(|e| e.key().clone())
+            .collect();
+        let dropped: Vec<_> = keys
+            .iter()
+            .filter_map(|k| self.products.remove(k))
+            .collect();
         drop(dropped);
     }
 
@@ -376,6 +481,39 @@ impl Tiles {
     ) -> Result<()> {
         let dir = &src.dir;
         let node = &src.ds.node;
+        if meta.chunked {
+            // every tile is a chunk of one file: one fsync makes them all durable (the
+            // epochs read before it: a write after it stays unsynced)
+            let mut before = Vec::new();
+            let mut file = None;
+            for idx in idxs {
+                if meta.grid().tile_slab(idx).is_none() {
+                    continue;
+                }
+                let name = tile_name(idx);
+                before.push((ranges.tile_epoch(node, &name), name));
+                if file.is_none() {
+                    file = Some(self.chunk(src, meta, idx)?.file.clone());
+                }
+            }
+            if let Some(f) = file {
+                f.file
+                    .sync_data()
+                    .map_err(io(format!("fsync {}", f.path.display())))?;
+            }
+            for (e, name) in before {
+                if let Some((log, e)) = e {
+                    log.mark_synced(&name, e);
+                }
+            }
+            ranges.sync(node)?;
+            for d in [&node.join("ranges"), node] {
+                if d.is_dir() {
+                    fsync_dir(d)?;
+                }
+            }
+            return Ok(());
+        }
         for idx in idxs {
             if meta.grid().tile_slab(idx).is_none() {
                 continue;
@@ -423,6 +561,9 @@ impl Tiles {
         idx: &[u64],
         create: bool,
     ) -> Result<Option<Arc<TileTarget>>> {
+        if meta.chunked {
+            return self.chunk(src, meta, idx).map(Some);
+        }
         let h5path = src.ds.path.as_str();
         let dir = &src.dir;
         let name = tile_name(idx);
@@ -528,12 +669,81 @@ impl Tiles {
             }),
             offset,
             size,
+            padded: None,
         });
         if self.targets.len() >= MAX_OPEN_TARGETS {
             self.targets.clear();
         }
         self.targets.insert(path, t.clone());
         Ok(Some(t))
+    }
+
+    /// Tile `idx` of a chunked dataset: its chunk in the file being built, at the
+    /// offset the dataset's record gives (made when the dataset was declared). The
+    /// chunk's space is reserved on first use here, as a tile source's is.
+    fn chunk(&self, src: &Sources, meta: &PendingMeta, idx: &[u64]) -> Result<Arc<TileTarget>> {
+        let h5path = src.ds.path.as_str();
+        let name = tile_name(idx);
+        let key = src.chunk_key(&name);
+        let cached = self.targets.get(&key).map(|t| t.clone());
+        if let Some(t) = cached {
+            return Ok(t);
+        }
+        let grid = meta.grid();
+        let slab = grid
+            .tile_slab(idx)
+            .ok_or_else(|| PendingError::NoSuchTile {
+                dataset: h5path.to_string(),
+                tile: name.clone(),
+            })?;
+        let rec = super::chunked::record(&src.ds.node)
+            .filter(|r| r.gen == src.gen)
+            .ok_or_else(|| PendingError::Corrupt {
+                what: format!("{h5path}: no chunk record of generation {}", src.gen),
+            })?;
+        let pkey = (src.product.clone(), src.gen.clone());
+        let open = self.products.get(&pkey).map(|f| f.clone());
+        let file = match open {
+            Some(f) => f,
+            None => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&src.product)
+                    .map_err(io(format!("opening {}", src.product.display())))?;
+                let f = Arc::new(BackingFile {
+                    path: src.product.clone(),
+                    file: f,
+                });
+                self.products.insert(pkey, f.clone());
+                f
+            }
+        };
+        let k = ravel(idx, &grid.grid());
+        let offset = k
+            .checked_mul(rec.chunk_bytes)
+            .and_then(|o| o.checked_add(rec.base))
+            .ok_or_else(|| PendingError::TooLarge {
+                what: format!("{h5path} tile {name}"),
+            })?;
+        reserve(&file.file, offset, rec.chunk_bytes)?;
+        let count = slab.counts();
+        let padded = (count.len() > 1 && count[1..] != meta.tile_shape[1..]).then(|| Padded {
+            count: count.clone(),
+            chunk: meta.tile_shape.clone(),
+            itemsize: meta.itemsize,
+        });
+        let t = Arc::new(TileTarget {
+            file,
+            offset,
+            size: tile_bytes(meta, idx, h5path)?,
+            padded,
+        });
+        if self.targets.len() >= MAX_OPEN_TARGETS {
+            self.targets.clear();
+        }
+        self.targets.insert(key, t.clone());
+        Ok(t)
     }
 
     /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`
@@ -631,16 +841,22 @@ impl Tiles {
             .ok_or_else(|| PendingError::Corrupt {
                 what: format!("{h5path} tile {}: source missing", tile_name(idx)),
             })?;
-        t.file
-            .file
-            .write_all_at(data, t.offset + off)
-            .map_err(io("writing tile source"))?;
-        start_writeback(
-            &t.file.file,
-            t.offset + off,
-            t.offset + end,
-            t.offset + t.size,
-        );
+        for (at, from, n) in t.runs(off, data.len() as u64) {
+            // within `data`: the runs partition [0, data.len())
+            let part = &data[from as usize..(from + n) as usize];
+            t.file
+                .file
+                .write_all_at(part, at)
+                .map_err(io("writing tile source"))?;
+        }
+        if t.padded.is_none() {
+            start_writeback(
+                &t.file.file,
+                t.offset + off,
+                t.offset + end,
+                t.offset + t.size,
+            );
+        }
         ranges.log_range(&src.ds.node, &src.gen, idx, off, data.len() as u64)
     }
 }
@@ -667,6 +883,55 @@ fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An edge tile of the chunked layout sits in the corner of its whole chunk: every
+    /// tile byte goes to the chunk position of its element, and the inverse maps back
+    /// (padding maps to no tile byte).
+    #[test]
+    fn padded_tiles_map_rows_into_their_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let file = Arc::new(BackingFile {
+            path: p.clone(),
+            file: std::fs::File::create(&p).unwrap(),
+        });
+        let (count, chunk, es) = (vec![2u64, 3, 2], vec![4u64, 4, 3], 2u64);
+        let t = TileTarget {
+            file,
+            offset: 1000,
+            size: 2 * 3 * 2 * es,
+            padded: Some(Padded {
+                count: count.clone(),
+                chunk: chunk.clone(),
+                itemsize: es,
+            }),
+        };
+        // byte b of the tile: element (i, j, k), byte within it
+        let want = |b: u64| {
+            let (e, w) = (b / es, b % es);
+            let (i, j, k) = (e / 6, e / 2 % 3, e % 2);
+            1000 + ((i * 4 + j) * 3 + k) * es + w
+        };
+        for off in 0..t.size {
+            for len in 1..=(t.size - off) {
+                let runs = t.runs(off, len);
+                let mut covered = 0;
+                for (at, from, n) in runs {
+                    assert_eq!(from, covered);
+                    for x in 0..n {
+                        assert_eq!(at + x, want(off + from + x));
+                        assert_eq!(t.tile_offset(at + x), Some(off + from + x));
+                    }
+                    covered += n;
+                }
+                assert_eq!(covered, len);
+            }
+        }
+        // padding: element (0, 0, 2) and row (0, 3, *)
+        assert_eq!(t.tile_offset(1000 + 2 * es), None);
+        assert_eq!(t.tile_offset(1000 + 9 * es), None);
+        assert_eq!(t.tile_offset(999), None);
+    }
 
     #[test]
     fn writeback_covers_completed_chunks_once() {

@@ -37,12 +37,16 @@ pub fn view_model_written(
         };
         let count = slab.counts();
         let source = target.as_ref().map(|t| {
+            // an edge chunk of the chunked layout is whole: the tile is its corner
+            let src_shape = t
+                .source_shape()
+                .map_or_else(|| count.clone(), <[u64]>::to_vec);
             let whole = Arc::new(DatasetModel::raw(
                 name,
-                count.clone(),
+                src_shape.clone(),
                 &meta.dtype,
                 meta.itemsize,
-                count.clone(),
+                src_shape,
                 fill.clone(),
                 Storage::Contiguous {
                     file: t.file.clone(),

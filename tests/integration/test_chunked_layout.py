@@ -1,0 +1,166 @@
+"""The chunked layout (`"layout": "chunked"` in meta.json): tiles written through real
+mounts land in place as the chunks of one self-contained HDF5 file; the commit renames
+it into place. Checked with h5py, h5dump and the read view."""
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from test_write_path import Env, _oserr, commit, create, status, tiles_of, write_tile
+
+
+@pytest.fixture
+def env():
+    root = tempfile.mkdtemp(prefix="h5tilefs-ck-")
+    e = Env(root)
+    yield e
+    e.close()
+    if not os.environ.get("H5TILEFS_KEEP_TMP"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def only_the_file(backing, name):
+    """Nothing but the committed file (and the hidden staging area) in the directory."""
+    left = sorted(n for n in os.listdir(backing) if n != ".h5tilefs")
+    assert left == [name], left
+
+
+def check_chunked(path, ds, want, tile):
+    with h5py.File(path, "r") as f:
+        d = f[ds]
+        assert not d.is_virtual
+        assert d.chunks == tuple(tile)
+        assert d.compression is None
+        assert d.dtype == want.dtype and d.shape == want.shape
+        got = d[()]
+    assert got.tobytes() == want.tobytes()
+    # h5dump reads it with no plugin, byte for byte (its binary output has no
+    # compound types: those are dumped as text)
+    if want.dtype.kind == "c":
+        subprocess.run(["h5dump", "-d", ds, path], capture_output=True, check=True)
+        return
+    with tempfile.NamedTemporaryFile() as t:
+        subprocess.run(["h5dump", "-b", "LE", "-d", ds, "-o", t.name, path],
+                       capture_output=True, check=True)
+        assert open(t.name, "rb").read() == want.astype(want.dtype.newbyteorder("<")).tobytes()
+
+
+@pytest.mark.parametrize("shape,tile,dtype", [
+    ((10, 7), (4, 3), "<f8"),       # edge tiles clipped in both dimensions
+    ((9, 8), (4, 8), "<i4"),        # clipped in the first only
+    ((5, 6, 7), (2, 4, 3), ">i2"),  # big-endian, rank 3
+    ((13,), (5,), "|u1"),
+    ((4, 4), (4, 4), "<c16"),       # one chunk
+])
+def test_tiles_become_chunks_in_place(env, shape, tile, dtype):
+    m = env.mount()
+    a = (np.random.default_rng(1).random(shape) * 100).astype(dtype)
+    d = create(m, "c.h5", "/g/x", shape, dtype, tile, layout="chunked", attrs={"units": "m"})
+    assert json.load(open(os.path.join(d, "meta.json")))["layout"] == "chunked"
+    for idx, sl in tiles_of(shape, tile):
+        write_tile(d, idx, a[sl], halves=True)
+    # the pending view reads back what was written, before the commit
+    assert open(os.path.join(d, "data"), "rb").read() == a.tobytes()
+    commit(m, "c.h5")
+    path = os.path.join(env.backing, "c.h5")
+    check_chunked(path, "/g/x", a, tile)
+    with h5py.File(path, "r") as f:
+        assert f["/g/x"].attrs["units"] == "m"
+        assert list(f.keys()) == ["g"]
+    only_the_file(env.backing, "c.h5")
+    # the read view serves the committed chunked dataset
+    assert open(os.path.join(m, "c.h5", "g", "x", "data"), "rb").read() == a.tobytes()
+
+
+def _chunk_writer(args):
+    mnt, shape, tile, idxs = args
+    a = np.arange(np.prod(shape), dtype="<f4").reshape(shape)
+    d = os.path.join(mnt, "p.h5", "x")
+    for idx, sl in tiles_of(shape, tile):
+        if idx in idxs:
+            write_tile(d, idx, a[sl], halves=True)
+
+
+def test_many_writers_two_mounts_and_data_writes(env):
+    """Eight processes on two mounts write the tiles (each in two halves, out of
+    order); a second dataset is written through `data` in pieces that cross tiles;
+    a virtual dataset in the same file; one commit makes one file."""
+    m1, m2 = env.mount("m1"), env.mount("m2")
+    shape, tile = (96, 80), (16, 24)
+    create(m1, "p.h5", "/x", shape, "<f4", tile, layout="chunked")
+    tiles = [idx for idx, _ in tiles_of(shape, tile)]
+    jobs = [(m1 if i % 2 else m2, shape, tile, set(tiles[i::8])) for i in range(8)]
+    with mp.get_context("fork").Pool(8) as p:
+        p.map(_chunk_writer, jobs)
+    b = np.random.default_rng(2).integers(0, 1 << 30, (33, 17)).astype("<i8")
+    d2 = create(m2, "p.h5", "/y", b.shape, "<i8", (8, 5), layout="chunked")
+    raw = b.tobytes()
+    with open(os.path.join(d2, "data"), "r+b") as f:
+        for off in range(0, len(raw), 1000):
+            f.seek(off)
+            f.write(raw[off:off + 1000])
+    v = np.arange(12, dtype="<u2")
+    dv = create(m1, "p.h5", "/v", v.shape, "<u2", (5,))
+    for idx, sl in tiles_of(v.shape, (5,)):
+        write_tile(dv, idx, v[sl])
+    commit(m1, "p.h5")
+    path = os.path.join(env.backing, "p.h5")
+    check_chunked(path, "/x", np.arange(96 * 80, dtype="<f4").reshape(shape), tile)
+    check_chunked(path, "/y", b, (8, 5))
+    with h5py.File(path, "r") as f:
+        assert f["v"].is_virtual and f["v"][()].tolist() == v.tolist()
+
+
+def test_unwritten_tiles_fill_and_removal(env):
+    m = env.mount()
+    shape, tile = (6, 6), (3, 3)
+    d = create(m, "f.h5", "/a", shape, "<f4", tile, layout="chunked",
+               fill_value=-1, unwritten_tiles="fill")
+    write_tile(d, (0, 0), np.ones((3, 3), "<f4"))
+    # a dataset declared and removed again is not committed
+    create(m, "f.h5", "/gone", (4,), "<i4", (2,), layout="chunked")
+    os.rmdir(os.path.join(m, "f.h5", "gone"))
+    # a dataset declared chunked, then virtual: committed virtual
+    dz = create(m, "f.h5", "/z", (4,), "<i4", (2,), layout="chunked")
+    dz = create(m, "f.h5", "/z", (4,), "<i4", (2,))
+    for idx, sl in tiles_of((4,), (2,)):
+        write_tile(dz, idx, np.arange(4, dtype="<i4")[sl])
+    commit(m, "f.h5")
+    with h5py.File(os.path.join(env.backing, "f.h5"), "r") as f:
+        assert sorted(f.keys()) == ["a", "z"]
+        want = np.full(shape, -1, "<f4")
+        want[:3, :3] = 1
+        assert f["a"][()].tolist() == want.tolist()
+        assert f["a"].fillvalue == -1
+        assert f["z"].is_virtual
+
+
+def test_chunked_refusals(env):
+    m = env.mount()
+    d = create(m, "r.h5", "/x", (4,), "<f4", (2,), layout="chunked")
+    for idx, sl in tiles_of((4,), (2,)):
+        write_tile(d, idx, np.zeros(2, "<f4"))
+    commit(m, "r.h5")
+    # a committed file cannot take chunked datasets (yet): refused, named
+    os.makedirs(os.path.join(m, "r.h5", "y"))
+
+    def put():
+        with open(os.path.join(m, "r.h5", "y", "meta.json"), "w") as f:
+            f.write(json.dumps({"shape": [4], "dtype": "<f4", "layout": "chunked"}))
+    import errno
+    assert _oserr(put) == errno.EINVAL
+    assert "needs a new file" in status(m, "r.h5")["refused"]["/y"]
+    # an incomplete chunked dataset refuses the commit
+    os.makedirs(os.path.join(m, "i.h5"))
+    d = create(m, "i.h5", "/x", (4,), "<f4", (2,), layout="chunked")
+    write_tile(d, (0,), np.zeros(2, "<f4"))
+    assert _oserr(lambda: commit(m, "i.h5")) == errno.ENODATA
+    assert "1 of 2 tiles incomplete" in status(m, "i.h5")["last_commit"]["error"]
+    assert not os.path.exists(os.path.join(env.backing, "i.h5"))
