@@ -117,6 +117,17 @@ pub(super) fn declare_locked(
         }
         a
     };
+    // The whole dataset's space, reserved at once: one extent in the order readers read
+    // it. Reserved tile by tile as writers first touch them (in any order, from many
+    // processes), a cold sequential read of 10 000 small chunks ran at half speed.
+    let n: u64 = meta.grid().num_tiles();
+    if let Some(len) = n.checked_mul(a.chunk_bytes) {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        super::tiles::reserve(&f, a.base, len)?;
+    }
     let r = Record {
         gen: gen.to_string(),
         link,

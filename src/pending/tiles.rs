@@ -90,15 +90,17 @@ pub(super) fn writeback_ranges(a: u64, b: u64, data_end: u64, chunk: u64) -> Vec
     ranges
 }
 
-/// Starts writeback of every whole `WRITEBACK_CHUNK` of the source that the write of
-/// `[a, b)` completed (and of the last partial chunk when `b` ends the data at
-/// `data_end`). Every tile byte is fsynced at commit; without this the kernel would
+/// Starts writeback of every whole `WRITEBACK_CHUNK` of the tile's data (counted from
+/// its start, `base`) that the write of `[a, b)` completed (and of the last partial
+/// chunk when `b` ends the data at `data_end`): never of bytes outside the tile, which
+/// in the chunked layout's one file are other writers' tiles. Every tile byte is fsynced at commit; without this the kernel would
 /// hold them dirty until then (its background threshold is a share of RAM), and the
 /// commit would wait for all of them. Started early, the disk writes while tasks are
 /// still writing. `SYNC_FILE_RANGE_WRITE` only queues I/O: nothing waits for it here.
-pub(super) fn start_writeback(f: &std::fs::File, a: u64, b: u64, data_end: u64) {
+pub(super) fn start_writeback(f: &std::fs::File, base: u64, a: u64, b: u64, data_end: u64) {
     use std::os::fd::AsRawFd;
-    for (start, len) in writeback_ranges(a, b, data_end, writeback_chunk()) {
+    let rel = writeback_ranges(a - base, b - base, data_end - base, writeback_chunk());
+    for (start, len) in rel.into_iter().map(|(s, n)| (s + base, n)) {
         let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
             return;
         };
@@ -398,6 +400,9 @@ pub(super) struct Tiles {
     /// The chunked layout's files being built, open, by (path, generation of the
     /// dataset that opened it).
     products: DashMap<(PathBuf, String), Arc<BackingFile>>,
+    /// Chunked datasets' records by (node, generation): a generation's record never
+    /// changes, so it is read once, not on every tile's first write.
+    records: DashMap<(PathBuf, String), super::chunked::Record>,
 }
 
 impl Tiles {
@@ -679,8 +684,7 @@ impl Tiles {
     }
 
     /// Tile `idx` of a chunked dataset: its chunk in the file being built, at the
-    /// offset the dataset's record gives (made when the dataset was declared). The
-    /// chunk's space is reserved on first use here, as a tile source's is.
+    /// offset the dataset's record gives (made when the dataset was declared).
     fn chunk(&self, src: &Sources, meta: &PendingMeta, idx: &[u64]) -> Result<Arc<TileTarget>> {
         let h5path = src.ds.path.as_str();
         let name = tile_name(idx);
@@ -696,11 +700,23 @@ impl Tiles {
                 dataset: h5path.to_string(),
                 tile: name.clone(),
             })?;
-        let rec = super::chunked::record(&src.ds.node)
-            .filter(|r| r.gen == src.gen)
-            .ok_or_else(|| PendingError::Corrupt {
-                what: format!("{h5path}: no chunk record of generation {}", src.gen),
-            })?;
+        let rkey = (src.ds.node.clone(), src.gen.clone());
+        let known = self.records.get(&rkey).map(|r| r.clone());
+        let rec = match known {
+            Some(r) => r,
+            None => {
+                let r = super::chunked::record(&src.ds.node)
+                    .filter(|r| r.gen == src.gen)
+                    .ok_or_else(|| PendingError::Corrupt {
+                        what: format!("{h5path}: no chunk record of generation {}", src.gen),
+                    })?;
+                if self.records.len() >= MAX_OPEN_TARGETS {
+                    self.records.clear();
+                }
+                self.records.insert(rkey, r.clone());
+                r
+            }
+        };
         let pkey = (src.product.clone(), src.gen.clone());
         let open = self.products.get(&pkey).map(|f| f.clone());
         let file = match open {
@@ -726,7 +742,7 @@ impl Tiles {
             .ok_or_else(|| PendingError::TooLarge {
                 what: format!("{h5path} tile {name}"),
             })?;
-        reserve(&file.file, offset, rec.chunk_bytes)?;
+        // (its space was reserved with the whole dataset's at the declaration)
         let count = slab.counts();
         let padded = (count.len() > 1 && count[1..] != meta.tile_shape[1..]).then(|| Padded {
             count: count.clone(),
@@ -852,6 +868,7 @@ impl Tiles {
         if t.padded.is_none() {
             start_writeback(
                 &t.file.file,
+                t.offset,
                 t.offset + off,
                 t.offset + end,
                 t.offset + t.size,
