@@ -231,6 +231,11 @@ impl PendingMeta {
                 "a scalar (shape []) cannot be chunked: use the virtual layout",
             ));
         }
+        if chunked && shape.contains(&0) {
+            return Err(Error::invalid(
+                "a dataset with a dimension of length 0 cannot be chunked (HDF5 needs chunks no longer than fixed dimensions): use the virtual layout",
+            ));
+        }
         let attrs = match o.get("attrs") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -246,6 +251,16 @@ impl PendingMeta {
             fill_unwritten,
             chunked,
         })
+    }
+
+    /// The chunk shape of the chunked layout: the tile shape, clipped to the shape
+    /// (HDF5 refuses chunks longer than a fixed dimension; the tile grid is the same).
+    pub fn chunk_shape(&self) -> Vec<u64> {
+        self.tile_shape
+            .iter()
+            .zip(&self.shape)
+            .map(|(&t, &s)| t.min(s).max(1))
+            .collect()
     }
 
     pub fn grid(&self) -> TileGrid {

@@ -574,21 +574,28 @@ pub fn write_data(
         if cs >= ct {
             continue;
         }
-        let at = offset + (cs - s);
         let in_file = tiles
             .get(&bf.path)
             .ok_or_else(|| Error::io("unknown tile source"))?;
-        // the tile whose data starts last at or before `at`
-        let k = in_file.partition_point(|e| e.0 <= at);
-        let (_, idx, t) = k
-            .checked_sub(1)
-            .and_then(|k| in_file.get(k))
-            .ok_or_else(|| Error::io("pending data maps before its tile"))?;
-        let tile_off = t
-            .tile_offset(at)
-            .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
-        let bytes = &data[(cs - off) as usize..(ct - off) as usize];
-        pending.write_tile(file, path, meta, idx, tile_off, bytes)?;
+        // One extent may cover several tiles: the chunked layout's chunks follow each
+        // other in one file, and the plan joins ranges contiguous there.
+        let mut c = cs;
+        while c < ct {
+            let at = offset + (c - s);
+            // the tile whose data starts last at or before `at`
+            let k = in_file.partition_point(|e| e.0 <= at);
+            let (_, idx, t) = k
+                .checked_sub(1)
+                .and_then(|k| in_file.get(k))
+                .ok_or_else(|| Error::io("pending data maps before its tile"))?;
+            let tile_off = t
+                .tile_offset(at)
+                .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
+            let n = (ct - c).min(t.file_end().saturating_sub(at)).max(1);
+            let bytes = &data[(c - off) as usize..(c - off + n) as usize];
+            pending.write_tile(file, path, meta, idx, tile_off, bytes)?;
+            c += n;
+        }
     }
     Ok(())
 }

@@ -87,7 +87,7 @@ pub(super) fn declare_locked(
             &link,
             &meta.dtype,
             &meta.shape,
-            &meta.tile_shape,
+            &meta.chunk_shape(),
             &meta.fill_value,
         )?
     } else {
@@ -100,7 +100,7 @@ pub(super) fn declare_locked(
             &link,
             &meta.dtype,
             &meta.shape,
-            &meta.tile_shape,
+            &meta.chunk_shape(),
             &meta.fill_value,
         )
         .and_then(|a| {

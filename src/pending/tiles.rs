@@ -357,6 +357,14 @@ impl TileTarget {
         Some(ravel(&i, outer) * row + within)
     }
 
+    /// The end of the file range the tile's bytes lie in (its whole chunk when padded).
+    pub fn file_end(&self) -> u64 {
+        match &self.padded {
+            Some(p) => self.offset + p.chunk.iter().product::<u64>() * p.itemsize,
+            None => self.offset + self.size,
+        }
+    }
+
     /// The shape of the array the tile's bytes sit in: the whole chunk of a padded
     /// edge tile, else None (the tile's own).
     pub fn source_shape(&self) -> Option<&[u64]> {
@@ -744,9 +752,10 @@ impl Tiles {
             })?;
         // (its space was reserved with the whole dataset's at the declaration)
         let count = slab.counts();
-        let padded = (count.len() > 1 && count[1..] != meta.tile_shape[1..]).then(|| Padded {
+        let chunk = meta.chunk_shape();
+        let padded = (count.len() > 1 && count[1..] != chunk[1..]).then(|| Padded {
             count: count.clone(),
-            chunk: meta.tile_shape.clone(),
+            chunk,
             itemsize: meta.itemsize,
         });
         let t = Arc::new(TileTarget {

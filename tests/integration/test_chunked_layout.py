@@ -164,3 +164,16 @@ def test_chunked_refusals(env):
     assert _oserr(lambda: commit(m, "i.h5")) == errno.ENODATA
     assert "1 of 2 tiles incomplete" in status(m, "i.h5")["last_commit"]["error"]
     assert not os.path.exists(os.path.join(env.backing, "i.h5"))
+
+
+def test_one_data_write_across_chunks(env):
+    """Chunks of a 1-D dataset follow each other in the file, so the read plan joins
+    them into one range: one `data` write covering several tiles went whole to the
+    first tile (EFBIG). Found by the reference model."""
+    m = env.mount()
+    d = create(m, "w.h5", "/x", (5,), "|u1", (2,), layout="chunked")
+    with open(os.path.join(d, "data"), "r+b") as f:
+        f.write(bytes(range(1, 6)))
+    commit(m, "w.h5")
+    with h5py.File(os.path.join(env.backing, "w.h5"), "r") as f:
+        assert f["x"][()].tolist() == [1, 2, 3, 4, 5]

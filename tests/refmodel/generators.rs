@@ -58,6 +58,9 @@ pub(crate) struct Spec {
     pub(crate) shape: Vec<u64>,
     pub(crate) tile: Vec<u64>,
     pub(crate) fill: i64,
+    /// `"layout": "chunked"` (docs/namespace.md, "The chunked layout"): committed the
+    /// same bytes as the virtual layout, through another path.
+    pub(crate) chunked: bool,
 }
 
 impl Spec {
@@ -150,13 +153,16 @@ impl Spec {
             .fold(0u64, |acc, (l, t)| acc * t + l) as usize
     }
     pub(crate) fn meta_json(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
+        let mut m = serde_json::json!({
             "shape": self.shape,
             "dtype": self.dt.descr(),
             "tile_shape": self.tile,
             "fill_value": self.fill,
-        }))
-        .expect("json")
+        });
+        if self.chunked {
+            m["layout"] = "chunked".into();
+        }
+        serde_json::to_vec(&m).expect("json")
     }
 }
 
@@ -295,13 +301,15 @@ pub(crate) fn spec_strategy() -> impl Strategy<Value = Spec> {
                 prop::collection::vec(1u64..=8, rank),
                 prop::collection::vec(2u64..=4, rank),
                 prop_oneof![Just(0i64), 1i64..=9],
+                prop::bool::weighted(0.4),
             )
         })
-        .prop_map(|(dt, shape, tile, fill)| Spec {
+        .prop_map(|(dt, shape, tile, fill, chunked)| Spec {
             dt,
             shape,
             tile,
             fill,
+            chunked,
         })
 }
 

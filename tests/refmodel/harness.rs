@@ -279,6 +279,7 @@ impl Sut {
             } => {
                 let (f, d) = (FILES[file as usize], DSETS[ds as usize]);
                 let fs = &*self.cores[core as usize % self.cores.len()];
+                let spec = self.model.layout_allowed(f, spec);
                 // mkdir looks its name up afresh (LOOKUP_EXCL makes the kernel revalidate
                 // it): a dentry cached for the name goes.
                 let dpath = dp(f, d, &[]);
@@ -332,6 +333,7 @@ impl Sut {
             }
             Op::Redeclare { core, at, spec } => {
                 let (f, d) = self.model.pick(at);
+                let spec = self.model.layout_allowed(f, spec);
                 let fs = &*self.cores[core as usize % self.cores.len()];
                 let path = dp(f, d, &["meta.json"]);
                 let got = fs.write_at(&strs(&path), 0, &spec.meta_json()).map(|_| ());
@@ -382,6 +384,7 @@ impl Sut {
                         shape: vec![1],
                         tile: vec![1],
                         fill: 0,
+                        chunked: false,
                     },
                 };
                 let t = tile as usize % spec.ntiles();
@@ -585,6 +588,13 @@ impl Sut {
                 let want = match self.model.file(f) {
                     Err(e) => Err(e),
                     Ok(fm) if fm.nodes.values().any(|p| !p.complete()) => Err(libc::ENODATA),
+                    // chunked datasets need a new file: one made behind h5tilefs since
+                    // they were declared refuses the commit
+                    Ok(fm)
+                        if fm.committed.is_some() && fm.nodes.values().any(|p| p.spec.chunked) =>
+                    {
+                        Err(libc::EINVAL)
+                    }
                     Ok(_) => Ok(()),
                 };
                 same(&format!("commit {f}"), &got, &want)?;
@@ -605,6 +615,7 @@ impl Sut {
                             // The committed file knows only its blocks: a declared tile
                             // larger than the shape comes back clipped (same tiles).
                             let mut spec = p.spec;
+                            let layout = if spec.chunked { "chunked" } else { "virtual" };
                             spec.tile = spec
                                 .tile
                                 .iter()
@@ -616,7 +627,7 @@ impl Sut {
                                 Committed {
                                     spec,
                                     bytes: p.bytes,
-                                    layout: "virtual",
+                                    layout,
                                 },
                             );
                         }
@@ -630,6 +641,7 @@ impl Sut {
                 let mut content: BTreeMap<String, (Spec, bool, Vec<u8>)> = BTreeMap::new();
                 for (ds, mut spec, chunked, seed) in dsets {
                     spec.fill = 0;
+                    spec.chunked = false;
                     // Chunks of a fixed-size dataset fit in its shape (HDF5 refuses others).
                     spec.tile = if chunked {
                         spec.tile

@@ -226,6 +226,7 @@ pub(crate) fn check_meta(what: &str, got: &[u8], ds: &Ds<'_>) -> Result<(), Stri
     let v: serde_json::Value =
         serde_json::from_slice(got).map_err(|e| format!("{what}: meta.json is not JSON: {e}"))?;
     let (spec, state_pending, layout) = match ds {
+        Ds::Pending(p) if p.spec.chunked => (&p.spec, true, "chunked"),
         Ds::Pending(p) => (&p.spec, true, "virtual"),
         Ds::Committed(c) => (&c.spec, false, c.layout),
     };
@@ -267,6 +268,16 @@ pub(crate) fn check_meta(what: &str, got: &[u8], ds: &Ds<'_>) -> Result<(), Stri
 impl Model {
     /// The spec of dataset `f/d` (a one-element one when there is none, so that an
     /// operation on a missing dataset still names something).
+    /// `spec` as the test declares it in file `f`: the chunked layout only in a file with
+    /// no committed version (a chunked declaration in a committed one is refused:
+    /// tests/integration/test_chunked_layout.py covers that).
+    pub(crate) fn layout_allowed(&self, f: &str, mut spec: Spec) -> Spec {
+        if self.files.get(f).is_some_and(|fm| fm.committed.is_some()) {
+            spec.chunked = false;
+        }
+        spec
+    }
+
     pub(crate) fn spec_or_unit(&self, f: &str, d: &str) -> Spec {
         match self.ds(f, d) {
             Ok(Ds::Pending(p)) => p.spec.clone(),
@@ -276,6 +287,7 @@ impl Model {
                 shape: vec![1],
                 tile: vec![1],
                 fill: 0,
+                chunked: false,
             },
         }
     }

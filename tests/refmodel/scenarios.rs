@@ -18,6 +18,7 @@ pub(crate) fn spec56() -> Spec {
         shape: vec![5, 6],
         tile: vec![2, 4],
         fill: 3,
+        chunked: false,
     }
 }
 
@@ -251,6 +252,7 @@ pub(crate) fn bug_pending_unwritten_bytes_read_as_fill() {
                 shape: vec![3],
                 tile: vec![2],
                 fill: 1,
+                chunked: false,
             },
         },
         Op::WriteData {
@@ -335,12 +337,14 @@ pub(crate) fn threads_write_tiles_while_removals_and_commits_race() {
         shape: vec![6, 6],
         tile: vec![3, 4],
         fill: 0,
+        chunked: false,
     };
     let w_spec = Spec {
         dt: Dt::F64,
         shape: vec![8, 8],
         tile: vec![2, 2],
         fill: 0,
+        chunked: false,
     };
     let mut failures = Vec::new();
     let mut retried: BTreeMap<i32, usize> = BTreeMap::new();
@@ -494,6 +498,7 @@ pub(crate) fn bug_open_pending_handle_misses_tiles_written_later() {
                 shape: vec![1],
                 tile: vec![2],
                 fill: 1,
+                chunked: false,
             },
         },
         Op::Open {
@@ -602,6 +607,7 @@ pub(crate) fn ranks_declaring_one_dataset_through_two_cores() {
         shape: vec![8, 6],
         tile: vec![2, 3],
         fill: 0,
+        chunked: false,
     };
     let mut failures = Vec::new();
     for round in 0..rounds {
@@ -693,6 +699,7 @@ pub(crate) fn bug_rmdir_of_a_pending_group_with_a_dataset_inside() {
         shape: vec![4],
         tile: vec![4],
         fill: 0,
+        chunked: false,
     };
     let (_, fh) = a.create(d.ino, "meta.json").expect("create meta");
     a.write(fh, 0, &spec.meta_json()).expect("meta");
@@ -768,6 +775,7 @@ pub(crate) fn commit_race(whole_file: bool) {
         shape: vec![8, 8],
         tile: vec![2, 2],
         fill: 5,
+        chunked: false,
     };
     let mut failures = Vec::new();
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
@@ -872,6 +880,7 @@ pub(crate) fn bug_rmdir_of_a_committed_group_with_a_pending_dataset_inside() {
         shape: vec![4],
         tile: vec![4],
         fill: 0,
+        chunked: false,
     };
     a.mkdir(ROOT_INO, f, 0o755, 0, 0).expect("mkdir file");
     let declare = |name: &str| {
@@ -928,6 +937,7 @@ pub(crate) fn bug_pending_dataset_of_a_vanished_group_is_hidden() {
         shape: vec![4],
         tile: vec![2],
         fill: 0,
+        chunked: false,
     };
     let ops = vec![
         Op::CreateFile { core: 0, file: 0 },
@@ -1015,6 +1025,7 @@ pub(crate) fn extent_map_of_a_pending_dataset_shows_the_fill_value() {
         shape: vec![6],
         tile: vec![4],
         fill: 7,
+        chunked: false,
     };
     let (_, fh) = a.create(d.ino, "meta.json").expect("create meta");
     a.write(fh, 0, &spec.meta_json()).expect("meta");
@@ -1061,6 +1072,7 @@ fn a_write_open_fixes_the_meta() {
         shape: vec![1],
         tile: vec![2],
         fill: 0,
+        chunked: false,
     };
     a.mkdir(ROOT_INO, "f.h5", 0o755, 0, 0).expect("mkdir file");
     let fi = resolve(&a, &["f.h5"]).expect("file");
