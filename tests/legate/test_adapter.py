@@ -59,6 +59,27 @@ def test_ours_then_legate_reads_backing_file(m, shape, dtype):
     assert bool(cn.array_equal(a, b))
 
 
+@pytest.mark.parametrize("shape,dtype", CASES)
+def test_chunked_layout_is_one_plain_file(m, shape, dtype):
+    """`layout="chunked"`: one self-contained file, chunk = tile, read by h5py and by
+    legate.io.hdf5 from the backing directory, and by our from_file through the mount."""
+    a = _array(shape, dtype)
+    name = f"c_{dtype}_{len(shape)}d.h5"
+    p = os.path.join(m.mnt, "ck", name)
+    ours.to_file(array=a, path=p, dataset_name="/grp/data", layout="chunked")
+    with h5py.File(os.path.join(m.backing, "ck", name)) as f:
+        d = f["grp/data"]
+        assert not d.is_virtual and d.chunks is not None
+        assert np.array_equal(d[()], np.asarray(a))
+    assert not any(n.endswith("_h5tilefs_vds") for n in os.listdir(os.path.join(m.backing, "ck")))
+    time.sleep(1.1)
+    assert bool(cn.array_equal(cn.asarray(ours.from_file(p, dataset_name="/grp/data")), a))
+    if dtype.startswith("complex"):
+        return  # legate.io.hdf5 26.6 reads no compound types
+    b = cn.asarray(lgh5.from_file(os.path.join(m.backing, "ck", name), dataset_name="/grp/data"))
+    assert bool(cn.array_equal(a, b))
+
+
 @pytest.mark.parametrize("shape,dtype", CASES[:5])
 def test_legate_writes_ours_reads_through_mount(m, shape, dtype):
     a = _array(shape, dtype)

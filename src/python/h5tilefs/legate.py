@@ -419,20 +419,27 @@ def _default_tile(shape, store) -> list:
     return [max(1, -(-shape[0] // n))] + [max(1, s) for s in shape[1:]]
 
 
-def to_file(array, path, dataset_name: str) -> None:
+def to_file(array, path, dataset_name: str, *, layout: str = "virtual") -> None:
     """Writes ``array`` to ``path`` (inside an h5tilefs mount) as dataset ``dataset_name``,
     replacing the file; returns, on every rank, once the file is committed and durable.
+
+    ``layout="virtual"`` (the default, what ``legate.io.hdf5.to_file`` makes): a virtual
+    dataset over one source file per tile. ``layout="chunked"``: one self-contained file
+    whose dataset is chunked with the tiles as chunks, written in place by every rank
+    (docs/namespace.md, "The chunked layout").
 
     Launches, each waited for on every rank: one task replaces the file and declares
     the dataset, the point tasks write the tiles (each through its rank's mount), one
     task commits. With several ranks, one task per processor then waits until its
     node's mount shows the committed version, so a ``from_file`` on any rank right
     after reads it (on GlusterFS another client can lag about 1 s)."""
+    if layout not in ("virtual", "chunked"):
+        raise ValueError(f"layout must be 'virtual' or 'chunked', got {layout!r}")
     with _collective_gc():
-        _to_file(array, path, dataset_name)
+        _to_file(array, path, dataset_name, layout)
 
 
-def _to_file(array, path, dataset_name: str) -> None:
+def _to_file(array, path, dataset_name: str, layout: str = "virtual") -> None:
     path = os.path.abspath(os.fspath(path))
     la = _as_logical_array(array)
     if la.unbound:
@@ -442,7 +449,10 @@ def _to_file(array, path, dataset_name: str) -> None:
     shape = tuple(int(s) for s in la.shape)
     dtype = np.dtype(la.type.to_numpy_dtype())
     tile = _default_tile(shape, store)
-    meta = json.dumps({"shape": list(shape), "dtype": dtype.str, "tile_shape": tile})
+    desc = {"shape": list(shape), "dtype": dtype.str, "tile_shape": tile}
+    if layout == "chunked":
+        desc["layout"] = "chunked"
+    meta = json.dumps(desc)
     _run_once(_prepare_file, path, ds_rel, meta)
     if math.prod(shape) > 0:
         _launch_per_tile(_write_tile, store, tile, "input", os.path.join(path, ds_rel), ",".join(map(str, tile)))
