@@ -37,13 +37,14 @@ def tname(idx):
     return ".".join(map(str, idx)) if idx else "0"
 
 
-def declare(mnt, rel, ds, shape, dtype, tile, t0=None):
+def declare(mnt, rel, ds, shape, dtype, tile, t0=None, extra=None):
     """mkdir -p of the dataset directory, then its meta.json: a pending dataset."""
     if t0 is not None:
         at(t0)
     d = os.path.join(mnt, rel, ds.lstrip("/"))
     os.makedirs(d, exist_ok=True)
-    meta = {"shape": list(shape), "dtype": np.dtype(dtype).str, "tile_shape": list(tile)}
+    meta = {"shape": list(shape), "dtype": np.dtype(dtype).str, "tile_shape": list(tile),
+            **(extra or {})}
     with open(os.path.join(d, "meta.json"), "w") as f:
         f.write(json.dumps(meta))
     return d

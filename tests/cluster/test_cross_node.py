@@ -231,6 +231,45 @@ def test_interleaved_pages_of_one_tile_from_both_nodes(cluster, nodes):
         pytest.fail(rounds_report(failures, n), pytrace=False)
 
 
+# ----------------------------------------------------------------------------- 2b
+def test_chunked_layout_interleaved_pages_from_both_nodes(cluster, nodes):
+    """The chunked layout on GlusterFS: every tile is a chunk of one file in the staging
+    area that both nodes write (A the even 4 KiB pages of every tile, B the odd ones, at
+    once), edge tiles clipped in the last dimension included; committed from A or B in
+    turn. The committed file is one plain chunked dataset, equal everywhere."""
+    A, B = nodes
+    shape, tile, dtype = (200, 1000), (64, 384), "<f8"
+    n, failures = 6, []
+    for r in range(n):
+        rel, ds, seed = f"t2b/r{r}.h5", "/x", 300 + r
+        d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile, extra={"layout": "chunked"})
+        try:
+            wait_pending_visible(B, d)
+        except AssertionError as e:
+            failures.append(f"round {r}: {e}")
+            continue
+        t0 = start_soon()
+        fa = A.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, 0, t0=t0)
+        fb = B.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, 1, t0=t0)
+        res = gather([fa, fb])
+        errs = [f"page writes on {w} failed with {oserr(e)}" for w, e in zip("AB", res) if isinstance(e, OSError)]
+        if errs:
+            failures.append(f"round {r}: " + "; ".join(errs))
+            continue
+        committer = (A, B)[r % 2]
+        rc = committer.call(ops.commit, cluster.mnt, rel)
+        if rc != 0:
+            failures.append(f"round {r}: commit from {committer.name} failed with {errno.errorcode.get(rc, rc)}: "
+                            f"{committer.call(ops.status, cluster.mnt, rel)['last_commit']}")
+            continue
+        try:
+            check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile, slices=[])
+        except AssertionError as e:
+            failures.append(f"round {r} (committed from {committer.name}): {e}")
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
 # ----------------------------------------------------------------------------- 3
 def test_replace_across_nodes(cluster, nodes):
     """A committed dataset is read on B (data, a tile and the file in h5py kept open); A removes it, writes
