@@ -532,7 +532,14 @@ fn write_attrs(path: &Path, items: &[(&str, &serde_json::Map<String, Value>)]) -
         let ds = f
             .dataset(obj)
             .map_err(|e| Error::from_h5(format!("opening {obj}"), e))?;
+        // written again by a commit retried after one that died after writing them
+        // (the chunked layout's file is changed in place)
+        let had = ds.attr_names().unwrap_or_default();
         for (k, v) in attrs.iter() {
+            if had.iter().any(|h| h == k) {
+                ds.delete_attr(k)
+                    .map_err(|e| Error::from_h5(format!("replacing attribute {k}"), e))?;
+            }
             let r = match v {
                 Value::Bool(b) => ds
                     .new_attr::<bool>()

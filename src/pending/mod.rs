@@ -540,4 +540,51 @@ mod tests {
         );
         assert_eq!(p.commit(file).unwrap_err().errno, libc::EBUSY);
     }
+
+    /// A commit of the chunked layout changes the file being built in place before its
+    /// rename; one that died after moving the links and writing the attributes leaves
+    /// them so. The retried commit completes (it failed on the moved links and on the
+    /// attributes that existed).
+    #[test]
+    fn a_chunked_commit_retried_after_a_partial_one_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Path::new("c.h5");
+        let p = Pending::new(dir.path());
+        let m = PendingMeta::parse(
+            br#"{"shape":[5,7],"dtype":"<f8","tile_shape":[2,3],"layout":"chunked","attrs":{"units":"m"}}"#,
+        )
+        .unwrap();
+        p.accept_meta(file, "/g/u", &m).unwrap();
+        let full: Vec<f64> = (0..35).map(|v| v as f64).collect();
+        for idx in m.grid().indices() {
+            let slab = m.grid().tile_slab(&idx).unwrap();
+            let mut bytes = Vec::new();
+            let (r, c) = (&slab.dims[0], &slab.dims[1]);
+            for i in r.start..r.start + r.count {
+                for j in c.start..c.start + c.count {
+                    bytes.extend(full[(i * 7 + j) as usize].to_le_bytes());
+                }
+            }
+            p.write_tile(file, "/g/u", &m, &idx, 0, &bytes).unwrap();
+        }
+        // what a commit that died before its rename leaves
+        let ds = p.layout.dataset(&PendingFile::new(file).unwrap(), "/g/u");
+        let rec = chunked::record(&ds.node).unwrap();
+        let product = p.layout.product(&ds.file);
+        crate::writer::chunked::publish_links(
+            &product,
+            &[(rec.link.clone(), "/g/u".into())],
+            chunked::HIDDEN,
+        )
+        .unwrap();
+        crate::writer::write_vds_into(&product, &[], &[], &[("/g/u".into(), m.attrs.clone())])
+            .unwrap();
+        p.commit(file).unwrap();
+        let f = hdf5::File::open(dir.path().join(file)).unwrap();
+        let d = f.dataset("/g/u").unwrap();
+        assert_eq!(d.read_raw::<f64>().unwrap(), full);
+        assert_eq!(d.chunk().unwrap(), vec![2, 3]);
+        assert!(d.attr("units").is_ok());
+        assert!(!product.exists());
+    }
 }
