@@ -47,6 +47,7 @@ impl Status {
                     ds.insert(
                         n.path.clone(),
                         json!({
+                            "layout": if m.chunked { "chunked" } else { "virtual" },
                             "tiles": total,
                             "complete": total - (miss.len() + unwritten.len()) as u64,
                             "missing": miss.len(),

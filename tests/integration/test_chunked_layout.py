@@ -161,6 +161,7 @@ def test_chunked_refusals(env):
     os.makedirs(os.path.join(m, "i.h5"))
     d = create(m, "i.h5", "/x", (4,), "<f4", (2,), layout="chunked")
     write_tile(d, (0,), np.zeros(2, "<f4"))
+    assert status(m, "i.h5")["datasets"]["/x"]["layout"] == "chunked"
     assert _oserr(lambda: commit(m, "i.h5")) == errno.ENODATA
     assert "1 of 2 tiles incomplete" in status(m, "i.h5")["last_commit"]["error"]
     assert not os.path.exists(os.path.join(env.backing, "i.h5"))
