@@ -126,7 +126,7 @@ pub(super) fn declare_locked(
             .write(true)
             .open(&path)
             .map_err(io(format!("opening {}", path.display())))?;
-        super::tiles::reserve(&f, a.base, len)?;
+        super::base::reserve(&f, a.base, len)?;
     }
     let r = Record {
         gen: gen.to_string(),

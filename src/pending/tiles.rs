@@ -1,7 +1,7 @@
 //! Tile sources: made from a per-shape template without HDF5 calls, adopted from
 //! other daemons only by bytes read with O_DIRECT, written in place, and synced.
 
-use super::base::io;
+use super::base::{io, reserve};
 use super::layout::{Layout, PendingDataset};
 use super::rangelog::SyncJob;
 use super::ranges::Ranges;
@@ -29,36 +29,6 @@ pub(super) struct Template {
 /// Open tile source files kept per daemon; beyond this the cache is dropped and files
 /// reopen on demand.
 pub(super) const MAX_OPEN_TARGETS: usize = 1024;
-
-/// Allocates a tile's data region up front, so that tiles written at the same time by
-/// many writers do not interleave on disk (reads of one tile stay sequential) and a
-/// full backing file system fails the tile's first write with ENOSPC rather than a
-/// later one. File systems without `fallocate` keep the sparse file.
-pub(super) fn reserve(f: &std::fs::File, offset: u64, len: u64) -> Result<bool> {
-    use std::os::fd::AsRawFd;
-    let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(PendingError::TooLarge {
-            what: format!("tile of {len} bytes at {offset}"),
-        }
-        .into());
-    };
-    if n == 0 {
-        return Ok(false);
-    }
-    // SAFETY: the fd is owned by `f`, open for writing, and outlives the call.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, off, n) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-            tracing::debug!(error = %e, "fallocate not supported; tile source stays sparse");
-            Ok(false)
-        }
-        _ => Err(Error::from_io("reserving tile space", e)),
-    }
-}
 
 /// Bytes of a tile source handed to writeback at a time (see `start_writeback`).
 pub(super) const WRITEBACK_CHUNK: u64 = 8 << 20;
