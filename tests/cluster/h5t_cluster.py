@@ -370,6 +370,11 @@ class Cluster:
         wait_for(lambda: self.gluster("pool", "list", check=False).returncode == 0, 20, "glusterd to answer")
         self.gluster("volume", "create", self.volume, f"{HOST}:{self.brick}", "force")
         self.volume_made = True
+        # H5T_GLUSTER_OPTS="k=v,...": volume options for an experiment (docs/namespace.md,
+        # "The chunked layout": performance.stat-prefetch=off)
+        for kv in filter(None, os.environ.get("H5T_GLUSTER_OPTS", "").split(",")):
+            k, v = kv.split("=")
+            self.gluster("volume", "set", self.volume, k, v)
         self.gluster("volume", "start", self.volume)
         self.timings["glusterd + volume"] = time.monotonic() - t
         t = time.monotonic()
