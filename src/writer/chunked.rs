@@ -88,16 +88,35 @@ fn open_or_create(path: &Path, create: bool) -> Result<Hid> {
             }
         });
     }
-    drop_cached_pages(path);
-    // SAFETY: valid, owned list; NUL-terminated name.
-    sync(|| unsafe {
-        hid(
-            hdf5_sys::h5f::H5Fopen(name.as_ptr(), hdf5_sys::h5f::H5F_ACC_RDWR, fapl.id()),
-            hdf5_sys::h5f::H5Fclose,
-            "H5Fopen (chunked file)",
-        )
-    })
+    // A distributed file system's client can show the file for a moment with the size
+    // it had before another node's change (GlusterFS's metadata cache keeps attributes
+    // about 1 s): libhdf5 then takes it for truncated. Tried again once that has passed.
+    let mut tries = 0;
+    loop {
+        drop_cached_pages(path);
+        // SAFETY: valid, owned list; NUL-terminated name.
+        let r = sync(|| unsafe {
+            hid(
+                hdf5_sys::h5f::H5Fopen(name.as_ptr(), hdf5_sys::h5f::H5F_ACC_RDWR, fapl.id()),
+                hdf5_sys::h5f::H5Fclose,
+                "H5Fopen (chunked file)",
+            )
+        });
+        match r {
+            Err(e) if tries < OPEN_RETRIES => {
+                tries += 1;
+                tracing::debug!(path = %path.display(), error = %e, tries, "chunked file not opened; trying again");
+                std::thread::sleep(OPEN_RETRY_WAIT);
+            }
+            r => return r,
+        }
+    }
 }
+
+/// How often, and after how long, an `H5Fopen` of the file being built is tried again
+/// (see `open_or_create`): past GlusterFS's default metadata cache time of 1 s.
+const OPEN_RETRIES: u32 = 3;
+const OPEN_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(1100);
 
 /// Flushes and closes `f`, then fsyncs the file: its metadata is durable before the
 /// transition that changed it ends.

@@ -271,18 +271,13 @@ def test_chunked_layout_interleaved_pages_from_both_nodes(cluster, nodes):
 
 
 # ----------------------------------------------------------------------------- 2c
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect (docs/namespace.md, 'The chunked layout'): the second node to change "
-    "the file being built through libhdf5 fails with EIO (H5Fopen), its GlusterFS "
-    "client showing the file as before the other node's change; strict: passing means "
-    "it is fixed"))
 def test_chunked_datasets_declared_by_both_nodes_in_turn(cluster, nodes):
     """Each declaration of a chunked dataset changes the HDF5 metadata of the one file
     being built (through libhdf5, under the file's lock). A and B declare the datasets
     of one file in turn, so each node's libhdf5 reads metadata the other node wrote
     last; then both write every dataset's tiles and one commits. Every dataset must
-    come out whole: a node that read the file's metadata from stale cached pages would
-    have unlinked or overwritten the other's dataset."""
+    come out whole. Failed (EIO from H5Fopen on the second node, every run) until the
+    open was tried again past GlusterFS's metadata cache time."""
     A, B = nodes
     shape, tile, dtype = (64, 96), (32, 40), "<i4"
     n, failures = 4, []
