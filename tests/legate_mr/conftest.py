@@ -133,12 +133,23 @@ def _stacks(marker):
             for (state, wchan, stack), tids in sorted(groups.items(), key=lambda g: -len(g[1])):
                 out.append(f"  {len(tids)} thread(s) {state} wchan={wchan}: {stack}")
             spy = _py_spy()
-            if spy and "scenarios.py" in cmd:
+            rank = cmd.startswith("python") and "scenarios.py" in cmd   # not the wrapper's shell
+            if spy and rank:
                 # Python frames with the native ones under them (Legate's runtime, HDF5):
-                # faulthandler's dumps lack the native side.
-                r = subprocess.run([spy, "dump", "--native", "--pid", pid], capture_output=True,
-                                   text=True, timeout=60)
-                out.append("  py-spy dump --native:\n    " + (r.stdout + r.stderr).strip().replace("\n", "\n    "))
+                # faulthandler's dumps lack the native side. Then the locals: which file
+                # and launch each rank waits in (the ranks diverged, or not).
+                for args in (["--native"], ["--locals"]):
+                    r = subprocess.run([spy, "dump", *args, "--pid", pid], capture_output=True,
+                                       text=True, timeout=60)
+                    out.append(f"  py-spy dump {args[0]}:\n    " + (r.stdout + r.stderr).strip().replace("\n", "\n    "))
+            if rank and shutil.which("gdb"):
+                # Every thread, Realm's included (py-spy shows Python threads only): an
+                # idle runtime (workers in Doorbell::wait_slow) tells a lost or never-sent
+                # message from a thread blocked on a lock.
+                r = subprocess.run(["gdb", "-batch", "-p", pid, "-ex", "thread apply all bt"],
+                                   capture_output=True, text=True, timeout=240)
+                bt = "\n".join(line for line in r.stdout.splitlines() if line.startswith(("Thread ", "#")))
+                out.append("  gdb thread apply all bt:\n    " + bt.replace("\n", "\n    "))
         except OSError:
             continue
     conns = "/sys/fs/fuse/connections"

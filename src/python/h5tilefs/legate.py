@@ -80,7 +80,26 @@ RAISES = (OSError, ValueError, TypeError)
 META_BYTES = 4096
 
 
+#: Diagnostics (docs/adapter-notes.md, "The multi-rank hang, third look"): with
+#: H5TILEFS_LEGATE_TRACE=DIR every process appends one line per event to
+#: DIR/trace.<rank>.txt: each launch of ours submitted and returned on the top level, each
+#: task body started. Tells a launch that never ran a point task from one whose tasks ran
+#: and whose completion never arrived.
+_TRACE_DIR = os.environ.get("H5TILEFS_LEGATE_TRACE")
+
+
+def _trace(what: str) -> None:
+    if not _TRACE_DIR:
+        return
+    import threading
+
+    rank = get_legate_runtime().node_id
+    with open(os.path.join(_TRACE_DIR, f"trace.{rank}.txt"), "a") as f:
+        f.write(f"{time.time():.3f} {threading.current_thread().name} {what}\n")
+
+
 def _execute(t, scalars) -> None:
+    _trace(f"submit {scalars[:1]}")
     for v in scalars:
         t.add_scalar_arg(v, ty.string_type)
     for e in RAISES:
@@ -90,6 +109,7 @@ def _execute(t, scalars) -> None:
     # with the file committed.
     with Scope(exception_mode=ExceptionMode.IMMEDIATE), _gc_off():
         t.execute()
+    _trace("returned")
 
 
 @contextlib.contextmanager
@@ -199,6 +219,7 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
     rank's mount."""
     st = arr.data()
     p = _tile_path(st, ds_dir, tile)
+    _trace(f"write_tile {p}")
     try:
         if _on_gpu(st):
             write_from_device(p, st)
@@ -213,6 +234,7 @@ def _write_tile(arr: InputArray, ds_dir: str, tile: str) -> None:
 def _prepare_file(path: str, ds_rel: str, meta: str) -> None:
     """Single-point task: replaces ``path`` by a new pending file holding one pending
     dataset with ``meta`` (what every rank's to_file would otherwise do once per rank)."""
+    _trace(f"prepare_file {path}")
     mount_root(path)  # first: a gone daemon is named, not taken for "a directory"
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, ".commit")):
         raise ValueError(f"{path} is a directory; pass a file name such as {path.rstrip('/')}/out.h5")
@@ -241,6 +263,7 @@ def _commit_file(out: OutputArray, path: str, tile0: str) -> None:
     """Single-point task: commits ``path`` once every tile is written; returns when the
     file is durable. ``out`` gets the generation directory of the committed tiles, as
     this node sees it through QUERY_EXTENTS of ``tile0`` ("" for no tile)."""
+    _trace(f"commit_file {path}")
     try:
         with open(os.path.join(path, ".commit"), "w") as f:
             f.write("commit\n")
@@ -289,6 +312,7 @@ def _await_visible(path: str, meta_path: str, tile0: str, generation: str) -> No
     version (its meta.json no longer pending, ``tile0`` served from ``generation``). On a
     shared file system whose clients cache attributes (GlusterFS: about 1 s) another
     node may still see the pending state or the old file right after the commit."""
+    _trace(f"await_visible {path}")
     deadline = time.monotonic() + VISIBLE_WITHIN_S
     seen = ""
     while True:
@@ -357,7 +381,9 @@ def _read_tile(out: OutputArray, ds_dir: str, tile: str, block: str, dtype: str)
     """Point task: reads this point's tile file (or the slice of its block of tiles)
     into its piece of the output, through this rank's mount."""
     st = out.data()
-    _fill(st, _piece_path(st, ds_dir, tile, block), dtype)
+    p = _piece_path(st, ds_dir, tile, block)
+    _trace(f"read_tile {p}")
+    _fill(st, p, dtype)
 
 
 @task(variants=VARIANTS)
@@ -371,6 +397,7 @@ def _read_slice(out: OutputArray, ds_dir: str, origin: str, dtype: str) -> None:
         name = ",".join(f"{a + o}:{b + 1 + o}" for a, b, o in zip(lo, hi, org))
     else:
         name = "()"
+    _trace(f"read_slice {name}")
     _fill(st, os.path.join(ds_dir, "slice", name), dtype)
 
 
@@ -378,6 +405,7 @@ def _read_slice(out: OutputArray, ds_dir: str, origin: str, dtype: str) -> None:
 def _read_meta(out: OutputArray, path: str, dataset_name: str) -> None:
     """Single-point task: the dataset's shape, dtype and tile shape as JSON in ``out``,
     read once for every rank (their answers steer every rank's program)."""
+    _trace(f"read_meta {path}")
     mount_root(path)
     ds_dir = os.path.join(path, _dataset_rel(dataset_name))
     try:
