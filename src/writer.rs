@@ -162,6 +162,36 @@ fn plist(class: hid_t, what: &str) -> Result<Hid> {
     )
 }
 
+/// Sets a dataset creation list so that its data is allocated at creation and never
+/// filled by libhdf5 (writers `pwrite` it in place at offsets known then), with no
+/// modification times in the object header: every daemon then makes the same bytes
+/// for a (dtype, shape), so one that finds a tile source another daemon published
+/// learns its data offset by comparing headers (read with O_DIRECT), never by reading
+/// the file through its page cache.
+fn allocated_unfilled_untimed(dcpl: &Hid) -> Result<()> {
+    // SAFETY: dcpl is a valid dataset creation list owned by its guard.
+    sync(|| unsafe {
+        check(
+            hdf5_sys::h5p::H5Pset_alloc_time(
+                dcpl.id(),
+                hdf5_sys::h5d::H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY,
+            ),
+            "H5Pset_alloc_time",
+        )?;
+        check(
+            hdf5_sys::h5p::H5Pset_fill_time(
+                dcpl.id(),
+                hdf5_sys::h5d::H5D_fill_time_t::H5D_FILL_TIME_NEVER,
+            ),
+            "H5Pset_fill_time",
+        )?;
+        check(
+            hdf5_sys::h5p::H5Pset_obj_track_times(dcpl.id(), 0),
+            "H5Pset_obj_track_times",
+        )
+    })
+}
+
 /// Creates `path` holding one contiguous dataset of `shape` x `dtype`, allocated now,
 /// never filled, aligned to [`ALIGN`]; returns the file offset of its first byte.
 pub fn create_tile_source(path: &Path, dtype: &str, shape: &[u64]) -> Result<u64> {
@@ -186,31 +216,10 @@ pub fn create_tile_source(path: &Path, dtype: &str, shape: &[u64]) -> Result<u64
                 ),
                 "H5Pset_layout",
             )?;
-            check(
-                hdf5_sys::h5p::H5Pset_alloc_time(
-                    dcpl.id(),
-                    hdf5_sys::h5d::H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY,
-                ),
-                "H5Pset_alloc_time",
-            )?;
-            check(
-                hdf5_sys::h5p::H5Pset_fill_time(
-                    dcpl.id(),
-                    hdf5_sys::h5d::H5D_fill_time_t::H5D_FILL_TIME_NEVER,
-                ),
-                "H5Pset_fill_time",
-            )?;
-            // No modification times in the object header: every daemon then makes the
-            // same bytes for a (dtype, shape), so one that finds a tile source another
-            // daemon published learns its data offset by comparing headers (read with
-            // O_DIRECT), never by reading the file through its page cache.
+            allocated_unfilled_untimed(&dcpl)?;
             // The same for the root group (its object header is made from the file
             // creation list): with its creation time in it, two daemons' templates
             // differed whenever they were made in different seconds.
-            check(
-                hdf5_sys::h5p::H5Pset_obj_track_times(dcpl.id(), 0),
-                "H5Pset_obj_track_times",
-            )?;
             check(
                 hdf5_sys::h5p::H5Pset_obj_track_times(fcpl.id(), 0),
                 "H5Pset_obj_track_times(fcpl)",

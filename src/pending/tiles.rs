@@ -8,7 +8,7 @@ use super::ranges::Ranges;
 use crate::durable::{fsync_dir, unique};
 use crate::error::{Error, PendingError, Result};
 use crate::extent::BackingFile;
-use crate::geometry::tile_name;
+use crate::geometry::{ravel, tile_name, unravel};
 use crate::staging::PendingMeta;
 use crate::writer;
 use dashmap::DashMap;
@@ -261,22 +261,6 @@ pub struct Padded {
     pub count: Vec<u64>,
     pub chunk: Vec<u64>,
     pub itemsize: u64,
-}
-
-/// The C-order position of `idx` in `shape`.
-fn ravel(idx: &[u64], shape: &[u64]) -> u64 {
-    idx.iter().zip(shape).fold(0, |a, (&i, &s)| a * s + i)
-}
-
-/// The index of C-order position `k` in `shape`.
-fn unravel(mut k: u64, shape: &[u64]) -> Vec<u64> {
-    let mut idx = vec![0; shape.len()];
-    for j in (0..shape.len()).rev() {
-        let s = shape[j].max(1);
-        idx[j] = k % s;
-        k /= s;
-    }
-    idx
 }
 
 impl Padded {

@@ -5,7 +5,10 @@
 //! order over the chunk grid) lies at `base + k * chunk_bytes`. Every node writes its
 //! tiles there with `pwrite`; the commit only renames links and the file.
 
-use super::{check, cstr, file_type, fill_bytes, hid, path_cstr, plist, simple_space, sync};
+use super::{
+    allocated_unfilled_untimed, check, cstr, file_type, fill_bytes, hid, path_cstr, plist,
+    simple_space, sync,
+};
 use crate::error::{Error, Result};
 use crate::h5::Hid;
 use hdf5_sys::h5::hsize_t;
@@ -147,9 +150,7 @@ pub fn add_dataset(
     fill: &Value,
 ) -> Result<Allocated> {
     let itemsize: u64 = dtype.get(2..).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let chunk_bytes = chunk
-        .iter()
-        .try_fold(itemsize, |a, &d| a.checked_mul(d))
+    let chunk_bytes = crate::geometry::checked_bytes(chunk, itemsize)
         .filter(|&b| b > 0 && b < (1u64 << 32))
         .ok_or_else(|| {
             Error::invalid(format!(
@@ -178,24 +179,7 @@ pub fn add_dataset(
                     "H5Pset_chunk",
                 )?;
             }
-            check(
-                hdf5_sys::h5p::H5Pset_alloc_time(
-                    dcpl.id(),
-                    hdf5_sys::h5d::H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY,
-                ),
-                "H5Pset_alloc_time",
-            )?;
-            check(
-                hdf5_sys::h5p::H5Pset_fill_time(
-                    dcpl.id(),
-                    hdf5_sys::h5d::H5D_fill_time_t::H5D_FILL_TIME_NEVER,
-                ),
-                "H5Pset_fill_time",
-            )?;
-            check(
-                hdf5_sys::h5p::H5Pset_obj_track_times(dcpl.id(), 0),
-                "H5Pset_obj_track_times",
-            )?;
+            allocated_unfilled_untimed(&dcpl)?;
             if let Some(fill) = fill_bytes(dtype, fill) {
                 check(
                     hdf5_sys::h5p::H5Pset_fill_value(dcpl.id(), ftype.id(), fill.as_ptr().cast()),

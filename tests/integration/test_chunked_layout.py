@@ -4,26 +4,15 @@ it into place. Checked with h5py, h5dump and the read view."""
 import json
 import multiprocessing as mp
 import os
-import shutil
 import subprocess
 import tempfile
-import time
 
 import h5py
 import numpy as np
 import pytest
 
-from test_write_path import Env, _oserr, commit, create, status, tiles_of, write_tile
-
-
-@pytest.fixture
-def env():
-    root = tempfile.mkdtemp(prefix="h5tilefs-ck-")
-    e = Env(root)
-    yield e
-    e.close()
-    if not os.environ.get("H5TILEFS_KEEP_TMP"):
-        shutil.rmtree(root, ignore_errors=True)
+# `env`: the write-path tests' fixture (a backing directory and its mounts)
+from test_write_path import _oserr, commit, create, env, status, tiles_of, write_tile  # noqa: F401
 
 
 def only_the_file(backing, name):
