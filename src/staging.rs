@@ -72,6 +72,9 @@ pub struct PendingMeta {
     /// file itself, its tiles written in place; else a virtual dataset over one source
     /// file per tile.
     pub chunked: bool,
+    /// `"compression"` (with `"compression_opts"`, `"shuffle"`): the chunked layout's
+    /// chunks are stored through this filter pipeline.
+    pub compression: Option<crate::codecs::encode::Compression>,
 }
 
 /// A non-finite float as meta.json may give it ("nan", "inf", "-inf", or Zarr's
@@ -94,6 +97,9 @@ pub const SETTINGS: &[&str] = &[
     "unwritten_tiles",
     "attrs",
     "layout",
+    "compression",
+    "compression_opts",
+    "shuffle",
 ];
 
 /// Keys the daemon serves back in a pending dataset's meta.json and derives itself: a
@@ -101,9 +107,16 @@ pub const SETTINGS: &[&str] = &[
 /// `order`, which only "C" can be).
 pub const DERIVED: &[&str] = &["itemsize", "state", "tile_grid", "nbytes", "order"];
 
-/// Keys of a compressed chunked layout, not built yet: refused with their own reason
-/// rather than as unknown, so the user knows the setting exists and is not taken.
-const NOT_YET: &[&str] = &["compression", "compression_opts", "shuffle"];
+/// Settings h5py has that the mount does not write, refused with their own reason
+/// rather than as unknown, so the user knows why the setting is not taken.
+const NOT_TAKEN: &[(&str, &str)] = &[
+    (
+        "fletcher32",
+        "a Fletcher-32 checksum covers the whole stored chunk, which the compressed layout's slots cannot give it",
+    ),
+    ("scaleoffset", "the scale-offset filter is lossy and not written by the mount"),
+    ("chunks", "the chunk shape is the tile shape: set \"tile_shape\""),
+];
 
 /// A misspelled or unsupported key would silently lose a setting (`tile_shap`, or
 /// `compression` before it is supported): every key must be one we know.
@@ -112,10 +125,9 @@ fn check_keys(o: &Map<String, Value>) -> Result<()> {
         if SETTINGS.contains(&k.as_str()) || DERIVED.contains(&k.as_str()) {
             continue;
         }
-        if NOT_YET.contains(&k.as_str()) {
+        if let Some((_, why)) = NOT_TAKEN.iter().find(|(n, _)| n == k) {
             return Err(Error::invalid(format!(
-                "meta.json key {k:?} is not supported yet (compressed datasets cannot be \
-                 written through the mount): remove it to write the dataset uncompressed"
+                "meta.json key {k:?} is not taken: {why}; remove it"
             )));
         }
         return Err(Error::invalid(format!(
@@ -236,6 +248,17 @@ impl PendingMeta {
                 "a dataset with a dimension of length 0 cannot be chunked (HDF5 needs chunks no longer than fixed dimensions): use the virtual layout",
             ));
         }
+        let compression = crate::codecs::encode::Compression::parse(
+            o.get("compression"),
+            o.get("compression_opts"),
+            o.get("shuffle"),
+        )
+        .map_err(|e| Error::invalid(format!("meta.json: {e}")))?;
+        if compression.is_some() && !chunked {
+            return Err(Error::invalid(
+                "meta.json \"compression\" needs \"layout\": \"chunked\" (the virtual layout's tile sources are stored uncompressed)",
+            ));
+        }
         let attrs = match o.get("attrs") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -250,6 +273,7 @@ impl PendingMeta {
             attrs,
             fill_unwritten,
             chunked,
+            compression,
         })
     }
 
@@ -279,7 +303,7 @@ impl PendingMeta {
     /// The JSON we store and serve back.
     pub fn to_json(&self) -> Value {
         let g = self.grid();
-        json!({
+        let mut v = json!({
             "shape": self.shape,
             "dtype": self.dtype,
             "itemsize": self.itemsize,
@@ -292,7 +316,16 @@ impl PendingMeta {
             "attrs": self.attrs,
             "order": "C",
             "unwritten_tiles": if self.fill_unwritten { "fill" } else { "error" },
-        })
+        });
+        if let (Some(c), Some(o)) = (&self.compression, v.as_object_mut()) {
+            let (name, opts) = c.to_json();
+            o.insert("compression".into(), name);
+            if !opts.is_null() {
+                o.insert("compression_opts".into(), opts);
+            }
+            o.insert("shuffle".into(), json!(c.shuffle));
+        }
+        v
     }
 }
 
@@ -410,6 +443,8 @@ mod tests {
             br#"{"dtype":"<f4"}"#,
             br#"{"shape":[4],"dtype":"<f4","tile_shap":[2]}"#,
             br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#,
+            br#"{"shape":[4],"dtype":"<f4","layout":"chunked","compression":"blosc"}"#,
+            br#"{"shape":[4],"dtype":"<f4","layout":"chunked","fletcher32":true}"#,
             br#"{"shape":[4],"dtype":"<f4","layout":"contiguous"}"#,
             br#"{"shape":[],"dtype":"<f4","layout":"chunked"}"#,
             br#"{"shape":[4],"dtype":"<f4","order":"F"}"#,
@@ -428,12 +463,15 @@ mod tests {
         let e =
             PendingMeta::parse(br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#).unwrap_err();
         assert!(e.message.contains("\"compression\""), "{}", e.message);
-        let m = PendingMeta::parse(
-            br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4],"layout":"virtual"}"#,
-        )
-        .unwrap();
-        let served = serde_json::to_vec(&m.to_json()).unwrap();
-        assert_eq!(PendingMeta::parse(&served).unwrap(), m);
+        for ok in [
+            &br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4],"layout":"virtual"}"#[..],
+            br#"{"shape":[10,7],"dtype":"<f4","tile_shape":[4,4],"layout":"chunked","compression":"gzip","compression_opts":6,"shuffle":true}"#,
+            br#"{"shape":[10,7],"dtype":"<i2","tile_shape":[4,4],"layout":"chunked","compression":"lz4"}"#,
+        ] {
+            let m = PendingMeta::parse(ok).unwrap();
+            let served = serde_json::to_vec(&m.to_json()).unwrap();
+            assert_eq!(PendingMeta::parse(&served).unwrap(), m);
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::path::Path;
 pub use crate::ondisk::{ALIGN, SOURCE_DSET, SOURCE_INDEX};
 
 pub mod chunked;
+pub mod slots;
 
 fn sync<T>(f: impl FnOnce() -> T) -> T {
     hdf5::sync::sync(f)

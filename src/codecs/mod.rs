@@ -13,6 +13,7 @@
 
 mod blocks;
 mod c;
+pub mod encode;
 mod filters;
 mod hdf5;
 mod lz77;

@@ -31,13 +31,40 @@ pub(super) const HIDDEN: &str = "/.h5tilefs-pending";
 /// A chunked dataset's record, in its node directory.
 const RECORD: &str = "chunked";
 
-/// Where a chunked dataset of one generation lies in the file being built.
+/// Where a chunked dataset of one generation lies in the file being built: its tiles
+/// lie at `base + k * chunk_bytes` of the file being built, or of its staging file when
+/// it is compressed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Record {
     pub(super) gen: String,
     pub(super) link: String,
     pub(super) base: u64,
     pub(super) chunk_bytes: u64,
+    /// A compressed dataset's staging file and slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) slots: Option<Slots>,
+}
+
+/// A compressed chunked dataset (writer/slots.rs): its tiles are written whole and
+/// uncompressed to `staging` (in the staging area); the commit encodes chunk `k` into
+/// the slot at `base + k * slot_bytes` of the file being built and points the chunk
+/// index (the fixed array at `index`; 0: a single chunk, in the dataset's header) at it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Slots {
+    pub(super) staging: String,
+    pub(super) base: u64,
+    pub(super) slot_bytes: u64,
+    pub(super) index: u64,
+}
+
+impl Record {
+    /// The file the tiles are written to.
+    pub(super) fn tiles_file(&self, product: &Path) -> PathBuf {
+        match &self.slots {
+            Some(s) => product.with_file_name(&s.staging),
+            None => product.to_path_buf(),
+        }
+    }
 }
 
 impl Layout {
@@ -78,8 +105,17 @@ pub(super) fn declare_locked(
     let path = layout.product(&ds.file);
     if let Some(old) = &old {
         product::unlink(&path, &old.link)?;
+        if old.slots.is_some() {
+            let _ = std::fs::remove_file(old.tiles_file(&path));
+        }
     }
     let link = format!("{HIDDEN}/{}.{gen}", encode(&ds.path));
+    let filters = meta
+        .compression
+        .as_ref()
+        .map(|c| c.filters(meta.itemsize as u32))
+        .unwrap_or_default();
+    let eoa_before = crate::writer::slots::end_of_file(&path)?;
     let a = if path.exists() {
         product::add_dataset(
             &path,
@@ -89,6 +125,7 @@ pub(super) fn declare_locked(
             &meta.shape,
             &meta.chunk_shape(),
             &meta.fill_value,
+            &filters,
         )?
     } else {
         // made whole under a name of its own, then renamed into place: a crash leaves
@@ -102,6 +139,7 @@ pub(super) fn declare_locked(
             &meta.shape,
             &meta.chunk_shape(),
             &meta.fill_value,
+            &filters,
         )
         .and_then(|a| {
             std::fs::rename(&tmp, &path)
@@ -117,25 +155,78 @@ pub(super) fn declare_locked(
         }
         a
     };
-    // The whole dataset's space, reserved at once: one extent in the order readers read
-    // it. Reserved tile by tile as writers first touch them (in any order, from many
-    // processes), a cold sequential read of 10 000 small chunks ran at half speed.
     let n: u64 = meta.grid().num_tiles();
-    if let Some(len) = n.checked_mul(a.chunk_bytes) {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(io(format!("opening {}", path.display())))?;
-        super::base::reserve(&f, a.base, len)?;
-    }
+    let (base, slots) = if meta.compression.is_some() {
+        let s = declare_slots(&path, &ds.path, gen, n, a, eoa_before)?;
+        (0, Some(s))
+    } else {
+        (a.base, None)
+    };
     let r = Record {
         gen: gen.to_string(),
         link,
-        base: a.base,
+        base,
         chunk_bytes: a.chunk_bytes,
+        slots,
     };
+    // The whole dataset's space, reserved at once: one extent in the order readers read
+    // it. Reserved tile by tile as writers first touch them (in any order, from many
+    // processes), a cold sequential read of 10 000 small chunks ran at half speed.
+    if let Some(len) = n.checked_mul(a.chunk_bytes) {
+        let tiles = r.tiles_file(&path);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tiles)
+            .map_err(io(format!("opening {}", tiles.display())))?;
+        super::base::reserve(&f, r.base, len)?;
+        if r.slots.is_some() {
+            f.sync_all()
+                .map_err(io(format!("fsync {}", tiles.display())))?;
+            if let Some(d) = path.parent() {
+                fsync_dir(d)?;
+            }
+        }
+    }
     let bytes = serde_json::to_vec(&r).map_err(|e| Error::io(e.to_string()))?;
     write_atomic(&ds.node.join(RECORD), &bytes)
+}
+
+/// A compressed dataset's slots: `n` of them, each a chunk's size rounded up to 4 KiB,
+/// reserved past libhdf5's end of the file being built; the chunk index libhdf5 made
+/// for the dataset (allocated at `a.base` and after, past `eoa_before`) found; and its
+/// staging file named.
+fn declare_slots(
+    path: &Path,
+    h5path: &str,
+    gen: &str,
+    n: u64,
+    a: product::Allocated,
+    eoa_before: u64,
+) -> Result<Slots> {
+    use crate::writer::slots;
+    let align = crate::ondisk::ALIGN;
+    let slot_bytes = a
+        .chunk_bytes
+        .checked_next_multiple_of(align)
+        .ok_or_else(|| Error::invalid(format!("{h5path}: chunk too large")))?;
+    let index = if n > 1 {
+        let eoa = slots::end_of_file(path)?;
+        slots::find_index(path, eoa_before, eoa, n, a.base)?
+    } else {
+        0
+    };
+    let len = n
+        .checked_mul(slot_bytes)
+        .ok_or_else(|| Error::invalid(format!("{h5path}: dataset too large")))?;
+    let base = slots::reserve_tail(path, len, align)?;
+    Ok(Slots {
+        staging: format!("{}.{gen}.tiles", encode(h5path)),
+        base,
+        slot_bytes,
+        index,
+    })
 }
 
 /// Unlinks node `ds`'s dataset from the file being built (rmdir of the node, under the
@@ -147,6 +238,9 @@ pub(super) fn remove_locked(layout: &Layout, ds: &PendingDataset) -> Result<()> 
     let path = layout.product(&ds.file);
     if path.exists() {
         product::unlink(&path, &r.link)?;
+    }
+    if r.slots.is_some() {
+        let _ = std::fs::remove_file(r.tiles_file(&path));
     }
     match std::fs::remove_file(ds.node.join(RECORD)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

@@ -125,6 +125,10 @@ struct ChunkedCommit {
     chunk_bytes: u64,
     fill: Vec<u8>,
     fill_chunks: Vec<u64>,
+    /// The file its tiles were written to: the file being built, or a compressed
+    /// dataset's staging file.
+    tiles: PathBuf,
+    compressed: Option<super::slots::Compressed>,
 }
 
 /// What a commit writes, found under the lock from the range logs.
@@ -311,7 +315,29 @@ impl Commit<'_> {
                     .collect();
                 let fill = writer::fill_bytes(&m.dtype, &m.fill_value)
                     .unwrap_or_else(|| vec![0; m.itemsize as usize]);
+                let tiles = rec.tiles_file(&self.layout.product(file));
+                let compressed = match (rec.slots.clone(), m.compression.clone()) {
+                    (Some(slots), Some(compression)) => Some(super::slots::Compressed {
+                        slots,
+                        compression,
+                        itemsize: m.itemsize as usize,
+                        chunks: grid.num_tiles(),
+                        rank: m.shape.len(),
+                    }),
+                    (None, None) => None,
+                    _ => {
+                        return Err(PendingError::Corrupt {
+                            what: format!(
+                                "{}: its chunk record and meta.json disagree on compression",
+                                n.path
+                            ),
+                        }
+                        .into())
+                    }
+                };
                 chunked.push(ChunkedCommit {
+                    tiles,
+                    compressed,
                     link: rec.link,
                     path: n.path.clone(),
                     attrs: m.attrs.clone(),
@@ -487,29 +513,41 @@ impl Commit<'_> {
         }
         {
             use std::os::unix::fs::FileExt;
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&product)
-                .map_err(io(format!("opening {}", product.display())))?;
             for c in &plan.chunked {
-                if c.fill_chunks.is_empty() {
-                    continue;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&c.tiles)
+                    .map_err(io(format!("opening {}", c.tiles.display())))?;
+                if !c.fill_chunks.is_empty() {
+                    let n = usize::try_from(c.chunk_bytes / c.fill.len().max(1) as u64)
+                        .map_err(|_| Error::io("chunk too large"))?;
+                    let chunk = c.fill.repeat(n);
+                    for k in &c.fill_chunks {
+                        let at = k
+                            .checked_mul(c.chunk_bytes)
+                            .and_then(|o| o.checked_add(c.base))
+                            .ok_or_else(|| Error::io("chunk offset overflows"))?;
+                        f.write_all_at(&chunk, at)
+                            .map_err(io(format!("filling a chunk of {}", c.path)))?;
+                    }
                 }
-                let n = usize::try_from(c.chunk_bytes / c.fill.len().max(1) as u64)
-                    .map_err(|_| Error::io("chunk too large"))?;
-                let chunk = c.fill.repeat(n);
-                for k in &c.fill_chunks {
-                    let at = k
-                        .checked_mul(c.chunk_bytes)
-                        .and_then(|o| o.checked_add(c.base))
-                        .ok_or_else(|| Error::io("chunk offset overflows"))?;
-                    f.write_all_at(&chunk, at)
-                        .map_err(io(format!("filling a chunk of {}", c.path)))?;
+                if c.compressed.is_some() {
+                    // every node's tile bytes are on the staging file before they are read
+                    f.sync_data()
+                        .map_err(io(format!("fsync {}", c.tiles.display())))?;
+                }
+            }
+            for c in &plan.chunked {
+                if let Some(z) = &c.compressed {
+                    let stored =
+                        super::slots::store(&product, &c.tiles, &c.link, c.chunk_bytes, z)?;
+                    tracing::debug!(dataset = %c.path, stored, "compressed chunks stored");
                 }
             }
             // every node's tile bytes (the commit's fsync of the file) before the
             // names that make them visible
-            f.sync_all()
+            std::fs::File::open(&product)
+                .and_then(|f| f.sync_all())
                 .map_err(io(format!("fsync {}", product.display())))?;
         }
         let moves: Vec<(String, String)> = plan
@@ -530,6 +568,10 @@ impl Commit<'_> {
             .map_err(|e| Error::from_io(format!("renaming into {}", target.display()), e))?;
         fsync_dir(dir)?;
         self.tiles.close_under(&product);
+        for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
+            self.tiles.close_under(&c.tiles);
+            let _ = std::fs::remove_file(&c.tiles);
+        }
         Ok(took)
     }
 

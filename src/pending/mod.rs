@@ -30,6 +30,7 @@ mod nodes;
 mod rangelog;
 mod ranges;
 mod remove;
+mod slots;
 mod state;
 mod status;
 mod tiles;

@@ -679,7 +679,9 @@ impl Tiles {
                 r
             }
         };
-        let pkey = (src.product.clone(), src.gen.clone());
+        // a compressed dataset's tiles go to its staging file
+        let tiles = rec.tiles_file(&src.product);
+        let pkey = (tiles.clone(), src.gen.clone());
         let open = self.products.get(&pkey).map(|f| f.clone());
         let file = match open {
             Some(f) => f,
@@ -687,10 +689,10 @@ impl Tiles {
                 let f = std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
-                    .open(&src.product)
-                    .map_err(io(format!("opening {}", src.product.display())))?;
+                    .open(&tiles)
+                    .map_err(io(format!("opening {}", tiles.display())))?;
                 let f = Arc::new(BackingFile {
-                    path: src.product.clone(),
+                    path: tiles.clone(),
                     file: f,
                 });
                 self.products.insert(pkey, f.clone());

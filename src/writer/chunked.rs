@@ -140,6 +140,11 @@ fn close_synced(f: Hid, path: &Path) -> Result<()> {
 /// Adds dataset `link` (`shape` x `dtype`, chunks of `chunk`) to the chunked file at
 /// `path`, made when `create` is set, and returns where its chunks lie. Its chunks are
 /// allocated now and never filled by libhdf5 (the tiles' writers fill them).
+///
+/// With `filters` (a compressed dataset), libhdf5 allocates each chunk at the size of
+/// the compressed fill value instead, and `base` is chunk 0's address: the chunks are
+/// then moved to slots of their own (writer/slots.rs).
+#[allow(clippy::too_many_arguments)]
 pub fn add_dataset(
     path: &Path,
     create: bool,
@@ -148,6 +153,7 @@ pub fn add_dataset(
     shape: &[u64],
     chunk: &[u64],
     fill: &Value,
+    filters: &[crate::codecs::encode::FilterSpec],
 ) -> Result<Allocated> {
     let itemsize: u64 = dtype.get(2..).and_then(|s| s.parse().ok()).unwrap_or(0);
     let chunk_bytes = crate::geometry::checked_bytes(chunk, itemsize)
@@ -180,6 +186,7 @@ pub fn add_dataset(
                 )?;
             }
             allocated_unfilled_untimed(&dcpl)?;
+            set_filters(&dcpl, filters)?;
             if let Some(fill) = fill_bytes(dtype, fill) {
                 check(
                     hdf5_sys::h5p::H5Pset_fill_value(dcpl.id(), ftype.id(), fill.as_ptr().cast()),
@@ -218,7 +225,7 @@ pub fn add_dataset(
                 ),
                 "H5Dget_chunk_info_by_coord",
             )?;
-            if addr == hdf5_sys::h5::HADDR_UNDEF || size != chunk_bytes {
+            if addr == hdf5_sys::h5::HADDR_UNDEF || (filters.is_empty() && size != chunk_bytes) {
                 return Err(Error::io(format!(
                     "{link}: libhdf5 did not allocate the chunks in place (address {addr}, chunk size {size})"
                 )));
@@ -228,6 +235,71 @@ pub fn add_dataset(
     })?;
     close_synced(f, path)?;
     Ok(Allocated { base, chunk_bytes })
+}
+
+/// Sets the pipeline `filters` on `dcpl` as h5py does: deflate and shuffle by their
+/// own calls, any other filter by id, all optional (a chunk they cannot shrink is
+/// stored raw, its mask saying so).
+fn set_filters(dcpl: &Hid, filters: &[crate::codecs::encode::FilterSpec]) -> Result<()> {
+    use crate::codecs::encode::{DEFLATE, SHUFFLE};
+    for (id, cd) in filters {
+        // SAFETY: dcpl is a valid creation list owned by its guard; `cd` outlives the call.
+        let r = sync(|| unsafe {
+            match *id {
+                DEFLATE => {
+                    hdf5_sys::h5p::H5Pset_deflate(dcpl.id(), cd.first().copied().unwrap_or(4))
+                }
+                SHUFFLE => hdf5_sys::h5p::H5Pset_shuffle(dcpl.id()),
+                _ => hdf5_sys::h5p::H5Pset_filter(
+                    dcpl.id(),
+                    *id,
+                    hdf5_sys::h5z::H5Z_FLAG_OPTIONAL,
+                    cd.len(),
+                    cd.as_ptr(),
+                ),
+            }
+        });
+        check(r, "H5Pset_filter")?;
+    }
+    Ok(())
+}
+
+/// Stores the one chunk of single-chunk dataset `link` (libhdf5's single-chunk index
+/// keeps its stored size in the dataset's header, not in an index the slots can patch):
+/// `bytes` as encoded, with filter mask `mask`, through libhdf5.
+pub fn write_single_chunk(
+    path: &Path,
+    link: &str,
+    rank: usize,
+    bytes: &[u8],
+    mask: u32,
+) -> Result<()> {
+    let f = open_or_create(path, false)?;
+    let name = cstr(link)?;
+    let origin = vec![0 as hsize_t; rank];
+    sync(|| -> Result<()> {
+        // SAFETY: valid ids owned by guards; `origin` has the dataset's rank and `bytes`
+        // outlives the call.
+        unsafe {
+            let d = hid(
+                hdf5_sys::h5d::H5Dopen2(f.id(), name.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT),
+                hdf5_sys::h5d::H5Dclose,
+                "H5Dopen2 (chunked)",
+            )?;
+            check(
+                hdf5_sys::h5d::H5Dwrite_chunk(
+                    d.id(),
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                    mask,
+                    origin.as_ptr(),
+                    bytes.len(),
+                    bytes.as_ptr().cast(),
+                ),
+                "H5Dwrite_chunk",
+            )
+        }
+    })?;
+    close_synced(f, path)
 }
 
 /// Removes link `link` from the chunked file (a dataset removed or declared again);
@@ -322,6 +394,7 @@ mod tests {
                 shape,
                 chunk,
                 &Value::Null,
+                &[],
             )
             .unwrap();
             let n: u64 = shape
