@@ -7,6 +7,7 @@
 //! its filter mask (as libhdf5 does when an optional filter fails): a chunk then never
 //! outgrows the slot the layout reserves for it, which is the chunk's own size.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::Write;
 
@@ -20,7 +21,7 @@ pub const LZ4: i32 = 32004;
 pub const ZSTD: i32 = 32015;
 
 /// The codec of a compressed chunked dataset.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Codec {
     /// zlib stream at this level (0-9; h5py's default 4).
     Gzip(u32),
@@ -31,7 +32,7 @@ pub enum Codec {
 }
 
 /// A dataset's compression: its codec, after a byte shuffle when `shuffle` is set.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compression {
     pub codec: Codec,
     pub shuffle: bool,

@@ -55,6 +55,9 @@ pub(super) struct Slots {
     pub(super) base: u64,
     pub(super) slot_bytes: u64,
     pub(super) index: u64,
+    /// How chunks are encoded (a writer encodes the tiles it closes: pending/slots.rs).
+    pub(super) compression: crate::codecs::encode::Compression,
+    pub(super) itemsize: u64,
 }
 
 impl Record {
@@ -157,7 +160,7 @@ pub(super) fn declare_locked(
     };
     let n: u64 = meta.grid().num_tiles();
     let (base, slots) = if meta.compression.is_some() {
-        let s = declare_slots(&path, &ds.path, gen, n, a, eoa_before)?;
+        let s = declare_slots(&path, &ds.path, gen, n, a, eoa_before, meta)?;
         (0, Some(s))
     } else {
         (a.base, None)
@@ -204,6 +207,7 @@ fn declare_slots(
     n: u64,
     a: product::Allocated,
     eoa_before: u64,
+    meta: &PendingMeta,
 ) -> Result<Slots> {
     use crate::writer::slots;
     let align = crate::ondisk::ALIGN;
@@ -221,11 +225,17 @@ fn declare_slots(
         .checked_mul(slot_bytes)
         .ok_or_else(|| Error::invalid(format!("{h5path}: dataset too large")))?;
     let base = slots::reserve_tail(path, len, align)?;
+    let compression = meta
+        .compression
+        .clone()
+        .ok_or_else(|| Error::invalid(format!("{h5path}: no compression")))?;
     Ok(Slots {
         staging: format!("{}.{gen}.tiles", encode(h5path)),
         base,
         slot_bytes,
         index,
+        compression,
+        itemsize: meta.itemsize,
     })
 }
 

@@ -21,6 +21,10 @@ use std::sync::Arc;
 /// distributed file system, on a server round trip), not on a CPU.
 const FSYNC_THREADS: usize = 16;
 
+/// How long a commit waits for this daemon's background work on closed tiles (syncs,
+/// encodings) before doing what is left itself.
+const BACKGROUND_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// fdatasyncs files in parallel (commit time grows with tiles, so spread the syscalls),
 /// through the descriptor this daemon holds where it has one (no open/close round
 /// trips), then each parent directory once.
@@ -186,6 +190,7 @@ impl Commit<'_> {
     /// the error) is recorded for `.status`.
     pub(super) fn run(&self, file: &PendingFile) -> Result<Value> {
         let t0 = std::time::Instant::now();
+        self.ranges.wait_background(BACKGROUND_WAIT);
         let stage = self.layout.stage_dir(file);
         let result = transition(self.layout, file, Transition::Commit, |_| {
             self.locked(file, &stage)
@@ -224,10 +229,14 @@ impl Commit<'_> {
         // Tile bytes must be durable before the file that points at them appears.
         fsync_all(&plan.to_sync)?;
         let t_fsync = t0.elapsed();
+        // chunks of compressed datasets the commit encoded (not their writers)
+        let mut encoded_here = 0;
         let t_vds = if plan.chunked.is_empty() {
             self.publish(file, stage, &dir, &target, &plan)?
         } else {
-            self.publish_chunked(file, stage, &dir, &target, &plan)?
+            let (t, n) = self.publish_chunked(file, stage, &dir, &target, &plan)?;
+            encoded_here = n;
+            t
         };
         self.retire(file, stage, &nodes)?;
         let CommitPlan {
@@ -248,6 +257,7 @@ impl Commit<'_> {
             "fsync_s": (t_fsync - t_index).as_secs_f64(),
             "synced_before": synced_before,
             "vds_s": t_vds.as_secs_f64(),
+            "encoded_by_commit": encoded_here,
             "total_s": t0.elapsed().as_secs_f64(),
         });
         tracing::info!(tiles = committed.len(), %phases, "commit phases");
@@ -316,6 +326,14 @@ impl Commit<'_> {
                 let fill = writer::fill_bytes(&m.dtype, &m.fill_value)
                     .unwrap_or_else(|| vec![0; m.itemsize as usize]);
                 let tiles = rec.tiles_file(&self.layout.product(file));
+                // tiles their writers encoded (pending/slots.rs), by chunk number
+                let encoded: HashMap<u64, (u64, u32)> = grid
+                    .indices()
+                    .enumerate()
+                    .filter_map(|(k, idx)| {
+                        Some((k as u64, *written.encoded.get(&tile_name(&idx))?))
+                    })
+                    .collect();
                 let compressed = match (rec.slots.clone(), m.compression.clone()) {
                     (Some(slots), Some(compression)) => Some(super::slots::Compressed {
                         slots,
@@ -323,6 +341,7 @@ impl Commit<'_> {
                         itemsize: m.itemsize as usize,
                         chunks: grid.num_tiles(),
                         rank: m.shape.len(),
+                        encoded,
                     }),
                     (None, None) => None,
                     _ => {
@@ -502,9 +521,10 @@ impl Commit<'_> {
         dir: &Path,
         target: &Path,
         plan: &CommitPlan,
-    ) -> Result<std::time::Duration> {
+    ) -> Result<(std::time::Duration, u64)> {
         let t = std::time::Instant::now();
         let product = self.layout.product(file);
+        let mut encoded_here = 0;
         if target.exists() {
             return Err(Error::invalid(format!(
                 "{}: chunked datasets need a new file, and it exists (made outside h5tilefs since they were declared): remove it and commit again",
@@ -539,9 +559,16 @@ impl Commit<'_> {
             }
             for c in &plan.chunked {
                 if let Some(z) = &c.compressed {
-                    let stored =
-                        super::slots::store(&product, &c.tiles, &c.link, c.chunk_bytes, z)?;
-                    tracing::debug!(dataset = %c.path, stored, "compressed chunks stored");
+                    let (stored, here) = super::slots::store(
+                        &product,
+                        &c.tiles,
+                        &c.link,
+                        c.chunk_bytes,
+                        z,
+                        &z.encoded,
+                    )?;
+                    tracing::debug!(dataset = %c.path, stored, encoded_by_commit = here, "compressed chunks stored");
+                    encoded_here += here;
                 }
             }
             // every node's tile bytes (the commit's fsync of the file) before the
@@ -572,7 +599,7 @@ impl Commit<'_> {
             self.tiles.close_under(&c.tiles);
             let _ = std::fs::remove_file(&c.tiles);
         }
-        Ok(took)
+        Ok((took, encoded_here))
     }
 
     /// After the rename: the committed nodes' pending state and older generations go.

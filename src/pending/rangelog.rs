@@ -17,6 +17,10 @@
 //!   kind 2 (source):  data offset u64 | file length u64   a tile source this daemon made
 //!   kind 3 (synced):  (empty)   every byte this daemon wrote to the tile before this
 //!                     record is on stable storage (a later ranges record undoes it)
+//!   kind 4 (encoded): len u64 | mask u32   a compressed chunked dataset's tile, all
+//!                     of it written by this daemon before this record, is encoded in
+//!                     its slot (`len` bytes, filter mask `mask`), durably (a later
+//!                     ranges record undoes it; any other daemon's ranges void it)
 //! ```
 //!
 //! Closed tiles are `fdatasync`ed in the background ([`SYNC_THREADS`] threads) and
@@ -47,6 +51,7 @@ const MAGIC: &[u8; 4] = b"H5RL";
 const KIND_RANGES: u8 = 1;
 const KIND_SOURCE: u8 = 2;
 const KIND_SYNCED: u8 = 3;
+const KIND_ENCODED: u8 = 4;
 /// Threads that fdatasync closed tiles in the background.
 pub(super) const SYNC_THREADS: usize = 4;
 /// Closed tiles waiting for a background fdatasync beyond which more are left to the
@@ -73,6 +78,9 @@ pub(super) enum Record {
     Source { tile: String, offset: u64, len: u64 },
     /// Every byte this daemon wrote to the tile before this record is durable.
     Synced { tile: String },
+    /// The tile, all of it written by this daemon before this record, is encoded in
+    /// its slot: `len` bytes with filter mask `mask`, durable.
+    Encoded { tile: String, len: u64, mask: u32 },
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -100,6 +108,7 @@ impl Record {
             Record::Ranges { tile, .. } => (KIND_RANGES, tile),
             Record::Source { tile, .. } => (KIND_SOURCE, tile),
             Record::Synced { tile } => (KIND_SYNCED, tile),
+            Record::Encoded { tile, .. } => (KIND_ENCODED, tile),
         };
         // tile names are "i.j.k": far below u16::MAX bytes
         let name = &tile.as_bytes()[..tile.len().min(u16::MAX as usize)];
@@ -133,6 +142,12 @@ impl Record {
                 frame(&body);
             }
             Record::Synced { .. } => frame(&[]),
+            Record::Encoded { len, mask, .. } => {
+                let mut body = Vec::with_capacity(12);
+                body.extend(len.to_le_bytes());
+                body.extend(mask.to_le_bytes());
+                frame(&body);
+            }
         }
     }
 
@@ -158,6 +173,11 @@ impl Record {
                 len: u64_at(body, 8)?,
             }),
             KIND_SYNCED if body.is_empty() => Some(Record::Synced { tile }),
+            KIND_ENCODED if body.len() == 12 => Some(Record::Encoded {
+                tile,
+                len: u64_at(body, 0)?,
+                mask: u32_at(body, 8)?,
+            }),
             _ => None,
         }
     }
@@ -202,6 +222,12 @@ pub struct Written {
     pub(super) synced: std::collections::HashSet<String>,
     /// Merged over logs: tiles some daemon wrote after (or without) syncing them.
     pub unsynced: std::collections::HashSet<String>,
+    /// Tiles encoded in their slots, `(stored bytes, filter mask)`: of one log, those
+    /// with no write after the encoding; merged, those no other daemon wrote to.
+    pub encoded: HashMap<String, (u64, u32)>,
+    /// Merged over logs: tiles written by more than one daemon (an encoding by one of
+    /// them may have missed the others' bytes: the commit encodes those itself).
+    pub(super) shared: std::collections::HashSet<String>,
 }
 
 impl Written {
@@ -213,6 +239,10 @@ impl Written {
                     e.insert(*a, *b);
                 }
                 self.synced.remove(tile);
+                self.encoded.remove(tile);
+            }
+            Record::Encoded { tile, len, mask } => {
+                self.encoded.insert(tile.clone(), (*len, *mask));
             }
             Record::Source { tile, offset, len } => {
                 self.sources.insert(tile.clone(), (*offset, *len));
@@ -226,6 +256,12 @@ impl Written {
     /// Adds one daemon's state `o` to a merged one.
     pub(super) fn merge(&mut self, o: &Written) {
         for (t, rs) in &o.ranges {
+            if self.ranges.contains_key(t) {
+                self.shared.insert(t.clone());
+                self.encoded.remove(t);
+            } else if let Some(e) = o.encoded.get(t) {
+                self.encoded.insert(t.clone(), *e);
+            }
             let e = self.ranges.entry(t.clone()).or_default();
             for (a, b) in rs.ranges() {
                 e.insert(*a, *b);
@@ -247,9 +283,14 @@ impl Written {
                 e.insert(*a, *b);
             }
             self.synced.remove(t);
+            self.encoded.remove(t);
         }
         for (t, s) in &o.sources {
             self.sources.insert(t.clone(), *s);
+        }
+        // in `o`, a tile both written and encoded was encoded after that write
+        for (t, e) in &o.encoded {
+            self.encoded.insert(t.clone(), *e);
         }
         // in `o`, a tile both written and synced was synced after that write
         for t in &o.synced {
@@ -278,6 +319,11 @@ impl Written {
                 .iter()
                 .map(|t| Record::Synced { tile: t.clone() }),
         );
+        out.extend(self.encoded.iter().map(|(t, (len, mask))| Record::Encoded {
+            tile: t.clone(),
+            len: *len,
+            mask: *mask,
+        }));
         out
     }
 }
@@ -348,6 +394,33 @@ impl DatasetLog {
         st.mine.apply(&r);
         st.dirty.apply(&r);
         st.seq += 1;
+    }
+
+    /// Records `tile` as encoded in its slot (`len` bytes, filter mask `mask`) if
+    /// nothing was written to it since `epoch`; false if something was.
+    pub(super) fn mark_encoded(&self, tile: &str, epoch: u64, len: u64, mask: u32) -> bool {
+        let mut st = self.state.lock();
+        if st.epochs.get(tile).copied().unwrap_or(0) != epoch {
+            return false;
+        }
+        let r = Record::Encoded {
+            tile: tile.to_string(),
+            len,
+            mask,
+        };
+        st.mine.apply(&r);
+        st.dirty.apply(&r);
+        st.seq += 1;
+        true
+    }
+
+    /// Whether this daemon's own writes cover `[0, size)` of `tile`.
+    pub(super) fn covers(&self, tile: &str, size: u64) -> bool {
+        let st = self.state.lock();
+        st.mine
+            .ranges
+            .get(tile)
+            .is_some_and(|r| r.ranges() == [(0, size)])
     }
 
     /// Appends every record added before the call (one `write`; concurrent callers
@@ -466,16 +539,23 @@ pub(super) struct SyncJob {
     pub(super) file: Arc<BackingFile>,
 }
 
+/// Work for the background threads: a closed tile to sync, or other work on closed
+/// tiles (a compressed dataset's tile encoded into its slot: pending/slots.rs).
+pub(super) enum Job {
+    Sync(SyncJob),
+    Run(Box<dyn FnOnce() + Send>),
+}
+
 /// The background sync of closed tiles: [`SYNC_THREADS`] threads that `fdatasync` each
 /// tile handed to them and record it as synced (see the module).
 pub(super) struct Syncer {
-    pub(super) tx: Mutex<Option<std::sync::mpsc::Sender<SyncJob>>>,
+    pub(super) tx: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     pub(super) queued: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Syncer {
     pub(super) fn start() -> Syncer {
-        let (tx, rx) = std::sync::mpsc::channel::<SyncJob>();
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut started = 0;
@@ -485,7 +565,15 @@ impl Syncer {
                 .name(format!("h5tilefs-sync{i}"))
                 .spawn(move || loop {
                     // the lock only hands out jobs; ends when the sender is gone
-                    let Ok(job) = rx.lock().recv() else { return };
+                    let job = match rx.lock().recv() {
+                        Ok(Job::Sync(j)) => j,
+                        Ok(Job::Run(f)) => {
+                            f();
+                            queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(_) => return,
+                    };
                     let epoch = job.log.epoch(&job.tile);
                     match job.file.file.sync_data() {
                         Ok(()) => job.log.mark_synced(&job.tile, epoch),
@@ -507,7 +595,7 @@ impl Syncer {
         }
     }
 
-    pub(super) fn submit(&self, job: SyncJob) {
+    pub(super) fn submit(&self, job: Job) {
         use std::sync::atomic::Ordering;
         if self.queued.load(Ordering::Relaxed) >= MAX_SYNC_QUEUE {
             return; // left to the commit
@@ -638,6 +726,55 @@ mod tests {
         let mut junk = two.clone();
         junk.extend([0xffu8; 40]);
         assert_eq!(Record::decode_all(&junk).0, recs[..2]);
+    }
+
+    /// An encoding holds only while nothing is written to the tile after it, in its
+    /// writer's log or any other: a later write of its writer undoes it, a write of
+    /// another daemon voids it in the merge (the commit then encodes the tile itself).
+    #[test]
+    fn an_encoding_holds_until_a_later_or_another_write() {
+        let enc = |t: &str| Record::Encoded {
+            tile: t.into(),
+            len: 77,
+            mask: 2,
+        };
+        let mut bytes = Vec::new();
+        enc("3.4").encode(&mut bytes);
+        assert_eq!(Record::decode_all(&bytes).0, vec![enc("3.4")]);
+        let mut a = Written::default();
+        for r in [
+            ranges("0", &[(0, 8)]),
+            enc("0"),
+            ranges("1", &[(0, 8)]),
+            enc("1"),
+        ] {
+            a.apply(&r);
+        }
+        a.apply(&ranges("1", &[(0, 4)]));
+        assert_eq!(a.encoded.keys().collect::<Vec<_>>(), ["0"]);
+        // rebuilt from its records, the same
+        let mut again = Written::default();
+        for r in a.records() {
+            again.apply(&r);
+        }
+        assert_eq!(again.encoded, a.encoded);
+        // a second batch that writes then encodes tile 1 again
+        let mut later = Written::default();
+        later.apply(&ranges("1", &[(4, 8)]));
+        later.apply(&enc("1"));
+        a.extend(&later);
+        assert_eq!(a.encoded.len(), 2);
+        // another daemon wrote part of tile 0: only tile 1's encoding holds
+        let mut b = Written::default();
+        b.apply(&ranges("0", &[(4, 8)]));
+        let mut merged = Written::default();
+        merged.merge(&a);
+        merged.merge(&b);
+        assert_eq!(merged.encoded.keys().collect::<Vec<_>>(), ["1"]);
+        let mut merged = Written::default();
+        merged.merge(&b);
+        merged.merge(&a);
+        assert_eq!(merged.encoded.keys().collect::<Vec<_>>(), ["1"]);
     }
 
     #[test]

@@ -146,7 +146,29 @@ impl Ranges {
 
     /// Hands a closed tile to the background sync.
     pub(super) fn submit_sync(&self, job: SyncJob) {
-        self.syncer.submit(job);
+        self.syncer.submit(super::rangelog::Job::Sync(job));
+    }
+
+    /// Waits (at most `limit`) until the background threads have done what was handed
+    /// to them: a commit through this daemon then finds its closed tiles synced and
+    /// encoded rather than doing that work itself.
+    pub(super) fn wait_background(&self, limit: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        while self
+            .syncer
+            .queued
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+            && t0.elapsed() < limit
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Hands other work on a closed tile to the background threads (dropped when too
+    /// much is queued: what it would do is then left to the commit).
+    pub(super) fn submit_work(&self, f: Box<dyn FnOnce() + Send>) {
+        self.syncer.submit(super::rangelog::Job::Run(f));
     }
 
     /// Appends every dataset's unflushed ranges (the drain at SIGTERM, before syncfs).

@@ -1,15 +1,27 @@
-//! The commit's part for compressed chunked datasets (writer/slots.rs has the file
-//! format side): every chunk encoded from the staging file into its slot, in parallel,
-//! then the chunk index pointed at the slots and the slots' tails punched out.
+//! Compressed chunked datasets' chunks (writer/slots.rs has the file format side).
+//!
+//! A tile is encoded into its slot by the daemon that wrote it, in the background once
+//! its handle is closed ([`encode_closed`]), when that daemon wrote all of it: the
+//! encoding is recorded in the daemon's range log (`Encoded`) only if no write to the
+//! tile was recorded while it ran. The commit ([`store`]) encodes the rest itself —
+//! tiles written by several daemons, tiles whose encoding was overtaken by a write or
+//! never ran — packed into a region of its own past the end of the file (a writer's
+//! encoding still running can then only land in a slot nothing points at), then points
+//! the chunk index at them and punches out the slots' unused bytes.
 
 use super::base::io;
 use super::chunked::Slots;
+use super::rangelog::DatasetLog;
 use crate::codecs::encode::Compression;
 use crate::error::{Error, Result};
+use crate::extent::BackingFile;
 use crate::writer;
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A compressed dataset the commit stores.
 pub(super) struct Compressed {
@@ -18,18 +30,80 @@ pub(super) struct Compressed {
     pub(super) itemsize: usize,
     pub(super) chunks: u64,
     pub(super) rank: usize,
+    /// Chunks their writers encoded: chunk → (stored bytes, filter mask).
+    pub(super) encoded: HashMap<u64, (u64, u32)>,
+}
+
+/// A closed tile of a compressed dataset, for its writer to encode.
+pub(super) struct EncodeJob {
+    pub(super) log: Arc<DatasetLog>,
+    pub(super) writer_id: String,
+    pub(super) tile: String,
+    /// The tile's bytes (its written range must be `[0, size)`).
+    pub(super) size: u64,
+    /// The staging file, and the tile's whole chunk in it.
+    pub(super) staging: Arc<BackingFile>,
+    pub(super) at: u64,
+    pub(super) chunk_bytes: u64,
+    /// The file being built, and the tile's slot in it.
+    pub(super) product: PathBuf,
+    pub(super) slot: u64,
+    pub(super) compression: Compression,
+    pub(super) itemsize: usize,
+}
+
+/// Encodes a closed tile into its slot, makes it durable and records it (see the
+/// module). Skipped when this daemon did not write the whole tile, and not recorded
+/// when a write came while it ran: the commit then encodes the tile.
+pub(super) fn encode_closed(j: EncodeJob) {
+    let epoch = j.log.epoch(&j.tile);
+    if !j.log.covers(&j.tile, j.size) {
+        return;
+    }
+    let r = (|| -> Result<(u64, u32)> {
+        let cb = usize::try_from(j.chunk_bytes).map_err(|_| Error::io("chunk too large"))?;
+        let mut buf = vec![0u8; cb];
+        j.staging
+            .file
+            .read_exact_at(&mut buf, j.at)
+            .map_err(io(format!("reading {}", j.staging.path.display())))?;
+        let (enc, mask) = j.compression.encode(&buf, j.itemsize);
+        // (gone once committed: the commit encoded the tile itself)
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&j.product)
+            .map_err(io(format!("opening {}", j.product.display())))?;
+        f.write_all_at(&enc, j.slot)
+            .and_then(|_| f.sync_data())
+            .map_err(io(format!("writing a slot of {}", j.product.display())))?;
+        Ok((enc.len() as u64, mask))
+    })();
+    match r {
+        Ok((len, mask)) => {
+            if j.log.mark_encoded(&j.tile, epoch, len, mask) {
+                if let Err(e) = j.log.flush(&j.writer_id) {
+                    tracing::debug!(tile = j.tile, error = %e, "encoded tile not recorded");
+                }
+            }
+        }
+        Err(e) => {
+            tracing::debug!(tile = j.tile, error = %e, "tile not encoded; left to the commit")
+        }
+    }
 }
 
 /// Encodes the `c.chunks` chunks of `staging` (chunk `k` at `k * chunk_bytes`) into
-/// their slots of `product`, fsyncs them, then writes the chunk index (`link` names the
-/// dataset for a single chunk). Returns the bytes stored.
+/// their slots of `product`, except those in `known` (chunk → stored bytes, filter
+/// mask: encoded by their writers), fsyncs them, then writes the chunk index (`link`
+/// names the dataset for a single chunk). Returns (bytes stored, chunks encoded here).
 pub(super) fn store(
     product: &Path,
     staging: &Path,
     link: &str,
     chunk_bytes: u64,
     c: &Compressed,
-) -> Result<u64> {
+    known: &HashMap<u64, (u64, u32)>,
+) -> Result<(u64, u64)> {
     let src = std::fs::File::open(staging).map_err(io(format!("opening {}", staging.display())))?;
     let dst = std::fs::OpenOptions::new()
         .write(true)
@@ -43,15 +117,27 @@ pub(super) fn store(
             .map_err(io(format!("reading {}", staging.display())))?;
         let (enc, mask) = c.compression.encode(&buf, c.itemsize);
         writer::chunked::write_single_chunk(product, link, c.rank, &enc, mask)?;
-        return Ok(enc.len() as u64);
+        return Ok((enc.len() as u64, 1));
     }
+    // the commit's own encodings, packed into a region reserved for the worst case and
+    // cut to what they took
+    let todo = c.chunks - known.len() as u64;
+    let region = writer::slots::reserve_tail(
+        product,
+        todo.checked_mul(chunk_bytes)
+            .ok_or_else(|| Error::io("dataset too large"))?,
+        1,
+    )?;
+    let cursor = AtomicU64::new(region);
     let next = AtomicU64::new(0);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
         .min(usize::try_from(c.chunks).unwrap_or(1))
         .max(1);
-    let work = || -> Result<Vec<(u64, u64, u32)>> {
+    // per chunk the commit encodes: (chunk, address, stored bytes, filter mask)
+    type Stored = Vec<(u64, u64, u64, u32)>;
+    let work = || -> Result<Stored> {
         let mut buf = vec![0u8; cb];
         let mut out = Vec::new();
         loop {
@@ -59,19 +145,22 @@ pub(super) fn store(
             if k >= c.chunks {
                 return Ok(out);
             }
+            if known.contains_key(&k) {
+                continue;
+            }
             let at = k * chunk_bytes;
             src.read_exact_at(&mut buf, at)
                 .map_err(io(format!("reading {}", staging.display())))?;
             let (enc, mask) = c.compression.encode(&buf, c.itemsize);
-            let slot = c.slots.base + k * c.slots.slot_bytes;
-            dst.write_all_at(&enc, slot).map_err(io(format!(
+            let at = cursor.fetch_add(enc.len() as u64, Ordering::Relaxed);
+            dst.write_all_at(&enc, at).map_err(io(format!(
                 "writing a chunk of {link} to {}",
                 product.display()
             )))?;
-            out.push((k, enc.len() as u64, mask));
+            out.push((k, at, enc.len() as u64, mask));
         }
     };
-    let parts: Vec<Result<Vec<(u64, u64, u32)>>> = std::thread::scope(|s| {
+    let parts: Vec<Result<Stored>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
         hs.into_iter()
             .map(|h| {
@@ -81,21 +170,31 @@ pub(super) fn store(
             .collect()
     });
     let mut entries = vec![(0u64, 0u64, 0u32); usize::try_from(c.chunks).unwrap_or(0)];
+    let mut here = 0;
     for p in parts {
-        for (k, len, mask) in p? {
-            entries[k as usize] = (c.slots.base + k * c.slots.slot_bytes, len, mask);
+        for (k, at, len, mask) in p? {
+            entries[k as usize] = (at, len, mask);
+            here += 1;
+        }
+    }
+    for (&k, &(len, mask)) in known {
+        if let Some(e) = entries.get_mut(k as usize) {
+            *e = (c.slots.base + k * c.slots.slot_bytes, len, mask);
         }
     }
     // the chunks are durable before the index that points at them
     dst.sync_data()
         .map_err(io(format!("fsync {}", product.display())))?;
+    writer::slots::set_end_of_file(product, cursor.load(Ordering::Relaxed))?;
     writer::slots::patch_index(product, c.slots.index, &entries)?;
     let mut stored = 0;
-    for &(at, len, _) in &entries {
-        writer::slots::punch(&dst, at + len, at + c.slots.slot_bytes);
+    for (k, &(at, len, _)) in entries.iter().enumerate() {
+        let slot = c.slots.base + k as u64 * c.slots.slot_bytes;
+        let used = if at == slot { len } else { 0 };
+        writer::slots::punch(&dst, slot + used, slot + c.slots.slot_bytes);
         stored += len;
     }
-    Ok(stored)
+    Ok((stored, here))
 }
 
 #[cfg(test)]
@@ -171,13 +270,17 @@ mod tests {
                     base,
                     slot_bytes,
                     index,
+                    compression: z.clone(),
+                    itemsize: itemsize as u64,
                 },
                 compression: z,
                 itemsize,
                 chunks: n,
                 rank: shape.len(),
+                encoded: HashMap::new(),
             };
-            let stored = store(&p, &staging, "/h/d", a.chunk_bytes, &c).unwrap();
+            let (stored, _) =
+                store(&p, &staging, "/h/d", a.chunk_bytes, &c, &HashMap::new()).unwrap();
             assert!(stored > 0);
             let f = hdf5::File::open(&p).unwrap();
             let d = f.dataset("/h/d").unwrap();
@@ -238,7 +341,10 @@ mod tests {
                 let info = d.chunk_info(n as usize - 1).unwrap();
                 assert_eq!(info.filter_mask, (1 << filters.len()) - 1, "case {i}");
                 assert_eq!(info.size, a.chunk_bytes);
-                assert_eq!(info.addr, base + (n - 1) * slot_bytes);
+                assert!(
+                    info.addr >= base + n * slot_bytes,
+                    "the commit's own region"
+                );
             }
         }
     }

@@ -418,7 +418,21 @@ impl Tiles {
             return Ok(());
         }
         let dir = layout.sources_dir(ds, &l.gen);
+        let product = layout.product(&ds.file);
+        let slots = self
+            .records
+            .get(&(ds.node.clone(), l.gen.clone()))
+            .and_then(|r| Some((r.slots.clone()?, r.chunk_bytes)));
         for tile in tiles {
+            if let Some((s, cb)) = &slots {
+                // a compressed dataset's closed tile: encoded into its slot here
+                let key = product.join(format!("{}/{tile}", l.gen));
+                let t = self.targets.get(&key).map(|t| t.clone());
+                if let (Some(t), true) = (t, s.index != 0) {
+                    self.submit_encode(ranges, &l, tile, &t, s, *cb, &product);
+                }
+                continue;
+            }
             let open = self
                 .targets
                 .get(&dir.join(format!("{tile}.h5")))
@@ -433,6 +447,41 @@ impl Tiles {
             }
         }
         Ok(())
+    }
+
+    /// Hands closed tile `tile` of a compressed dataset (its target `t`, chunks of `cb`
+    /// bytes) to the background threads, to be encoded into its slot (pending/slots.rs).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_encode(
+        &self,
+        ranges: &Ranges,
+        log: &Arc<super::rangelog::DatasetLog>,
+        tile: String,
+        t: &TileTarget,
+        s: &super::chunked::Slots,
+        cb: u64,
+        product: &Path,
+    ) {
+        let Some(slot) = (t.offset / cb.max(1))
+            .checked_mul(s.slot_bytes)
+            .and_then(|o| o.checked_add(s.base))
+        else {
+            return;
+        };
+        let job = super::slots::EncodeJob {
+            log: log.clone(),
+            writer_id: ranges.writer_id.clone(),
+            tile,
+            size: t.size,
+            staging: t.file.clone(),
+            at: t.offset,
+            chunk_bytes: cb,
+            product: product.to_path_buf(),
+            slot,
+            compression: s.compression.clone(),
+            itemsize: s.itemsize as usize,
+        };
+        ranges.submit_work(Box::new(move || super::slots::encode_closed(job)));
     }
 
     /// Makes the written bytes of tiles `idxs` and this daemon's records of them

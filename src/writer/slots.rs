@@ -161,6 +161,24 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
     Ok(base)
 }
 
+/// Sets libhdf5's end of `path` to `eoa` and cuts the file there (the part of a
+/// reservation left unused goes).
+pub fn set_end_of_file(path: &Path, eoa: u64) -> Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
+    let mut sb = superblock(&f, path)?;
+    sb[SB_EOA..SB_EOA + 8].copy_from_slice(&eoa.to_le_bytes());
+    let ck = lookup3(&sb[..44]);
+    sb[44..48].copy_from_slice(&ck.to_le_bytes());
+    f.write_all_at(&sb, 0)
+        .and_then(|_| f.set_len(eoa))
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))
+}
+
 /// A fixed-array chunk index of filtered chunks.
 const FAHD: &[u8; 4] = b"FAHD";
 const FADB: &[u8; 4] = b"FADB";

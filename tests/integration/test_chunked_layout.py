@@ -204,6 +204,10 @@ def test_compressed_tiles_become_compressed_chunks(env, comp, opts, shuffle, sha
         write_tile(d, idx, a[sl], halves=True)
     assert open(os.path.join(d, "data"), "rb").read() == a.tobytes()
     commit(m, "z.h5")
+    # every tile was encoded by its writer (this daemon, in the background, as its
+    # handle closed), except the one chunk of a single-chunk dataset
+    phases = status(m, "z.h5")["last_commit"]["result"]["phases"]
+    assert phases["encoded_by_commit"] == (0 if len(tiles) > 1 else 1), phases
     path = os.path.join(env.backing, "z.h5")
     with h5py.File(path, "r") as f:
         x = f["/g/x"]
@@ -252,3 +256,40 @@ def test_compressed_file_takes_the_space_of_its_chunks(env):
         assert f["x"][()].tobytes() == a.tobytes()
     used, ref_used = os.stat(path).st_blocks * 512, os.stat(ref).st_blocks * 512
     assert used <= 1.1 * ref_used, (used, ref_used)
+
+
+def test_compressed_tiles_from_two_mounts_and_rewritten(env):
+    """Tiles of a compressed dataset written whole on one mount or the other are
+    encoded by their writers; tiles written half on each, and a tile written again
+    after its writer encoded it, are encoded by the commit from the bytes written
+    last."""
+    m1, m2 = env.mount("m1"), env.mount("m2")
+    shape, tile = (256, 256), (32, 32)
+    a = _smooth(shape, "<f4", 6)
+    d1 = create(m1, "t.h5", "/x", shape, "<f4", tile, layout="chunked",
+                compression="zstd", shuffle=True)
+    d2 = os.path.join(m2, "t.h5", "x")
+    tiles = list(tiles_of(shape, tile))
+    for i, (idx, sl) in enumerate(tiles):
+        b = np.ascontiguousarray(a[sl]).tobytes()
+        if i < 32:
+            write_tile(d1, idx, a[sl])
+        elif i < 48:
+            write_tile(d2, idx, a[sl])
+        else:
+            h = len(b) // 2
+            for d, part, off in ((d1, b[:h], 0), (d2, b[h:], h)):
+                fd = os.open(os.path.join(d, "tiles", ".".join(map(str, idx))), os.O_WRONLY)
+                os.pwrite(fd, part, off)
+                os.close(fd)
+    # a tile written again once its first bytes were (likely) encoded
+    idx5, sl5 = tiles[5]
+    a[sl5] = -a[sl5] + 1
+    write_tile(d1, idx5, a[sl5])
+    commit(m1, "t.h5")
+    phases = status(m1, "t.h5")["last_commit"]["result"]["phases"]
+    assert phases["encoded_by_commit"] >= 16, phases
+    import hdf5plugin  # noqa: F401
+    with h5py.File(os.path.join(env.backing, "t.h5"), "r") as f:
+        assert f["x"][()].tobytes() == a.tobytes()
+    assert open(os.path.join(m2, "t.h5", "x", "data"), "rb").read() == a.tobytes()

@@ -161,6 +161,12 @@ impl Spec {
         });
         if self.chunked {
             m["layout"] = "chunked".into();
+            // an odd fill value: declared compressed too (the data is the same to the
+            // model; the commit's encoding, and its writers', are what is exercised)
+            if self.fill % 2 != 0 {
+                m["compression"] = "gzip".into();
+                m["shuffle"] = true.into();
+            }
         }
         serde_json::to_vec(&m).expect("json")
     }
