@@ -11,14 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::Write;
 
-/// HDF5's deflate filter (gzip).
-pub const DEFLATE: i32 = 1;
-/// HDF5's byte shuffle.
-pub const SHUFFLE: i32 = 2;
-/// hdf5plugin's LZ4 filter.
-pub const LZ4: i32 = 32004;
-/// hdf5plugin's Zstandard filter.
-pub const ZSTD: i32 = 32015;
+pub use super::{DEFLATE, LZ4, SHUFFLE, ZSTD};
 
 /// The codec of a compressed chunked dataset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,21 +142,25 @@ impl Compression {
         } else {
             chunk
         };
-        let out = match self.codec {
-            Codec::Gzip(l) => {
-                let mut e = flate2::write::ZlibEncoder::new(
-                    Vec::with_capacity(data.len() / 2),
-                    flate2::Compression::new(l),
-                );
-                e.write_all(data).and_then(|_| e.finish()).ok()
-            }
-            Codec::Zstd(l) => zstd::bulk::compress(data, l).ok(),
-            Codec::Lz4 => Some(lz4_frame(data)),
-        };
-        match out {
+        match compress(&self.codec, data) {
             Some(o) if o.len() < chunk.len() => (o, 0),
             _ => (chunk.to_vec(), (1u32 << nfilters) - 1),
         }
+    }
+}
+
+/// `data` through `codec` alone (None if the codec fails).
+pub fn compress(codec: &Codec, data: &[u8]) -> Option<Vec<u8>> {
+    match *codec {
+        Codec::Gzip(l) => {
+            let mut e = flate2::write::ZlibEncoder::new(
+                Vec::with_capacity(data.len() / 2),
+                flate2::Compression::new(l),
+            );
+            e.write_all(data).and_then(|_| e.finish()).ok()
+        }
+        Codec::Zstd(l) => zstd::bulk::compress(data, l).ok(),
+        Codec::Lz4 => Some(lz4_frame(data)),
     }
 }
 

@@ -287,6 +287,38 @@ unsafe fn decode_in_place(
         return 0;
     };
     if flags & hdf5_sys::h5z::H5Z_FLAG_REVERSE == 0 {
+        // The codecs the compressed chunked layout writes encode too: libhdf5 runs the
+        // pipeline on the fill value when it declares such a dataset, and a fill chunk
+        // left unencoded would take its whole size in the file.
+        let codec = match id {
+            codecs::ZSTD => Some(codecs::encode::Codec::Zstd(
+                if cd_values.is_null() || cd_nelmts == 0 {
+                    3
+                } else {
+                    *cd_values as i32
+                },
+            )),
+            codecs::LZ4 => Some(codecs::encode::Codec::Lz4),
+            _ => None,
+        };
+        if let Some(c) = codec {
+            if buf.is_null() || (*buf).is_null() || buf_size.is_null() {
+                return 0;
+            }
+            let input = std::slice::from_raw_parts(*buf as *const u8, nbytes.min(*buf_size));
+            let Some(out) = codecs::encode::compress(&c, input) else {
+                return 0;
+            };
+            let p = libc::malloc(out.len().max(1));
+            if p.is_null() {
+                return 0;
+            }
+            std::ptr::copy_nonoverlapping(out.as_ptr(), p as *mut u8, out.len());
+            libc::free(*buf);
+            *buf = p;
+            *buf_size = out.len();
+            return out.len();
+        }
         push_error(&format!(
             "{} filter: h5tilefs decodes it only; writing it needs the filter's plugin \
              (hdf5plugin)",
@@ -540,8 +572,39 @@ mod tests {
         }
         register();
         let dir = tempfile::tempdir().unwrap();
-        let (chunk, cd) = encoded(codecs::ZSTD, WORDS);
-        write_file(&dir.path().join("w.h5"), codecs::ZSTD, &cd, &chunk, true);
+        // (zstd and lz4 encode: the compressed chunked layout writes them)
+        let (chunk, cd) = encoded(codecs::LZF, WORDS);
+        write_file(&dir.path().join("w.h5"), codecs::LZF, &cd, &chunk, true);
+    }
+
+    /// The codecs the compressed chunked layout writes also encode inside libhdf5
+    /// (its fill chunks at a declaration), and read back.
+    #[test]
+    fn zstd_and_lz4_encode_inside_libhdf5() {
+        if std::env::var_os("HDF5_PLUGIN_PATH").is_some() {
+            return;
+        }
+        register();
+        let dir = tempfile::tempdir().unwrap();
+        for id in [codecs::ZSTD, codecs::LZ4] {
+            let p = dir.path().join(format!("e{id}.h5"));
+            let f = hdf5::File::create(&p).unwrap();
+            let words: Vec<u32> = (0..4096).map(|i| i / 3).collect();
+            let b = f.new_dataset::<u32>().chunk(1024).shape(4096);
+            let d = b
+                .with_dcpl(|p| p.add_filter(id as _, &[3]))
+                .create("x")
+                .unwrap();
+            d.write_raw(&words).unwrap();
+            drop(d);
+            drop(f);
+            let f = hdf5::File::open(&p).unwrap();
+            let d = f.dataset("x").unwrap();
+            let info = d.chunk_info(0).unwrap();
+            assert_eq!(info.filter_mask, 0, "filter {id} was skipped");
+            assert!(info.size < 4096, "filter {id}: {} bytes", info.size);
+            assert_eq!(d.read_raw::<u32>().unwrap(), words);
+        }
     }
 
     #[test]

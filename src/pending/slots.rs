@@ -34,6 +34,59 @@ pub(super) struct Compressed {
     pub(super) encoded: HashMap<u64, (u64, u32)>,
 }
 
+/// The file being built, open for the writers' encodings: one descriptor per daemon,
+/// and one `fdatasync` for the encodings finished while another ran (group commit: an
+/// encoding is recorded only once its bytes are durable, and a sync per tile cost more
+/// than the encoding).
+pub(super) struct SlotFile {
+    pub(super) file: std::fs::File,
+    pub(super) path: PathBuf,
+    /// (syncs requested, requests covered by a finished sync, a sync running)
+    st: parking_lot::Mutex<(u64, u64, bool)>,
+    cv: parking_lot::Condvar,
+}
+
+impl SlotFile {
+    pub(super) fn open(path: &Path) -> Result<SlotFile> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        Ok(SlotFile {
+            file,
+            path: path.to_path_buf(),
+            st: parking_lot::Mutex::new((0, 0, false)),
+            cv: parking_lot::Condvar::new(),
+        })
+    }
+
+    /// Returns once every write finished before the call is durable.
+    fn sync(&self) -> std::io::Result<()> {
+        let mut st = self.st.lock();
+        st.0 += 1;
+        let want = st.0;
+        loop {
+            if st.1 >= want {
+                return Ok(());
+            }
+            if st.2 {
+                self.cv.wait(&mut st);
+                continue;
+            }
+            st.2 = true;
+            // covers every request made before it starts
+            let target = st.0;
+            let r = parking_lot::MutexGuard::unlocked(&mut st, || self.file.sync_data());
+            st.2 = false;
+            self.cv.notify_all();
+            match r {
+                Ok(()) => st.1 = st.1.max(target),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// A closed tile of a compressed dataset, for its writer to encode.
 pub(super) struct EncodeJob {
     pub(super) log: Arc<DatasetLog>,
@@ -46,7 +99,7 @@ pub(super) struct EncodeJob {
     pub(super) at: u64,
     pub(super) chunk_bytes: u64,
     /// The file being built, and the tile's slot in it.
-    pub(super) product: PathBuf,
+    pub(super) product: Arc<SlotFile>,
     pub(super) slot: u64,
     pub(super) compression: Compression,
     pub(super) itemsize: usize,
@@ -68,14 +121,14 @@ pub(super) fn encode_closed(j: EncodeJob) {
             .read_exact_at(&mut buf, j.at)
             .map_err(io(format!("reading {}", j.staging.path.display())))?;
         let (enc, mask) = j.compression.encode(&buf, j.itemsize);
-        // (gone once committed: the commit encoded the tile itself)
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&j.product)
-            .map_err(io(format!("opening {}", j.product.display())))?;
-        f.write_all_at(&enc, j.slot)
-            .and_then(|_| f.sync_data())
-            .map_err(io(format!("writing a slot of {}", j.product.display())))?;
+        j.product
+            .file
+            .write_all_at(&enc, j.slot)
+            .and_then(|_| j.product.sync())
+            .map_err(io(format!(
+                "writing a slot of {}",
+                j.product.path.display()
+            )))?;
         Ok((enc.len() as u64, mask))
     })();
     match r {

@@ -365,6 +365,8 @@ pub(super) struct Tiles {
     /// Chunked datasets' records by (node, generation): a generation's record never
     /// changes, so it is read once, not on every tile's first write.
     records: DashMap<(PathBuf, String), super::chunked::Record>,
+    /// Files being built with compressed datasets, open for the writers' encodings.
+    slot_files: DashMap<PathBuf, Arc<super::slots::SlotFile>>,
 }
 
 impl Tiles {
@@ -376,6 +378,7 @@ impl Tiles {
     /// Closes the open sources under `dir`, so that their space is freed once they are
     /// deleted (the descriptors are dropped outside the map's guard).
     pub(super) fn close_under(&self, dir: &Path) {
+        self.slot_files.retain(|p, _| !p.starts_with(dir));
         let keys: Vec<PathBuf> = self
             .targets
             .iter()
@@ -468,6 +471,19 @@ impl Tiles {
         else {
             return;
         };
+        let open = self.slot_files.get(product).map(|f| f.clone());
+        let file = match open {
+            Some(f) => f,
+            None => match super::slots::SlotFile::open(product) {
+                Ok(f) => {
+                    let f = Arc::new(f);
+                    self.slot_files.insert(product.to_path_buf(), f.clone());
+                    f
+                }
+                // (committed meanwhile: the commit encodes it)
+                Err(_) => return,
+            },
+        };
         let job = super::slots::EncodeJob {
             log: log.clone(),
             writer_id: ranges.writer_id.clone(),
@@ -476,7 +492,7 @@ impl Tiles {
             staging: t.file.clone(),
             at: t.offset,
             chunk_bytes: cb,
-            product: product.to_path_buf(),
+            product: file,
             slot,
             compression: s.compression.clone(),
             itemsize: s.itemsize as usize,
