@@ -52,7 +52,8 @@ const KIND_RANGES: u8 = 1;
 const KIND_SOURCE: u8 = 2;
 const KIND_SYNCED: u8 = 3;
 const KIND_ENCODED: u8 = 4;
-/// Threads that fdatasync closed tiles in the background.
+/// Threads that fdatasync closed tiles in the background (at least; one per CPU where
+/// there are more, for the encodings of compressed datasets' tiles).
 pub(super) const SYNC_THREADS: usize = 4;
 /// Closed tiles waiting for a background fdatasync beyond which more are left to the
 /// commit.
@@ -559,13 +560,20 @@ impl Syncer {
         let rx = Arc::new(Mutex::new(rx));
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut started = 0;
-        for i in 0..SYNC_THREADS {
+        // at least one per CPU: they also encode compressed datasets' tiles
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .max(SYNC_THREADS);
+        for i in 0..n {
             let (rx, queued) = (rx.clone(), queued.clone());
             let r = std::thread::Builder::new()
                 .name(format!("h5tilefs-sync{i}"))
                 .spawn(move || loop {
-                    // the lock only hands out jobs; ends when the sender is gone
-                    let job = match rx.lock().recv() {
+                    // ends when the sender is gone
+                    // (the lock only hands out jobs: released before one runs)
+                    let next = rx.lock().recv();
+                    let job = match next {
                         Ok(Job::Sync(j)) => j,
                         Ok(Job::Run(f)) => {
                             f();

@@ -35,15 +35,25 @@ pub(super) struct Compressed {
 }
 
 /// The file being built, open for the writers' encodings: one descriptor per daemon,
-/// and one `fdatasync` for the encodings finished while another ran (group commit: an
-/// encoding is recorded only once its bytes are durable, and a sync per tile cost more
-/// than the encoding).
+/// and one `fdatasync` for every encoding finished while the one before ran (an
+/// encoding is recorded only once its bytes are durable; a sync per tile cost more than
+/// the encoding). The thread that finds no sync running syncs and records batches
+/// until none is left; the others hand their encodings over and go on.
 pub(super) struct SlotFile {
     pub(super) file: std::fs::File,
     pub(super) path: PathBuf,
-    /// (syncs requested, requests covered by a finished sync, a sync running)
-    st: parking_lot::Mutex<(u64, u64, bool)>,
-    cv: parking_lot::Condvar,
+    /// (encodings written, waiting for a sync; a thread syncing)
+    st: parking_lot::Mutex<(Vec<Encoding>, bool)>,
+}
+
+/// An encoding written to its slot, to be recorded once durable.
+struct Encoding {
+    log: Arc<DatasetLog>,
+    writer_id: String,
+    tile: String,
+    epoch: u64,
+    len: u64,
+    mask: u32,
 }
 
 impl SlotFile {
@@ -55,33 +65,44 @@ impl SlotFile {
         Ok(SlotFile {
             file,
             path: path.to_path_buf(),
-            st: parking_lot::Mutex::new((0, 0, false)),
-            cv: parking_lot::Condvar::new(),
+            st: parking_lot::Mutex::new((Vec::new(), false)),
         })
     }
 
-    /// Returns once every write finished before the call is durable.
-    fn sync(&self) -> std::io::Result<()> {
+    /// Records `w` once a sync that started after its write has finished.
+    fn record_when_durable(&self, w: Encoding) {
         let mut st = self.st.lock();
-        st.0 += 1;
-        let want = st.0;
+        st.0.push(w);
+        if st.1 {
+            return;
+        }
+        st.1 = true;
         loop {
-            if st.1 >= want {
-                return Ok(());
+            let batch = std::mem::take(&mut st.0);
+            if batch.is_empty() {
+                st.1 = false;
+                return;
             }
-            if st.2 {
-                self.cv.wait(&mut st);
-                continue;
+            parking_lot::MutexGuard::unlocked(&mut st, || self.sync_and_record(batch));
+        }
+    }
+
+    fn sync_and_record(&self, batch: Vec<Encoding>) {
+        if let Err(e) = self.file.sync_data() {
+            tracing::debug!(path = %self.path.display(), error = %e, "slots not synced; their tiles are left to the commit");
+            return;
+        }
+        let mut logs: Vec<(Arc<DatasetLog>, String)> = Vec::new();
+        for w in batch {
+            if w.log.mark_encoded(&w.tile, w.epoch, w.len, w.mask)
+                && !logs.iter().any(|(l, _)| Arc::ptr_eq(l, &w.log))
+            {
+                logs.push((w.log.clone(), w.writer_id.clone()));
             }
-            st.2 = true;
-            // covers every request made before it starts
-            let target = st.0;
-            let r = parking_lot::MutexGuard::unlocked(&mut st, || self.file.sync_data());
-            st.2 = false;
-            self.cv.notify_all();
-            match r {
-                Ok(()) => st.1 = st.1.max(target),
-                Err(e) => return Err(e),
+        }
+        for (l, id) in logs {
+            if let Err(e) = l.flush(&id) {
+                tracing::debug!(error = %e, "encoded tiles not recorded; left to the commit");
             }
         }
     }
@@ -124,7 +145,6 @@ pub(super) fn encode_closed(j: EncodeJob) {
         j.product
             .file
             .write_all_at(&enc, j.slot)
-            .and_then(|_| j.product.sync())
             .map_err(io(format!(
                 "writing a slot of {}",
                 j.product.path.display()
@@ -132,13 +152,14 @@ pub(super) fn encode_closed(j: EncodeJob) {
         Ok((enc.len() as u64, mask))
     })();
     match r {
-        Ok((len, mask)) => {
-            if j.log.mark_encoded(&j.tile, epoch, len, mask) {
-                if let Err(e) = j.log.flush(&j.writer_id) {
-                    tracing::debug!(tile = j.tile, error = %e, "encoded tile not recorded");
-                }
-            }
-        }
+        Ok((len, mask)) => j.product.record_when_durable(Encoding {
+            log: j.log,
+            writer_id: j.writer_id,
+            tile: j.tile,
+            epoch,
+            len,
+            mask,
+        }),
         Err(e) => {
             tracing::debug!(tile = j.tile, error = %e, "tile not encoded; left to the commit")
         }
