@@ -469,6 +469,7 @@ impl Fs {
                 meta,
                 tile,
                 view,
+                ..
             } => {
                 let pending = &self.mount.pending;
                 let model =
