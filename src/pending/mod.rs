@@ -42,7 +42,7 @@ pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
 pub use nodes::PendingNode;
 pub use ranges::MissingTile;
 pub use state::{FileState, Transition};
-pub use tiles::TileTarget;
+pub use tiles::{PutRuns, TileTarget};
 pub use view::{view_model, view_model_written};
 
 use crate::error::Result;
@@ -310,7 +310,7 @@ impl Pending {
         idx: &[u64],
         off: u64,
         len: u64,
-        put: &mut dyn FnMut(&TileTarget, &[(u64, u64, u64)]) -> Result<()>,
+        put: &mut PutRuns,
     ) -> Result<()> {
         let ds = self.dataset(file_rel, h5path)?;
         self.tiles

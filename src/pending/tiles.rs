@@ -244,6 +244,10 @@ pub(super) fn adopted_offset(
     .into())
 }
 
+/// Writes a tile's bytes itself: given the target and the file runs
+/// `(file offset, offset into the bytes, length)` they go to ([`TileTarget::runs`]).
+pub type PutRuns<'a> = dyn FnMut(&TileTarget, &[(u64, u64, u64)]) -> Result<()> + 'a;
+
 /// Where a tile's bytes go: its source file and the offset of its data.
 pub struct TileTarget {
     pub file: Arc<BackingFile>,
@@ -832,7 +836,7 @@ impl Tiles {
         idx: &[u64],
         off: u64,
         len: u64,
-        put: &mut dyn FnMut(&TileTarget, &[(u64, u64, u64)]) -> Result<()>,
+        put: &mut PutRuns,
     ) -> Result<()> {
         let h5path = &src.ds.path;
         // Checked before the tile's source is made: a refused write leaves nothing
