@@ -388,8 +388,15 @@ struct WriteHandles {
 fn register_cufile_write(
     bf: &BackingFile,
     ident: Ident,
+    odirect: bool,
 ) -> std::result::Result<WriteHandles, String> {
     let buffered = register_one(bf, ident, false, true)?;
+    if !odirect {
+        return Ok(WriteHandles {
+            direct: None,
+            buffered,
+        });
+    }
     let direct = match register_one(bf, ident, true, true) {
         Ok(h) => Some(h),
         Err(e) => {
@@ -446,6 +453,13 @@ pub struct Gpu {
     /// `H5TILEFS_GPU_DIRECT=0`: verbatim runs take the staged path too (cuFile unused),
     /// for measurements of one path against the other.
     direct: bool,
+    /// `H5TILEFS_GPU_WRITE_ODIRECT=0`: WRITE_FROM_GPU writes through the buffered
+    /// cuFile handle only (no O_DIRECT handle), for measurements of one against the other.
+    write_odirect: bool,
+    /// Threads per WRITE_FROM_GPU for the pieces of a long run: `--gpu-io-threads`, or
+    /// `H5TILEFS_GPU_WRITE_THREADS` (at most that), for measurements. 1, 4 and 16 were
+    /// measured alike on the device (docs/perf-log/2026-11-28-write-from-gpu.md).
+    write_threads: usize,
     /// Set once `preload` has loaded CUDA and made every device's context.
     preloaded: std::sync::atomic::AtomicBool,
     state: OnceLock<std::result::Result<Loaded, String>>,
@@ -457,6 +471,12 @@ impl Gpu {
             mode,
             io_threads: io_threads.max(1),
             direct: std::env::var("H5TILEFS_GPU_DIRECT").map_or(true, |v| v != "0"),
+            write_odirect: std::env::var("H5TILEFS_GPU_WRITE_ODIRECT").map_or(true, |v| v != "0"),
+            write_threads: std::env::var("H5TILEFS_GPU_WRITE_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(io_threads)
+                .clamp(1, io_threads.max(1)),
             preloaded: std::sync::atomic::AtomicBool::new(false),
             state: OnceLock::new(),
         }
@@ -706,7 +726,10 @@ impl Gpu {
         }
         let pieces = cuts.len();
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let threads = pieces.min(self.io_threads);
+        let threads = pieces.min(match dir {
+            Dir::Read => self.io_threads,
+            Dir::Write => self.write_threads,
+        });
         std::thread::scope(|sc| {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
@@ -994,7 +1017,9 @@ impl Gpu {
             ..full
         };
         l.wfiles
-            .get(ident, bf, || register_cufile_write(bf, full))
+            .get(ident, bf, || {
+                register_cufile_write(bf, full, self.write_odirect)
+            })
             .map_err(|e| {
                 Error::from(GpuError::Transfer(format!(
                     "cuFile cannot write {}: {e}",
