@@ -57,6 +57,16 @@ def test_write_from_gpu_refused_without_gpu(env, layout):
     st = status(m, "r.h5")
     assert st["datasets"]["/x"]["missing"] == 9, st
     assert len(open(tile, "rb").read()) == 4 * 3 * 8
+    # committed tiles are read-only views: not a pending tile
+    a = np.arange(70, dtype="<f8").reshape(10, 7)
+    for idx, sl in tiles_of((10, 7), (4, 3)):
+        with open(os.path.join(d, "tiles", tname(idx)), "r+b") as f:
+            f.write(a[sl].tobytes())
+    commit(m, "r.h5")
+    committed = os.path.join(m, "r.h5", "x", "tiles", "0.0")
+    assert _err(committed, os.O_RDONLY, W, _req(buffer_id=1, length=8)) == errno.ENOTTY
+    with h5py.File(os.path.join(env.backing, "r.h5")) as f:
+        assert f["x"][()].tobytes() == a.tobytes()
 
 
 class FakeDeviceArray:
