@@ -114,6 +114,8 @@ macro_rules! done {
 /// A notification for the kernel.
 enum Notice {
     Inode(u64),
+    /// An inode's pages in `[off, off + len)`.
+    Range(u64, u64, u64),
     Entry(u64, OsString),
 }
 
@@ -131,6 +133,10 @@ impl Invalidator for Queued {
     fn inval_entry(&self, parent: u64, name: &OsStr) {
         let _ = self.0.send(Notice::Entry(parent, name.to_os_string()));
     }
+
+    fn inval_range(&self, ino: u64, off: u64, len: u64) {
+        let _ = self.0.send(Notice::Range(ino, off, len));
+    }
 }
 
 /// Starts the thread that sends the core's notifications through `notifier`, and
@@ -144,6 +150,13 @@ pub fn invalidator(notifier: fuser::Notifier) -> std::io::Result<Arc<dyn Invalid
                 // ENOENT: the kernel no longer holds that inode or name; nothing to drop.
                 let r = match &n {
                     Notice::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
+                    // len 0 would mean "to the end of the file"
+                    Notice::Range(_, _, 0) => Ok(()),
+                    Notice::Range(ino, off, len) => notifier.inval_inode(
+                        INodeNo(*ino),
+                        i64::try_from(*off).unwrap_or(i64::MAX),
+                        i64::try_from(*len).unwrap_or(i64::MAX),
+                    ),
                     Notice::Entry(parent, name) => notifier.inval_entry(INodeNo(*parent), name),
                 };
                 match r {
@@ -658,7 +671,7 @@ impl Filesystem for FuseFs {
         done!(
             c,
             reply,
-            self.core.ioctl(fh.0, req.pid(), cmd, in_data),
+            self.core.ioctl(ino.0, fh.0, req.pid(), cmd, in_data),
             |out| reply.ioctl(0, &out)
         )
     }

@@ -301,10 +301,11 @@ impl<H, O> IdentCache<H, O> {
     }
 }
 
-/// A new descriptor on the inode behind `file` (not on whatever its path names now).
-fn reopen(file: &std::fs::File, direct: bool) -> std::io::Result<std::fs::File> {
+/// A new descriptor on the inode behind `file` (not on whatever its path names now);
+/// `write`: read and write (cuFile writes need a writable descriptor).
+fn reopen(file: &std::fs::File, direct: bool, write: bool) -> std::io::Result<std::fs::File> {
     let mut o = std::fs::OpenOptions::new();
-    o.read(true);
+    o.read(true).write(write);
     if direct {
         o.custom_flags(libc::O_DIRECT);
     }
@@ -316,43 +317,120 @@ fn reopen(file: &std::fs::File, direct: bool) -> std::io::Result<std::fs::File> 
 /// O_DIRECT where the file system allows it so GPUDirect Storage can DMA, else without
 /// (cuFile's compatibility mode).
 fn register_cufile(bf: &BackingFile, ident: Ident) -> std::result::Result<CuFile, String> {
-    use std::os::unix::fs::MetadataExt;
     let mut errs = Vec::new();
     for direct in [true, false] {
-        let how = if direct { " (O_DIRECT)" } else { "" };
-        let file = match reopen(&bf.file, direct) {
-            Ok(f) => f,
-            Err(e) => {
-                errs.push(format!("reopening{how}: {e}"));
-                continue;
-            }
-        };
-        match file.metadata() {
-            Ok(m) if m.dev() == ident.dev && m.ino() == ident.ino => {}
-            Ok(_) => return Err("its reopened descriptor names another inode".into()),
-            Err(e) => return Err(format!("stat of its reopened descriptor: {e}")),
+        match register_one(bf, ident, direct, false) {
+            Ok(h) => return Ok(h),
+            Err(e) => errs.push(e),
         }
-        let mut descr = cf::CUfileDescr_t {
-            type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
-            handle: cf::CUfileDescr_t__bindgen_ty_1 {
-                fd: file.as_raw_fd(),
-            },
-            fs_ops: std::ptr::null(),
-        };
-        let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
-        // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle (both
-        // live in the CuFile made below, whose Drop deregisters before the fd closes).
-        let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
-        if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
-            tracing::debug!(file = %bf.path.display(), ino = ident.ino, size = ident.size, direct, "cuFile handle registered");
-            return Ok(CuFile {
-                handle: h,
-                _file: file,
-            });
-        }
-        errs.push(format!("cuFileHandleRegister{how}: {:?}", e.err));
     }
     Err(errs.join("; "))
+}
+
+/// One cuFile registration of the inode behind `bf.file` (see [`register_cufile`]).
+fn register_one(
+    bf: &BackingFile,
+    ident: Ident,
+    direct: bool,
+    write: bool,
+) -> std::result::Result<CuFile, String> {
+    use std::os::unix::fs::MetadataExt;
+    let how = match (direct, write) {
+        (true, true) => " (O_DIRECT, writable)",
+        (true, false) => " (O_DIRECT)",
+        (false, true) => " (writable)",
+        (false, false) => "",
+    };
+    let file = reopen(&bf.file, direct, write).map_err(|e| format!("reopening{how}: {e}"))?;
+    match file.metadata() {
+        Ok(m) if m.dev() == ident.dev && m.ino() == ident.ino => {}
+        Ok(_) => return Err("its reopened descriptor names another inode".into()),
+        Err(e) => return Err(format!("stat of its reopened descriptor: {e}")),
+    }
+    let mut descr = cf::CUfileDescr_t {
+        type_: cf::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+        handle: cf::CUfileDescr_t__bindgen_ty_1 {
+            fd: file.as_raw_fd(),
+        },
+        fs_ops: std::ptr::null(),
+    };
+    let mut h: cf::CUfileHandle_t = std::ptr::null_mut();
+    // SAFETY: descriptor filled as cuFile documents; the fd outlives the handle (both
+    // live in the CuFile made below, whose Drop deregisters before the fd closes).
+    let e = unsafe { cf::cuFileHandleRegister(&mut h, &mut descr) };
+    if e.err == cf::CUfileOpError::CU_FILE_SUCCESS {
+        tracing::debug!(file = %bf.path.display(), ino = ident.ino, size = ident.size, direct, write, "cuFile handle registered");
+        return Ok(CuFile {
+            handle: h,
+            _file: file,
+        });
+    }
+    Err(format!("cuFileHandleRegister{how}: {:?}", e.err))
+}
+
+/// Block size the O_DIRECT part of a cuFile write is aligned to (file offsets and
+/// lengths): the page size, a multiple of every common logical block size.
+const DIRECT_ALIGN: u64 = 4096;
+
+/// The cuFile handles that write one backing inode. `direct` (an O_DIRECT descriptor,
+/// where the file system allows it) writes only whole aligned blocks; the unaligned head
+/// and tail of a run go through `buffered`. Why not O_DIRECT for everything: a partial
+/// block cannot be written directly, and filling it in (read, modify, write the block)
+/// would race with writes of the block's other bytes by other writers, which exist:
+/// adjacent chunks of the chunked layout share blocks, and other processes write them
+/// through the mount at the same time.
+struct WriteHandles {
+    direct: Option<CuFile>,
+    buffered: CuFile,
+}
+
+/// Registers the write handles of the inode behind `bf.file`.
+fn register_cufile_write(
+    bf: &BackingFile,
+    ident: Ident,
+    odirect: bool,
+) -> std::result::Result<WriteHandles, String> {
+    let buffered = register_one(bf, ident, false, true)?;
+    if !odirect {
+        return Ok(WriteHandles {
+            direct: None,
+            buffered,
+        });
+    }
+    let direct = match register_one(bf, ident, true, true) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::debug!(file = %bf.path.display(), error = e, "no O_DIRECT cuFile writes");
+            None
+        }
+    };
+    Ok(WriteHandles { direct, buffered })
+}
+
+/// A file run `[at, at + n)` cut into its unaligned head, its whole aligned blocks and
+/// its unaligned tail: `(offset into the run, length, aligned)`, empty parts left out.
+fn split_aligned(at: u64, n: u64, align: u64) -> Vec<(u64, u64, bool)> {
+    let head = (align - at % align) % align;
+    let head = head.min(n);
+    let mid = (n - head) / align * align;
+    let tail = n - head - mid;
+    [
+        (0, head, false),
+        (head, mid, true),
+        (head + mid, tail, false),
+    ]
+    .into_iter()
+    .filter(|p| p.1 > 0)
+    .collect()
+}
+
+/// Which way a cuFile transfer goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// File to device memory.
+    Read,
+    /// Device memory to file.
+    Write,
 }
 
 struct Loaded {
@@ -361,6 +439,9 @@ struct Loaded {
     cufile: bool,
     /// cuFile handles (or refusals) per version of a backing inode.
     files: IdentCache<CuFile, BackingFile>,
+    /// cuFile write handles (or refusals) per backing inode (keyed by the inode alone:
+    /// every write changes the file's size or times, and writes need no version).
+    wfiles: IdentCache<WriteHandles, BackingFile>,
     /// Pinned host staging buffers of STAGE_BYTES (addresses), reused across transfers.
     pinned: Mutex<Vec<usize>>,
 }
@@ -372,6 +453,13 @@ pub struct Gpu {
     /// `H5TILEFS_GPU_DIRECT=0`: verbatim runs take the staged path too (cuFile unused),
     /// for measurements of one path against the other.
     direct: bool,
+    /// `H5TILEFS_GPU_WRITE_ODIRECT=0`: WRITE_FROM_GPU writes through the buffered
+    /// cuFile handle only (no O_DIRECT handle), for measurements of one against the other.
+    write_odirect: bool,
+    /// Threads per WRITE_FROM_GPU for the pieces of a long run: `--gpu-io-threads`, or
+    /// `H5TILEFS_GPU_WRITE_THREADS` (at most that), for measurements. 1, 4 and 16 were
+    /// measured alike on the device (docs/perf-log/2026-11-28-write-from-gpu.md).
+    write_threads: usize,
     /// Set once `preload` has loaded CUDA and made every device's context.
     preloaded: std::sync::atomic::AtomicBool,
     state: OnceLock<std::result::Result<Loaded, String>>,
@@ -383,6 +471,12 @@ impl Gpu {
             mode,
             io_threads: io_threads.max(1),
             direct: std::env::var("H5TILEFS_GPU_DIRECT").map_or(true, |v| v != "0"),
+            write_odirect: std::env::var("H5TILEFS_GPU_WRITE_ODIRECT").map_or(true, |v| v != "0"),
+            write_threads: std::env::var("H5TILEFS_GPU_WRITE_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(io_threads)
+                .clamp(1, io_threads.max(1)),
             preloaded: std::sync::atomic::AtomicBool::new(false),
             state: OnceLock::new(),
         }
@@ -417,6 +511,7 @@ impl Gpu {
                 ctxs: Mutex::new(Vec::new()),
                 cufile,
                 files: IdentCache::new(MAX_CUFILE_HANDLES),
+                wfiles: IdentCache::new(MAX_CUFILE_HANDLES),
                 pinned: Mutex::new(Vec::new()),
             })
         });
@@ -441,6 +536,7 @@ impl Gpu {
                         "preloaded": self.preloaded.load(std::sync::atomic::Ordering::Acquire),
                         "cufile": l.cufile,
                         "cufile_handles": l.files.len(),
+                        "cufile_write_handles": l.wfiles.len(),
                     }),
                     Some(Err(e)) => {
                         serde_json::json!({"mode": mode, "loaded": false, "error": e})
@@ -577,46 +673,63 @@ impl Gpu {
         Ok(p as usize)
     }
 
-    /// Reads `len` bytes at `file_off` of the file behind `h` into the mapping at
-    /// `dev_off` with cuFile; a long run is read as parallel pieces.
-    fn direct_read(
+    /// Moves `len` bytes between `file_off` of the file behind `h` and the mapping at
+    /// `dev_off` with cuFile, in direction `dir`; a long run is moved as parallel pieces.
+    /// Reads cut the pieces at aligned offsets of the device buffer; writes at aligned
+    /// offsets of the file (an O_DIRECT handle takes only whole blocks).
+    #[allow(clippy::too_many_arguments)]
+    fn direct_io(
         &self,
         l: &Loaded,
         m: &Mapping,
         h: SendHandle,
+        dir: Dir,
         file_off: u64,
         dev_off: u64,
         len: u64,
     ) -> Result<()> {
-        let read_piece = |a: u64, b: u64| -> Result<()> {
+        let move_piece = |a: u64, b: u64| -> Result<()> {
             let mut done = a;
             while done < b {
                 let n = (b - done).min(1 << 30) as usize;
+                let (fo, bo) = (
+                    i64::try_from(file_off + done)
+                        .map_err(|_| Error::invalid("file offset too large"))?,
+                    i64::try_from(dev_off + done)
+                        .map_err(|_| Error::invalid("buffer offset too large"))?,
+                );
                 // SAFETY: dev_off+done..+n lies inside the registered buffer (checked by
-                // the caller); h is a live cuFile handle.
+                // the caller); h is a live cuFile handle (writable for writes).
                 let r = unsafe {
-                    cf::cuFileRead(
-                        h.get(),
-                        m.base as *mut _,
-                        n,
-                        (file_off + done) as i64,
-                        (dev_off + done) as i64,
-                    )
+                    match dir {
+                        Dir::Read => cf::cuFileRead(h.get(), m.base as *mut _, n, fo, bo),
+                        Dir::Write => cf::cuFileWrite(h.get(), m.base as *const _, n, fo, bo),
+                    }
                 };
                 if r <= 0 {
-                    return Err(GpuError::Transfer(format!("cuFileRead returned {r}")).into());
+                    let what = match dir {
+                        Dir::Read => "cuFileRead",
+                        Dir::Write => "cuFileWrite",
+                    };
+                    return Err(GpuError::Transfer(format!("{what} returned {r}")).into());
                 }
                 done += r as u64;
             }
             Ok(())
         };
-        let cuts = piece_bounds(dev_off, len, DIRECT_PIECE);
+        let cuts = match dir {
+            Dir::Read => piece_bounds(dev_off, len, DIRECT_PIECE),
+            Dir::Write => piece_bounds(file_off, len, DIRECT_PIECE),
+        };
         if cuts.len() <= 1 {
-            return read_piece(0, len);
+            return move_piece(0, len);
         }
         let pieces = cuts.len();
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let threads = pieces.min(self.io_threads);
+        let threads = pieces.min(match dir {
+            Dir::Read => self.io_threads,
+            Dir::Write => self.write_threads,
+        });
         std::thread::scope(|sc| {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
@@ -628,7 +741,7 @@ impl Gpu {
                                 return Ok(());
                             }
                             let (a, b) = cuts[i];
-                            read_piece(a, b)?;
+                            move_piece(a, b)?;
                         }
                     })
                 })
@@ -723,10 +836,11 @@ impl Gpu {
                     )?;
                     // `h` (an Arc) stays alive across the read: the handle cannot be
                     // deregistered under it.
-                    self.direct_read(
+                    self.direct_io(
                         l,
                         m,
                         SendHandle(h.handle),
+                        Dir::Read,
                         offset + (s - e.dst),
                         dev - m.base,
                         t - s,
@@ -790,6 +904,128 @@ impl Gpu {
         let mut pool = l.pinned.lock();
         pool.extend(bufs.iter().filter(|&&b| b != 0));
         result
+    }
+
+    /// Writes device memory to file runs of one backing file (WRITE_FROM_GPU): run
+    /// `(at, from, n)` takes the `n` bytes at `buf_offset + from` of the mapping to file
+    /// offset `at`. With cuFile, whole aligned blocks go through its O_DIRECT handle and
+    /// the rest through its buffered one; without cuFile (or where it refuses the file),
+    /// the bytes are copied to pinned host memory and written by the daemon. Every byte
+    /// is on the file (or in its page cache) when this returns. Returns (direct, staged)
+    /// bytes.
+    pub fn write_from(
+        &self,
+        m: &Mapping,
+        buf_offset: u64,
+        file: &Arc<BackingFile>,
+        runs: &[(u64, u64, u64)],
+    ) -> Result<(u64, u64)> {
+        let l = self.loaded()?;
+        self.bind(l, m.device)?;
+        let handles = if l.cufile && self.direct {
+            match self.cufile_write_handles(l, file) {
+                Ok(h) => Some(h),
+                Err(err) => {
+                    tracing::debug!(%err, "cuFile cannot write; staging");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (mut direct, mut staged) = (0u64, 0u64);
+        for &(at, from, n) in runs {
+            let dev = buf_offset
+                .checked_add(from)
+                .ok_or_else(|| Error::invalid("buffer offset overflows"))?;
+            match &handles {
+                // `h` (an Arc) keeps both handles registered across the writes.
+                Some(h) => {
+                    for (rel, len, aligned) in split_aligned(at, n, DIRECT_ALIGN) {
+                        let handle = match (&h.direct, aligned) {
+                            (Some(d), true) => d.handle,
+                            _ => h.buffered.handle,
+                        };
+                        self.direct_io(
+                            l,
+                            m,
+                            SendHandle(handle),
+                            Dir::Write,
+                            at + rel,
+                            dev + rel,
+                            len,
+                        )?;
+                    }
+                    direct += n;
+                }
+                None => {
+                    self.staged_write(l, m, dev, &file.file, at, n)?;
+                    staged += n;
+                }
+            }
+        }
+        Ok((direct, staged))
+    }
+
+    /// Writes `n` bytes at `dev_off` of the mapping to `at` of `f` through a pinned host
+    /// buffer (no cuFile).
+    fn staged_write(
+        &self,
+        l: &Loaded,
+        m: &Mapping,
+        dev_off: u64,
+        f: &std::fs::File,
+        at: u64,
+        n: u64,
+    ) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let buf = self.take_pinned(l)?;
+        let r = (|| -> Result<()> {
+            let mut done = 0u64;
+            while done < n {
+                let k = (n - done).min(STAGE_BYTES as u64) as usize;
+                // SAFETY: buf is a pinned allocation of STAGE_BYTES >= k bytes owned by this
+                // call; the device range lies inside the registered buffer (checked by the
+                // caller) and the mapping is held by the caller.
+                cu_ok(
+                    unsafe { cu::cuMemcpyDtoH_v2(buf as *mut _, m.base + dev_off + done, k) },
+                    "cuMemcpyDtoH",
+                )?;
+                // SAFETY: the synchronous copy above filled these k bytes of the buffer.
+                let host = unsafe { std::slice::from_raw_parts(buf as *const u8, k) };
+                f.write_all_at(host, at + done)
+                    .map_err(|e| Error::from_io("writing tile source from GPU memory", e))?;
+                done += k as u64;
+            }
+            Ok(())
+        })();
+        l.pinned.lock().push(buf);
+        r
+    }
+
+    /// The cuFile write handles of the inode behind `bf` (cached by inode).
+    fn cufile_write_handles(&self, l: &Loaded, bf: &Arc<BackingFile>) -> Result<Arc<WriteHandles>> {
+        let meta = bf
+            .file
+            .metadata()
+            .map_err(|e| Error::from_io(format!("stat {}", bf.path.display()), e))?;
+        let full = Ident::of(&meta);
+        let ident = Ident {
+            size: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            ..full
+        };
+        l.wfiles
+            .get(ident, bf, || {
+                register_cufile_write(bf, full, self.write_odirect)
+            })
+            .map_err(|e| {
+                Error::from(GpuError::Transfer(format!(
+                    "cuFile cannot write {}: {e}",
+                    bf.path.display()
+                )))
+            })
     }
 }
 
@@ -902,7 +1138,7 @@ mod tests {
         std::fs::write(&q, b"second").unwrap();
         std::fs::rename(&q, &p).unwrap();
         let mut got = String::new();
-        reopen(&old, false)
+        reopen(&old, false, false)
             .unwrap()
             .read_to_string(&mut got)
             .unwrap();
@@ -913,6 +1149,41 @@ mod tests {
         let new = Ident::of(&std::fs::metadata(&p).unwrap());
         let was = Ident::of(&old.metadata().unwrap());
         assert_ne!((new.dev, new.ino), (was.dev, was.ino));
+    }
+
+    #[test]
+    fn write_runs_split_into_unaligned_ends_and_whole_blocks() {
+        let a = 4096;
+        assert_eq!(split_aligned(0, 3 * a, a), vec![(0, 3 * a, true)]);
+        assert_eq!(split_aligned(10, 5, a), vec![(0, 5, false)]);
+        assert_eq!(
+            split_aligned(a - 1, 2 * a + 2, a),
+            vec![(0, 1, false), (1, 2 * a, true), (2 * a + 1, 1, false)]
+        );
+        assert_eq!(
+            split_aligned(a, a + 7, a),
+            vec![(0, a, true), (a, 7, false)]
+        );
+        assert_eq!(split_aligned(5, 0, a), vec![]);
+        for (at, n) in [
+            (0u64, 1u64),
+            (123, 99_999),
+            (4095, 1),
+            (8192, 12_288),
+            (7, 4089),
+        ] {
+            let parts = split_aligned(at, n, a);
+            let mut pos = 0;
+            for (rel, len, aligned) in parts {
+                assert_eq!(rel, pos, "contiguous");
+                if aligned {
+                    assert_eq!((at + rel) % a, 0);
+                    assert_eq!(len % a, 0);
+                }
+                pos += len;
+            }
+            assert_eq!(pos, n, "covers the run");
+        }
     }
 
     #[test]

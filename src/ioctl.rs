@@ -76,6 +76,27 @@ pub struct ReadToGpu {
     pub staged_bytes: u64,
 }
 
+/// Write bytes of a registered buffer to a pending tile opened for writing (the mirror
+/// of [`ReadToGpu`]): the daemon writes them with cuFile to the tile's bytes in the
+/// backing file and records them as a `write()` would be.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteFromGpu {
+    pub version: u32,
+    pub flags: u32,
+    pub buffer_id: u64,
+    pub buf_offset: u64,
+    /// Offset in the tile file (tile bytes, C order).
+    pub file_offset: u64,
+    pub length: u64,
+    /// Out: bytes written.
+    pub bytes_written: u64,
+    /// Out: of those, written by cuFile from device memory.
+    pub direct_bytes: u64,
+    /// Out: of those, copied to host memory and written by the daemon.
+    pub staged_bytes: u64,
+}
+
 /// Runs per QUERY_EXTENTS reply; call again from `next_offset` for more.
 pub const MAX_RUNS: usize = 64;
 /// Backing file paths per reply.
@@ -150,6 +171,12 @@ pub const QUERY_EXTENTS: u32 = ioc(
     4,
     std::mem::size_of::<QueryExtents>(),
 );
+pub const WRITE_FROM_GPU: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    MAGIC,
+    5,
+    std::mem::size_of::<WriteFromGpu>(),
+);
 
 /// Plain-old-data structs that may be copied from and to ioctl byte buffers.
 ///
@@ -157,7 +184,7 @@ pub const QUERY_EXTENTS: u32 = ioc(
 /// Implementors must be `#[repr(C)]`, contain only integers and arrays of them, and
 /// accept every bit pattern.
 pub unsafe trait Pod: Copy + Default {}
-// SAFETY: all four are repr(C) structs of integers and integer arrays.
+// SAFETY: all five are repr(C) structs of integers and integer arrays.
 unsafe impl Pod for RegisterBuffer {}
 // SAFETY: as above.
 unsafe impl Pod for UnregisterBuffer {}
@@ -165,6 +192,8 @@ unsafe impl Pod for UnregisterBuffer {}
 unsafe impl Pod for ReadToGpu {}
 // SAFETY: as above.
 unsafe impl Pod for QueryExtents {}
+// SAFETY: as above.
+unsafe impl Pod for WriteFromGpu {}
 
 /// Decodes a request, checking its size and version: a bogus ioctl gets EINVAL.
 pub fn decode<T: Pod>(bytes: &[u8]) -> Result<T> {
@@ -219,6 +248,8 @@ mod tests {
         assert_eq!(UNREGISTER_BUFFER, 0x4010_4802);
         assert_eq!(READ_TO_GPU, 0xC040_4803);
         assert_eq!(QUERY_EXTENTS, 0xC000_0000 | (4136 << 16) | 0x4804);
+        assert_eq!(std::mem::size_of::<WriteFromGpu>(), 64);
+        assert_eq!(WRITE_FROM_GPU, 0xC040_4805);
     }
 
     #[test]

@@ -474,9 +474,10 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
     };
     say!("gpu:             {gpu}");
     say!(
-        "gpu buffers:     {} ({} read to GPU)",
+        "gpu buffers:     {} ({} read to GPU, {} written from GPU)",
         num("gpu_buffers"),
-        human(num("gpu_bytes"))
+        human(num("gpu_bytes")),
+        human(num("gpu_write_bytes"))
     );
     say!("pending files:   {}", pending.len());
     for p in &pending {

@@ -229,7 +229,7 @@ fn ioctl_on(s: &IoctlSetup, fh: u64, data: &[u8]) {
     if c & 16 == 0 && input.len() >= 4 {
         input[..4].copy_from_slice(&ioctl::ABI_VERSION.to_ne_bytes());
     }
-    let out = s.fs.ioctl(fh, std::process::id(), cmd, &input);
+    let out = s.fs.ioctl(0, fh, std::process::id(), cmd, &input);
     if cmd != ioctl::QUERY_EXTENTS {
         return;
     }

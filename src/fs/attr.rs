@@ -13,6 +13,12 @@ use std::time::SystemTime;
 /// `inval_entry` (the adapter queues them to a thread).
 pub trait Invalidator: Send + Sync {
     fn inval_inode(&self, ino: u64);
+    /// Drops the cached pages of `[off, off + len)` of an inode (and its attributes):
+    /// bytes written behind the kernel (WRITE_FROM_GPU). All of them by default.
+    fn inval_range(&self, ino: u64, off: u64, len: u64) {
+        let _ = (off, len);
+        self.inval_inode(ino);
+    }
     fn inval_entry(&self, parent: u64, name: &OsStr);
 }
 

@@ -1,9 +1,9 @@
 //! GPU buffer registrations, owned by (control handle, process), and the checks of a
-//! READ_TO_GPU that need no GPU. The ioctls themselves are src/fs/gpu.rs.
+//! READ_TO_GPU and WRITE_FROM_GPU that need no GPU. The ioctls themselves are src/fs/gpu.rs.
 
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Mapping};
-use crate::ioctl::ReadToGpu;
+use crate::ioctl::{ReadToGpu, WriteFromGpu};
 use dashmap::DashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -43,33 +43,66 @@ pub fn validate_read(
     req: &ReadToGpu,
     file_size: u64,
 ) -> Result<u64> {
+    validate_transfer(
+        reg,
+        owner,
+        req.buffer_id,
+        (req.buf_offset, req.file_offset, req.length),
+        file_size,
+    )
+}
+
+/// The checks of WRITE_FROM_GPU that need no GPU: the buffer's owner, and both ranges
+/// (in the buffer, in the tile of `tile_size` bytes). Nothing is written before they
+/// pass.
+pub fn validate_write(
+    reg: &Registration,
+    owner: u32,
+    req: &WriteFromGpu,
+    tile_size: u64,
+) -> Result<u64> {
+    validate_transfer(
+        reg,
+        owner,
+        req.buffer_id,
+        (req.buf_offset, req.file_offset, req.length),
+        tile_size,
+    )
+}
+
+/// Ownership of buffer `id` and the ranges `(buf_offset, file_offset, length)` inside
+/// the buffer and a file of `file_size` bytes (checked arithmetic: client values).
+fn validate_transfer(
+    reg: &Registration,
+    owner: u32,
+    id: u64,
+    (buf_offset, file_offset, length): (u64, u64, u64),
+    file_size: u64,
+) -> Result<u64> {
     if reg.owner != owner {
         return Err(Error::new(
             libc::EPERM,
-            format!("buffer {} belongs to another process", req.buffer_id),
+            format!("buffer {id} belongs to another process"),
         ));
     }
-    let end = req
-        .buf_offset
-        .checked_add(req.length)
+    let end = buf_offset
+        .checked_add(length)
         .ok_or_else(|| Error::invalid("buffer range overflows"))?;
     if end > reg.length {
         return Err(Error::invalid(format!(
-            "buffer range [{}, {end}) outside the {}-byte buffer",
-            req.buf_offset, reg.length
+            "buffer range [{buf_offset}, {end}) outside the {}-byte buffer",
+            reg.length
         )));
     }
-    let fend = req
-        .file_offset
-        .checked_add(req.length)
+    let fend = file_offset
+        .checked_add(length)
         .ok_or_else(|| Error::invalid("file range overflows"))?;
     if fend > file_size {
         return Err(Error::invalid(format!(
-            "file range [{}, {fend}) outside the {file_size}-byte file",
-            req.file_offset
+            "file range [{file_offset}, {fend}) outside the {file_size}-byte file"
         )));
     }
-    Ok(req.length)
+    Ok(length)
 }
 
 /// The GPU of a mount and the client buffers registered with it.
@@ -79,6 +112,8 @@ pub struct GpuBuffers {
     pub next_buffer: AtomicU64,
     /// Bytes moved by READ_TO_GPU.
     pub bytes: AtomicU64,
+    /// Bytes written by WRITE_FROM_GPU.
+    pub written: AtomicU64,
 }
 
 impl GpuBuffers {
@@ -88,6 +123,7 @@ impl GpuBuffers {
             buffers: DashMap::new(),
             next_buffer: AtomicU64::new(1),
             bytes: AtomicU64::new(0),
+            written: AtomicU64::new(0),
         }
     }
 

@@ -1,18 +1,19 @@
 //! GPU ioctls of the core: buffer registrations owned by (control handle, process),
-//! READ_TO_GPU through the extent map, QUERY_EXTENTS. Still fuser-free.
+//! READ_TO_GPU through the extent map, WRITE_FROM_GPU into a pending tile's bytes,
+//! QUERY_EXTENTS. Still fuser-free.
 
-use super::buffers::{tgid, validate_read, Registration};
+use super::buffers::{tgid, validate_read, validate_write, Registration};
 use super::open::OpenFile;
 use super::vfs::Fs;
 use crate::error::{Error, GpuError, NamespaceError, Result};
-use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer};
+use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer, WriteFromGpu};
 use crate::model::flatten;
 use crate::selection::Hyperslab;
 use std::sync::Arc;
 
 impl Fs {
-    /// Answers an ioctl on handle `fh` from thread `pid`.
-    pub fn ioctl(&self, fh: u64, pid: u32, cmd: u32, input: &[u8]) -> Result<Vec<u8>> {
+    /// Answers an ioctl on handle `fh` of inode `ino` from thread `pid`.
+    pub fn ioctl(&self, ino: u64, fh: u64, pid: u32, cmd: u32, input: &[u8]) -> Result<Vec<u8>> {
         match cmd {
             ioctl::REGISTER_BUFFER => self.register_buffer(fh, pid, input),
             ioctl::UNREGISTER_BUFFER => {
@@ -21,6 +22,7 @@ impl Fs {
                 Ok(vec![])
             }
             ioctl::READ_TO_GPU => self.read_to_gpu(fh, pid, input),
+            ioctl::WRITE_FROM_GPU => self.write_from_gpu(ino, fh, pid, input),
             ioctl::QUERY_EXTENTS => self.query_extents(fh, input),
             _ => Err(NamespaceError::UnknownIoctl(cmd).into()),
         }
@@ -145,6 +147,101 @@ impl Fs {
         req.staged_bytes = staged;
         self.gpu
             .bytes
+            .fetch_add(req.length, std::sync::atomic::Ordering::Relaxed);
+        Ok(ioctl::encode(&req))
+    }
+
+    /// WRITE_FROM_GPU: bytes of a registered buffer into a pending tile opened for
+    /// writing, through the same code path as a `write()` of that tile
+    /// (`Pending::write_tile_with`: range checks, the tile's source, the range log), so
+    /// commit, fsync and `.status` see them alike. Every check is made before any byte
+    /// moves: the handle (a pending tile, opened for writing), the mount (writable), the
+    /// buffer (registered, by this process) and both ranges.
+    fn write_from_gpu(&self, ino: u64, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
+        let mut req: WriteFromGpu = ioctl::decode(input)?;
+        let h = self.open.get(fh)?;
+        let (file, path, meta, idx) = match &*h {
+            OpenFile::PendingIo {
+                file,
+                path,
+                meta,
+                tile: Some(idx),
+                writable: true,
+                ..
+            } => (file, path, meta, idx),
+            OpenFile::PendingIo {
+                tile: Some(_),
+                writable: false,
+                path,
+                ..
+            } => {
+                return Err(NamespaceError::NotOpenForWriting(format!(
+                    "{path}: tile handle {fh} (WRITE_FROM_GPU)"
+                ))
+                .into())
+            }
+            _ => {
+                return Err(NamespaceError::NotADataFile(format!(
+                    "handle {fh}: WRITE_FROM_GPU goes to a pending tile (tiles/I.J) opened \
+                     for writing"
+                ))
+                .into())
+            }
+        };
+        self.writable()?;
+        let size = meta.tile_bytes(idx).ok_or_else(|| {
+            Error::from(crate::error::PendingError::NoSuchTile {
+                dataset: path.clone(),
+                tile: crate::names::tile_name(idx),
+            })
+        })?;
+        let owner = tgid(pid);
+        // Cloned out of the map (no guard held across the transfer); this reference keeps
+        // the buffer mapped even if it is unregistered meanwhile.
+        let (mapping, offset) = {
+            let reg = self
+                .gpu
+                .buffers
+                .get(&req.buffer_id)
+                .ok_or_else(|| Error::not_found(format!("no buffer {}", req.buffer_id)))?;
+            validate_write(&reg, owner, &req, size)?;
+            let m = reg
+                .mapping
+                .clone()
+                .ok_or_else(|| GpuError::NoDevice("buffer has no device mapping".into()))?;
+            (m, reg.offset)
+        };
+        let base = offset
+            .checked_add(req.buf_offset)
+            .ok_or_else(|| Error::invalid("buffer offset overflows"))?;
+        let (mut direct, mut staged) = (0u64, 0u64);
+        if req.length > 0 {
+            self.mount.pending.write_tile_with(
+                file,
+                path,
+                meta,
+                idx,
+                req.file_offset,
+                req.length,
+                &mut |t, runs| {
+                    let (d, s) = self.gpu.dev.write_from(&mapping, base, &t.file, runs)?;
+                    direct += d;
+                    staged += s;
+                    Ok(())
+                },
+            )?;
+            self.touch(file);
+            // The bytes changed behind the kernel: drop what it may cache of this range
+            // of the tile file, as its own write through the mount would.
+            if let Some(inv) = self.mount.invalidator() {
+                inv.inval_range(ino, req.file_offset, req.length);
+            }
+        }
+        req.bytes_written = req.length;
+        req.direct_bytes = direct;
+        req.staged_bytes = staged;
+        self.gpu
+            .written
             .fetch_add(req.length, std::sync::atomic::Ordering::Relaxed);
         Ok(ioctl::encode(&req))
     }
@@ -471,10 +568,152 @@ mod tests {
             r
         });
         let err = fs
-            .ioctl(fh, pid, ioctl::READ_TO_GPU, &ioctl::encode(&req))
+            .ioctl(data, fh, pid, ioctl::READ_TO_GPU, &ioctl::encode(&req))
             .unwrap_err();
         assert_eq!(err.errno, libc::ESTALE, "{}", err.message);
         assert!(err.message.contains("r.h5"), "{}", err.message);
+    }
+
+    #[test]
+    fn write_checks() {
+        let reg = Registration {
+            owner: 10,
+            ctl_fh: 1,
+            mapping: None,
+            offset: 0,
+            length: 100,
+        };
+        let req = |b, f, l| WriteFromGpu {
+            version: 1,
+            buffer_id: 1,
+            buf_offset: b,
+            file_offset: f,
+            length: l,
+            ..Default::default()
+        };
+        let errno = |r: &WriteFromGpu, size| validate_write(&reg, 10, r, size).unwrap_err().errno;
+        assert_eq!(
+            validate_write(&reg, 11, &req(0, 0, 10), 50)
+                .unwrap_err()
+                .errno,
+            libc::EPERM
+        );
+        assert_eq!(errno(&req(95, 0, 10), 50), libc::EINVAL, "past the buffer");
+        assert_eq!(errno(&req(0, 45, 10), 50), libc::EINVAL, "past the tile");
+        assert_eq!(errno(&req(u64::MAX, 0, 10), 50), libc::EINVAL);
+        assert_eq!(errno(&req(0, u64::MAX - 3, 10), 50), libc::EINVAL);
+        assert_eq!(validate_write(&reg, 10, &req(90, 40, 10), 50).unwrap(), 10);
+        assert_eq!(validate_write(&reg, 10, &req(0, 50, 0), 50).unwrap(), 0);
+    }
+
+    /// WRITE_FROM_GPU refuses, with the errno docs/ioctl.md gives and nothing written or
+    /// recorded, everything but a registered buffer of the caller written into a pending
+    /// tile opened for writing; with no GPU (`--gpu off`) a valid request is ENODEV,
+    /// which clients take as "fall back to the host copy".
+    #[test]
+    fn write_from_gpu_refusals() {
+        use crate::fs::access::Caller;
+        use crate::fs::inodes::ROOT_INO;
+        let (_dir, fs) = probe_fs();
+        let file = fs.mkdir(ROOT_INO, "w.h5", 0o755, 0, 0).unwrap().ino;
+        let d = fs.mkdir(file, "u", 0o755, 0, 0).unwrap().ino;
+        let (_, fh) = fs.create(d, "meta.json").unwrap();
+        fs.write(
+            fh,
+            0,
+            br#"{"shape": [5, 7], "dtype": "<f8", "tile_shape": [2, 3]}"#,
+        )
+        .unwrap();
+        fs.flush(fh).unwrap();
+        fs.release(fh);
+        let tiles = fs.lookup(d, "tiles").unwrap().ino;
+        let tile = fs.lookup(tiles, "0.2").unwrap().ino; // 2 x 1 elements: 16 bytes
+        let data = fs.lookup(d, "data").unwrap().ino;
+        let ctl = fs.lookup(ROOT_INO, ".h5tilefs").unwrap().ino;
+        let pid = std::process::id();
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        probe_reg(&fs, 1, 999, &drops);
+        fs.gpu.buffers.alter(&1, |_, mut r| {
+            r.owner = tgid(pid);
+            r
+        });
+        probe_reg(&fs, 2, 999, &drops); // owner 7: another process
+        let req = |id, off, len| {
+            ioctl::encode(&WriteFromGpu {
+                version: ioctl::ABI_VERSION,
+                buffer_id: id,
+                file_offset: off,
+                length: len,
+                ..Default::default()
+            })
+        };
+        let call = |ino, fh, input: &[u8]| {
+            fs.ioctl(ino, fh, pid, ioctl::WRITE_FROM_GPU, input)
+                .map(|_| ())
+                .map_err(|e| e.errno)
+        };
+        let open = |ino, write| fs.open(ino, write, &Caller::DAEMON).unwrap().0;
+        let (rd, wr, dw, cf) = (
+            open(tile, false),
+            open(tile, true),
+            open(data, true),
+            open(ctl, false),
+        );
+        assert_eq!(
+            call(tile, rd, &req(1, 0, 16)),
+            Err(libc::EBADF),
+            "read-only"
+        );
+        assert_eq!(
+            call(data, dw, &req(1, 0, 16)),
+            Err(libc::ENOTTY),
+            "data, not a tile"
+        );
+        assert_eq!(
+            call(ctl, cf, &req(1, 0, 16)),
+            Err(libc::ENOTTY),
+            "control file"
+        );
+        assert_eq!(
+            call(tile, wr, &req(9, 0, 16)),
+            Err(libc::ENOENT),
+            "no buffer"
+        );
+        assert_eq!(call(tile, wr, &req(2, 0, 16)), Err(libc::EPERM), "foreign");
+        assert_eq!(
+            call(tile, wr, &req(1, 8, 16)),
+            Err(libc::EINVAL),
+            "past the tile"
+        );
+        assert_eq!(call(tile, wr, &req(1, u64::MAX, 2)), Err(libc::EINVAL));
+        let mut bad = req(1, 0, 16);
+        bad[0] = 9;
+        assert_eq!(call(tile, wr, &bad), Err(libc::EINVAL), "ABI version");
+        assert_eq!(
+            call(tile, wr, &bad[..20]),
+            Err(libc::EINVAL),
+            "short struct"
+        );
+        assert_eq!(
+            call(tile, 12345, &req(1, 0, 16)),
+            Err(libc::EBADF),
+            "no handle"
+        );
+        // a valid request without a GPU: ENODEV, the clients' "fall back"
+        assert_eq!(call(tile, wr, &req(1, 0, 16)), Err(libc::ENODEV));
+        // a zero-length write does nothing and succeeds
+        assert_eq!(call(tile, wr, &req(1, 16, 0)), Ok(()));
+        // nothing was written: the tile is still missing
+        for fh in [rd, wr, dw, cf] {
+            let _ = fs.flush(fh);
+            fs.release(fh);
+        }
+        let st = fs
+            .mount
+            .pending
+            .status(std::path::Path::new("w.h5"))
+            .unwrap();
+        assert_eq!(st["datasets"]["/u"]["missing"], 9, "{st}");
     }
 
     #[test]

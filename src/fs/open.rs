@@ -59,6 +59,8 @@ pub enum OpenFile {
         tile: Option<Vec<u64>>,
         /// What it reads through: revalidated at each read (see `pending_io::pending_read`).
         view: parking_lot::Mutex<PendingView>,
+        /// Opened for writing (the kernel checks `write()`; WRITE_FROM_GPU checks this).
+        writable: bool,
     },
     Commit {
         file: PathBuf,
@@ -147,6 +149,7 @@ pub fn open_node(
                 meta: pm,
                 tile: None,
                 view: parking_lot::Mutex::new(view),
+                writable: write,
             };
             (h, None)
         }
@@ -162,6 +165,7 @@ pub fn open_node(
                 meta: pm,
                 tile: Some(idx.clone()),
                 view: parking_lot::Mutex::new(view),
+                writable: write,
             };
             (h, None)
         }
@@ -286,6 +290,7 @@ impl OpenFile {
                 meta,
                 tile,
                 view,
+                ..
             } => pending_read(
                 &cx.pending,
                 &cx.cache,
@@ -367,6 +372,7 @@ impl OpenFile {
                 meta,
                 tile: None,
                 view,
+                ..
             } => {
                 write_data(&cx.pending, file, path, meta, view, off, data)?;
                 Ok(n)
@@ -460,6 +466,7 @@ impl OpenFile {
                 meta,
                 tile,
                 view,
+                ..
             } => {
                 let idxs: Vec<Vec<u64>> = match tile {
                     Some(idx) => vec![idx.clone()],

@@ -126,6 +126,7 @@ impl Fs {
                 "read_requests": self.served.requests.load(Ordering::Relaxed),
                 "gpu_buffers": self.gpu.buffers.len(),
                 "gpu_bytes": self.gpu.bytes.load(Ordering::Relaxed),
+                "gpu_write_bytes": self.gpu.written.load(Ordering::Relaxed),
                 "cell_cache_bytes": self.mount.cache.bytes(),
                 "cell_cache_hits": self.mount.cache.hits.load(Ordering::Relaxed),
                 "cell_cache_misses": self.mount.cache.misses.load(Ordering::Relaxed),
@@ -469,6 +470,7 @@ impl Fs {
                 meta,
                 tile,
                 view,
+                ..
             } => {
                 let pending = &self.mount.pending;
                 let model =

@@ -43,7 +43,7 @@ pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
 pub use nodes::PendingNode;
 pub use ranges::MissingTile;
 pub use state::{FileState, Transition};
-pub use tiles::TileTarget;
+pub use tiles::{PutRuns, TileTarget};
 pub use view::{view_model, view_model_written};
 
 use crate::error::Result;
@@ -298,6 +298,24 @@ impl Pending {
         let ds = self.dataset(file_rel, h5path)?;
         self.tiles
             .write(&self.ranges, &self.sources(&ds)?, meta, idx, off, data)
+    }
+
+    /// Like [`Pending::write_tile`] for `len` bytes that `put` writes itself to the file
+    /// runs it is given (WRITE_FROM_GPU): the same checks, source and range record.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_tile_with(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+        put: &mut PutRuns,
+    ) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles
+            .write_with(&self.ranges, &self.sources(&ds)?, meta, idx, off, len, put)
     }
 
     /// Commits every pending dataset of a file (see `Commit::run`).
@@ -587,5 +605,86 @@ mod tests {
         assert_eq!(d.chunk().unwrap(), vec![2, 3]);
         assert!(d.attr("units").is_ok());
         assert!(!product.exists());
+    }
+
+    /// A write made by `put` (WRITE_FROM_GPU's path) is checked, placed and recorded as a
+    /// `write_tile` is, in both layouts (padded edge chunks included): the runs it gets
+    /// partition the range, a failed `put` records nothing, and the commit holds every
+    /// byte.
+    #[test]
+    fn writes_through_put_are_recorded_like_writes_in_both_layouts() {
+        use std::os::unix::fs::FileExt;
+        for layout in ["virtual", "chunked"] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = Path::new("w.h5");
+            let p = Pending::new(dir.path());
+            let m = PendingMeta::parse(
+                format!(
+                    r#"{{"shape":[5,7],"dtype":"<f8","tile_shape":[2,3],"layout":"{layout}"}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            p.accept_meta(file, "/u", &m).unwrap();
+            let full: Vec<f64> = (0..35).map(|v| v as f64 * 1.5).collect();
+            let mut max_runs = 0;
+            for idx in m.grid().indices() {
+                let slab = m.grid().tile_slab(&idx).unwrap();
+                let mut bytes = Vec::new();
+                let (r, c) = (&slab.dims[0], &slab.dims[1]);
+                for i in r.start..r.start + r.count {
+                    for j in c.start..c.start + c.count {
+                        bytes.extend(full[(i * 7 + j) as usize].to_le_bytes());
+                    }
+                }
+                // A put that fails leaves nothing recorded.
+                let e = p
+                    .write_tile_with(file, "/u", &m, &idx, 0, bytes.len() as u64, &mut |_, _| {
+                        Err(crate::error::Error::io("device copy failed"))
+                    })
+                    .unwrap_err();
+                assert_eq!(e.errno, libc::EIO);
+                // Out of range: refused before put is called.
+                let e = p
+                    .write_tile_with(file, "/u", &m, &idx, 8, bytes.len() as u64, &mut |_, _| {
+                        panic!("put called for a refused range")
+                    })
+                    .unwrap_err();
+                assert_eq!(e.errno, libc::EFBIG);
+                // halves, second first; the edge column's tiles whole (their rows lie
+                // apart in the chunked layout's padded chunk)
+                let h = if idx[1] == 2 {
+                    0
+                } else {
+                    (bytes.len() / 2) as u64
+                };
+                let parts = [(h, bytes.len() as u64 - h), (0, h)];
+                for (off, len) in parts.into_iter().filter(|p| p.1 > 0) {
+                    p.write_tile_with(file, "/u", &m, &idx, off, len, &mut |t, runs| {
+                        let mut covered = 0;
+                        max_runs = max_runs.max(runs.len());
+                        for &(at, from, n) in runs {
+                            assert_eq!(from, covered, "runs partition the range");
+                            let src = &bytes[(off + from) as usize..(off + from + n) as usize];
+                            t.file.file.write_all_at(src, at).unwrap();
+                            covered += n;
+                        }
+                        assert_eq!(covered, len);
+                        Ok(())
+                    })
+                    .unwrap();
+                }
+            }
+            p.flush_ranges(file, "/u").unwrap();
+            let st = p.status(file).unwrap();
+            assert_eq!(st["datasets"]["/u"]["missing"], 0, "{layout}: {st}");
+            p.commit(file).unwrap();
+            let f = hdf5::File::open(dir.path().join(file)).unwrap();
+            let got: Vec<f64> = f.dataset("/u").unwrap().read_raw().unwrap();
+            assert_eq!(got, full, "{layout}");
+            // an edge tile of 2 rows of 1 element in a 3-wide chunk: one run per row
+            let want = if layout == "chunked" { 2 } else { 1 };
+            assert_eq!(max_runs, want, "{layout}");
+        }
     }
 }

@@ -244,6 +244,10 @@ pub(super) fn adopted_offset(
     .into())
 }
 
+/// Writes a tile's bytes itself: given the target and the file runs
+/// `(file offset, offset into the bytes, length)` they go to ([`TileTarget::runs`]).
+pub type PutRuns<'a> = dyn FnMut(&TileTarget, &[(u64, u64, u64)]) -> Result<()> + 'a;
+
 /// Where a tile's bytes go: its source file and the offset of its data.
 pub struct TileTarget {
     pub file: Arc<BackingFile>,
@@ -863,15 +867,51 @@ impl Tiles {
         off: u64,
         data: &[u8],
     ) -> Result<()> {
+        self.write_with(
+            ranges,
+            src,
+            meta,
+            idx,
+            off,
+            data.len() as u64,
+            &mut |t, runs| {
+                for &(at, from, n) in runs {
+                    // within `data`: the runs partition [0, data.len())
+                    let part = &data[from as usize..(from + n) as usize];
+                    t.file
+                        .file
+                        .write_all_at(part, at)
+                        .map_err(io("writing tile source"))?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Writes `len` bytes at `off` of a tile with `put`, and records the range as
+    /// [`Tiles::write`] does: the range is checked and the tile's source made first, `put`
+    /// gets the target and the file runs (`TileTarget::runs`) the bytes go to, and the
+    /// range is logged only once `put` succeeded. `write` (a FUSE write) and
+    /// WRITE_FROM_GPU (`put` writes from device memory) share it, so both are recorded
+    /// alike for commit, fsync and `.status`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_with(
+        &self,
+        ranges: &Ranges,
+        src: &Sources,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+        put: &mut PutRuns,
+    ) -> Result<()> {
         let h5path = &src.ds.path;
         // Checked before the tile's source is made: a refused write leaves nothing
         // behind (no source, no record), so the dataset does not count as written.
         let size = tile_bytes(meta, idx, h5path)?;
-        let end = off
-            .checked_add(data.len() as u64)
-            .ok_or_else(|| PendingError::TooLarge {
-                what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
-            })?;
+        let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
+            what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
+        })?;
         if end > size {
             return Err(PendingError::PastTileEnd {
                 dataset: h5path.to_string(),
@@ -887,14 +927,7 @@ impl Tiles {
             .ok_or_else(|| PendingError::Corrupt {
                 what: format!("{h5path} tile {}: source missing", tile_name(idx)),
             })?;
-        for (at, from, n) in t.runs(off, data.len() as u64) {
-            // within `data`: the runs partition [0, data.len())
-            let part = &data[from as usize..(from + n) as usize];
-            t.file
-                .file
-                .write_all_at(part, at)
-                .map_err(io("writing tile source"))?;
-        }
+        put(&t, &t.runs(off, len))?;
         if t.padded.is_none() {
             start_writeback(
                 &t.file.file,
@@ -904,7 +937,7 @@ impl Tiles {
                 t.offset + t.size,
             );
         }
-        ranges.log_range(&src.ds.node, &src.gen, idx, off, data.len() as u64)
+        ranges.log_range(&src.ds.node, &src.gen, idx, off, len)
     }
 }
 

@@ -180,6 +180,7 @@ impl Driver for Core {
     }
     fn query_once(&self, fh: u64, req: QueryExtents) -> Result<QueryExtents, i32> {
         let out = errno(self.fs.ioctl(
+            0,
             fh,
             std::process::id(),
             ioctl::QUERY_EXTENTS,

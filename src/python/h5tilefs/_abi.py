@@ -42,6 +42,20 @@ class ReadToGpu(ctypes.Structure):
     ]
 
 
+class WriteFromGpu(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("buffer_id", ctypes.c_uint64),
+        ("buf_offset", ctypes.c_uint64),
+        ("file_offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+        ("direct_bytes", ctypes.c_uint64),
+        ("staged_bytes", ctypes.c_uint64),
+    ]
+
+
 class ExtentRun(ctypes.Structure):
     _fields_ = [
         ("file_offset", ctypes.c_uint64),
@@ -70,3 +84,4 @@ REGISTER_BUFFER = _ioc(3, 1, ctypes.sizeof(RegisterBuffer))
 UNREGISTER_BUFFER = _ioc(1, 2, ctypes.sizeof(UnregisterBuffer))
 READ_TO_GPU = _ioc(3, 3, ctypes.sizeof(ReadToGpu))
 QUERY_EXTENTS = _ioc(3, 4, ctypes.sizeof(QueryExtents))
+WRITE_FROM_GPU = _ioc(3, 5, ctypes.sizeof(WriteFromGpu))

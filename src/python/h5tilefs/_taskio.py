@@ -2,13 +2,16 @@
 tested) on its own: host reads and writes in parallel pieces, and the GPU paths.
 
 GPU reads go through READ_TO_GPU: the daemon reads the backing bytes (cuFile, or its
-pinned staging) straight into the task's device buffer. Writes from GPU memory copy to
-host and take the same pwrite path as CPU tasks: tile bytes must pass through the
-daemon's range log, so there is no device-side write path in the ioctl ABI (see
-docs/adapter-notes.md).
+pinned staging) straight into the task's device buffer. GPU writes go through its
+mirror, WRITE_FROM_GPU: the daemon writes the task's device buffer with cuFile to the
+tile's bytes in the backing file and records the range as a write() would. Where that
+is not possible (no GPU or cuFile in the daemon, an older daemon, memory that cannot be
+shared) a write copies to host and takes the same pwrite path as CPU tasks (see
+docs/ioctl.md).
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 
@@ -257,6 +260,49 @@ class _Bounce:
                 res = list(self.pool.map(worker, range(workers)))
         return sum(d for d, _ in res), sum(s for _, s in res)
 
+    def write(self, path: str, src_ptr: int, nbytes: int) -> tuple[int, int]:
+        """``nbytes`` at ``src_ptr`` copied on the GPU into the bounce buffer, then
+        WRITE_FROM_GPU of each piece to the pending tile ``path``; returns (direct,
+        staged) bytes. The mirror of ``read``: a ring of slots, one per worker."""
+        from cuda.bindings import driver
+
+        pieces = [(a, min(a + self.piece, nbytes)) for a in range(0, nbytes, self.piece)]
+        nxt = itertools.count()
+        fd = os.open(path, os.O_WRONLY)
+
+        def worker(slot: int) -> tuple[int, int]:
+            (err,) = driver.cuCtxSetCurrent(self.ctx)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise OSError(f"cuCtxSetCurrent: {err}")
+            base = slot * self.piece
+            d = s = 0
+            while True:
+                i = next(nxt)
+                if i >= len(pieces):
+                    return d, s
+                a, b = pieces[i]
+                (err,) = driver.cuMemcpyDtoDAsync(int(self.ptr) + base, src_ptr + a, b - a, self.streams[slot])
+                if err == driver.CUresult.CUDA_SUCCESS:
+                    (err,) = driver.cuStreamSynchronize(self.streams[slot])
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise OSError(f"device copy: {err}")
+                r = self.buf.write_to(path, offset=a, length=b - a, buf_offset=base, fd=fd)
+                if r.bytes_written != b - a:
+                    raise OSError(f"short write of {path} at {a}")
+                d += r.direct_bytes
+                s += r.staged_bytes
+
+        try:
+            with self.lock:
+                workers = min(len(self.streams), len(pieces))
+                if workers <= 1:
+                    res = [worker(0)]
+                else:
+                    res = list(self.pool.map(worker, range(workers)))
+        finally:
+            os.close(fd)  # the close records the written ranges
+        return sum(d for d, _ in res), sum(s for _, s in res)
+
 
 def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
     """Fills the device array ``arr`` with the bytes of ``path`` (a tile, slice or data
@@ -308,10 +354,98 @@ def read_to_device(path: str, arr, dtype: np.dtype) -> dict:
     return {"path": "host", "direct_bytes": 0, "staged_bytes": 0}
 
 
-def write_from_device(path: str, arr) -> None:
-    """Writes the device array ``arr`` to ``path`` (a pending tile): one copy to host,
-    then the parallel pwrite of CPU tasks."""
+#: How GPU task writes went in this process ("ioctl", "bounce" or "host"), and the last
+#: reason WRITE_FROM_GPU was not possible.
+GPU_WRITES = {"ioctl": 0, "bounce": 0, "host": 0, "fallback_reason": None}
+
+#: errnos of WRITE_FROM_GPU that mean "this daemon cannot write from GPU memory here"
+#: (no GPU or cuFile, GPU support off, an older daemon that does not know the command):
+#: the write falls back to the host copy. Any other error is raised.
+FALLBACK_ERRNOS = frozenset({errno.ENODEV, errno.ENOTTY, errno.EOPNOTSUPP, errno.ENOSYS})
+
+#: Mounts whose daemon refused GPU registrations or WRITE_FROM_GPU with a fallback errno:
+#: later writes go straight to the host copy.
+_NO_GPU_WRITES: set = set()
+
+
+def _write_ioctl(path: str, ptr: int, nbytes: int):
+    """WRITE_FROM_GPU of ``nbytes`` at device address ``ptr`` to the pending tile
+    ``path``: the buffer registered with the daemon if it can be shared, else through
+    the bounce buffer. Returns the result dict, or None where the daemon or the memory
+    allows no GPU write (the reason is in GPU_WRITES)."""
+    from . import gpu
+
+    try:
+        mount = gpu._mount_root(path)
+    except OSError as e:
+        GPU_WRITES["fallback_reason"] = str(e)
+        return None
+    if mount in _NO_GPU_WRITES:
+        return None
+    try:
+        from cuda.bindings import driver
+
+        dev = _current_device()
+        # the bytes must be in device memory before the daemon reads them
+        (err,) = driver.cuCtxSynchronize()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise OSError(f"cuCtxSynchronize: {err}")
+    except (ImportError, OSError) as e:  # no CUDA here, or no context
+        GPU_WRITES["fallback_reason"] = str(e)
+        return None
+
+    def refused(e: OSError):
+        GPU_WRITES["fallback_reason"] = str(e)
+        if e.errno in FALLBACK_ERRNOS:
+            _NO_GPU_WRITES.add(mount)
+
+    try:
+        buf = gpu.Buffer.from_pointer(ptr, nbytes, dev, mount=mount)
+    except OSError as e:
+        refused(e)
+        if e.errno in FALLBACK_ERRNOS:
+            return None
+        buf = None
+    if buf is None:
+        # Not shareable with the daemon (a Legate pool): a device copy into our own
+        # registered buffer, then WRITE_FROM_GPU from it. Still no host copy.
+        try:
+            direct, staged = _Bounce.get(dev, path).write(path, ptr, nbytes)
+        except OSError as e:
+            # the daemon's errors that are no refusal are raised; our own CUDA calls'
+            # (no errno: out of device memory for the bounce buffer) fall back
+            if e.errno is not None and e.errno not in FALLBACK_ERRNOS:
+                raise
+            refused(e)
+            return None
+        GPU_WRITES["bounce"] += 1
+        return {"path": "ioctl+bounce", "direct_bytes": direct, "staged_bytes": staged}
+    try:
+        try:
+            r = buf.write_to(path, offset=0, length=nbytes)
+        except OSError as e:
+            if e.errno not in FALLBACK_ERRNOS:
+                raise
+            refused(e)
+            return None
+    finally:
+        buf.close()
+    if r.bytes_written != nbytes:
+        raise OSError(f"short write of {path}: {r.bytes_written} of {nbytes} bytes")
+    GPU_WRITES["ioctl"] += 1
+    return {"path": "ioctl", "direct_bytes": r.direct_bytes, "staged_bytes": r.staged_bytes}
+
+
+def write_from_device(path: str, arr) -> dict:
+    """Writes the device array ``arr`` to ``path`` (a pending tile). WRITE_FROM_GPU when
+    the daemon can write from GPU memory (its bytes never cross FUSE or host memory of
+    this process); otherwise one copy to host, then the parallel pwrite of CPU tasks.
+    Returns {"path": "ioctl"|"ioctl+bounce"|"host", "direct_bytes", "staged_bytes"}."""
     ptr, nbytes, shape, dtype, contiguous = _cuda_ptr(arr)
+    if contiguous and nbytes:
+        r = _write_ioctl(path, ptr, nbytes)
+        if r is not None:
+            return r
     host = np.empty(shape, dtype=dtype)
     if contiguous:
         _copy_to_host(host, ptr)
@@ -320,3 +454,5 @@ def write_from_device(path: str, arr) -> None:
 
         host[...] = cp.asnumpy(cp.asarray(arr))
     write_bytes(path, memoryview(host.reshape(-1).view(np.uint8)))
+    GPU_WRITES["host"] += 1
+    return {"path": "host", "direct_bytes": 0, "staged_bytes": 0}

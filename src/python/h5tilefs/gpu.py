@@ -1,11 +1,14 @@
 """READ_TO_GPU: the daemon reads a tile / slice / data file's backing bytes with cuFile
 (GPUDirect Storage, or cuFile's compatibility mode) straight into a CuPy array.
+WRITE_FROM_GPU, its mirror: the daemon writes a registered buffer with cuFile to a
+pending tile's bytes in the backing file.
 
     import cupy as cp
     from h5tilefs import gpu
     out = cp.empty((512, 512), dtype=cp.float32)
     with gpu.registered(out, mount="/mnt/h5") as buf:
         buf.read_into("/mnt/h5/run/out.h5/fields/u/tiles/1.3")
+        buf.write_to("/mnt/h5/run/new.h5/fields/u/tiles/1.3")   # a pending tile
 
 Registrations belong to the control-file handle they were made on: closing it (or the
 process ending) releases them.
@@ -91,6 +94,28 @@ class Buffer:
             return req
         finally:
             os.close(fd)
+
+    def write_to(self, path: str, offset: int = 0, length: Optional[int] = None, buf_offset: int = 0,
+                 fd: Optional[int] = None):
+        """Writes ``length`` bytes of the buffer from ``buf_offset`` to the pending tile
+        ``path`` at ``offset`` (WRITE_FROM_GPU); returns the WriteFromGpu reply
+        (bytes_written, direct_bytes, staged_bytes). The bytes must be in device memory
+        when this is called (synchronize the stream that made them). ``fd``: a descriptor
+        of the tile already open for writing (else the tile is opened and closed here;
+        its close records the written range for commits through any mount)."""
+        own = fd is None
+        if own:
+            fd = os.open(path, os.O_WRONLY)
+        try:
+            if length is None:
+                length = min(os.fstat(fd).st_size - offset, self.nbytes - buf_offset)
+            req = _abi.WriteFromGpu(version=_abi.ABI_VERSION, buffer_id=self.id, buf_offset=buf_offset,
+                                    file_offset=offset, length=length)
+            fcntl.ioctl(fd, _abi.WRITE_FROM_GPU, req)
+            return req
+        finally:
+            if own:
+                os.close(fd)
 
     def close(self):
         if self._ctl is not None:
