@@ -270,6 +270,50 @@ def test_chunked_layout_interleaved_pages_from_both_nodes(cluster, nodes):
         pytest.fail(rounds_report(failures, n), pytrace=False)
 
 
+def test_compressed_chunked_from_both_nodes(cluster, nodes):
+    """A compressed chunked dataset (gzip + shuffle) on GlusterFS: a third of the tiles
+    written whole by A, a third by B (each encoded by its writer's daemon), a third in
+    interleaved pages from both (encoded by the commit); committed from A or B in turn.
+    The committed file reads the same through h5py and the views on both nodes."""
+    A, B = nodes
+    shape, tile, dtype = (200, 1000), (64, 384), "<f8"
+    extra = {"layout": "chunked", "compression": "gzip", "shuffle": True}
+    names = [ops.tname(idx) for idx, _ in ops.tiles_of(shape, tile)]
+    n, failures = 3, []
+    for r in range(n):
+        rel, ds, seed = f"t2z/r{r}.h5", "/x", 400 + r
+        d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile, extra=extra)
+        try:
+            wait_pending_visible(B, d)
+        except AssertionError as e:
+            failures.append(f"round {r}: {e}")
+            continue
+        t0 = start_soon()
+        futs = [
+            A.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, None, tiles=set(names[0::3]), t0=t0),
+            B.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, None, tiles=set(names[1::3]), t0=t0),
+            A.w[2].submit(ops.write_pages, d, shape, tile, dtype, seed, 0, tiles=set(names[2::3]), t0=t0),
+            B.w[2].submit(ops.write_pages, d, shape, tile, dtype, seed, 1, tiles=set(names[2::3]), t0=t0),
+        ]
+        res = gather(futs)
+        errs = [f"writes failed with {oserr(e)}" for e in res if isinstance(e, OSError)]
+        if errs:
+            failures.append(f"round {r}: " + "; ".join(errs))
+            continue
+        committer = (A, B)[r % 2]
+        rc = committer.call(ops.commit, cluster.mnt, rel)
+        if rc != 0:
+            failures.append(f"round {r}: commit from {committer.name} failed with {errno.errorcode.get(rc, rc)}: "
+                            f"{committer.call(ops.status, cluster.mnt, rel)['last_commit']}")
+            continue
+        try:
+            check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile, slices=[])
+        except AssertionError as e:
+            failures.append(f"round {r} (committed from {committer.name}): {e}")
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
 # ----------------------------------------------------------------------------- 2c
 def test_chunked_datasets_declared_by_both_nodes_in_turn(cluster, nodes):
     """Each declaration of a chunked dataset changes the HDF5 metadata of the one file

@@ -80,6 +80,23 @@ def test_chunked_layout_is_one_plain_file(m, shape, dtype):
     assert bool(cn.array_equal(a, b))
 
 
+def test_chunked_layout_compressed(m):
+    """`compression="gzip", shuffle=True` with the chunked layout: h5py reads a deflate
+    + shuffle dataset equal to the array; our from_file reads it through the mount."""
+    a = _array((300, 70), "float64")
+    p = os.path.join(m.mnt, "ck", "z.h5")
+    ours.to_file(array=a, path=p, dataset_name="/d", layout="chunked", compression="gzip",
+                 compression_opts=6, shuffle=True)
+    with h5py.File(os.path.join(m.backing, "ck", "z.h5")) as f:
+        d = f["d"]
+        assert (d.compression, d.compression_opts, d.shuffle) == ("gzip", 6, True)
+        assert np.array_equal(d[()], np.asarray(a))
+    time.sleep(1.1)
+    assert bool(cn.array_equal(cn.asarray(ours.from_file(p, dataset_name="/d")), a))
+    with pytest.raises(ValueError):
+        ours.to_file(array=a, path=p, dataset_name="/d", compression="gzip")
+
+
 @pytest.mark.parametrize("shape,dtype", CASES[:5])
 def test_legate_writes_ours_reads_through_mount(m, shape, dtype):
     a = _array(shape, dtype)

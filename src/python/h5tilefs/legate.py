@@ -447,14 +447,18 @@ def _default_tile(shape, store) -> list:
     return [max(1, -(-shape[0] // n))] + [max(1, s) for s in shape[1:]]
 
 
-def to_file(array, path, dataset_name: str, *, layout: str = "virtual") -> None:
+def to_file(array, path, dataset_name: str, *, layout: str = "virtual", compression=None,
+            compression_opts=None, shuffle: bool = False) -> None:
     """Writes ``array`` to ``path`` (inside an h5tilefs mount) as dataset ``dataset_name``,
     replacing the file; returns, on every rank, once the file is committed and durable.
 
     ``layout="virtual"`` (the default, what ``legate.io.hdf5.to_file`` makes): a virtual
     dataset over one source file per tile. ``layout="chunked"``: one self-contained file
     whose dataset is chunked with the tiles as chunks, written in place by every rank
-    (docs/namespace.md, "The chunked layout").
+    (docs/namespace.md, "The chunked layout"). With ``layout="chunked"``,
+    ``compression`` (``"gzip"``, ``"zstd"`` or ``"lz4"``), ``compression_opts`` (its
+    level) and ``shuffle`` are h5py's: each rank's daemon encodes the tiles it wrote
+    (docs/namespace.md, "Compressed chunked datasets").
 
     Launches, each waited for on every rank: one task replaces the file and declares
     the dataset, the point tasks write the tiles (each through its rank's mount), one
@@ -463,11 +467,20 @@ def to_file(array, path, dataset_name: str, *, layout: str = "virtual") -> None:
     after reads it (on GlusterFS another client can lag about 1 s)."""
     if layout not in ("virtual", "chunked"):
         raise ValueError(f"layout must be 'virtual' or 'chunked', got {layout!r}")
+    extra = {}
+    if compression is not None:
+        if layout != "chunked":
+            raise ValueError("compression needs layout='chunked' (virtual tile sources are stored uncompressed)")
+        extra = {"compression": compression, "shuffle": bool(shuffle)}
+        if compression_opts is not None:
+            extra["compression_opts"] = compression_opts
+    elif shuffle or compression_opts is not None:
+        raise ValueError("shuffle and compression_opts need a compression")
     with _collective_gc():
-        _to_file(array, path, dataset_name, layout)
+        _to_file(array, path, dataset_name, layout, extra)
 
 
-def _to_file(array, path, dataset_name: str, layout: str = "virtual") -> None:
+def _to_file(array, path, dataset_name: str, layout: str = "virtual", extra=None) -> None:
     path = os.path.abspath(os.fspath(path))
     la = _as_logical_array(array)
     if la.unbound:
@@ -480,6 +493,7 @@ def _to_file(array, path, dataset_name: str, layout: str = "virtual") -> None:
     desc = {"shape": list(shape), "dtype": dtype.str, "tile_shape": tile}
     if layout == "chunked":
         desc["layout"] = "chunked"
+        desc.update(extra or {})
     meta = json.dumps(desc)
     _run_once(_prepare_file, path, ds_rel, meta)
     if math.prod(shape) > 0:
