@@ -21,6 +21,10 @@ use std::sync::Arc;
 /// distributed file system, on a server round trip), not on a CPU.
 const FSYNC_THREADS: usize = 16;
 
+/// In a file's staging area while a chunked commit's file is renamed into place and
+/// its pending state not yet retired.
+const RENAMED: &str = "renamed";
+
 /// How long a commit waits for this daemon's background work on closed tiles (syncs,
 /// encodings) before doing what is left itself.
 const BACKGROUND_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -239,6 +243,7 @@ impl Commit<'_> {
             t
         };
         self.retire(file, stage, &nodes)?;
+        let _ = std::fs::remove_file(stage.join(RENAMED));
         let CommitPlan {
             specs,
             groups,
@@ -525,6 +530,16 @@ impl Commit<'_> {
         let t = std::time::Instant::now();
         let product = self.layout.product(file);
         let mut encoded_here = 0;
+        let renamed = stage.join(RENAMED);
+        if target.exists() && renamed.exists() && !product.exists() {
+            // an earlier try renamed the file into place and died before retiring the
+            // pending state: committed already
+            tracing::info!(file = %target.display(), "chunked file renamed by an earlier commit; retiring its pending state");
+            for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
+                let _ = std::fs::remove_file(&c.tiles);
+            }
+            return Ok((t.elapsed(), 0));
+        }
         if target.exists() {
             return Err(Error::invalid(format!(
                 "{}: chunked datasets need a new file, and it exists (made outside h5tilefs since they were declared): remove it and commit again",
@@ -591,9 +606,18 @@ impl Commit<'_> {
         writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs)?;
         set_owner(&product, &dir.join(file.sources_rel()), target, stage);
         let took = t.elapsed();
+        // says, until the pending state is retired, that the file was renamed into
+        // place (a commit tried again after a crash in between then only retires)
+        write_atomic(&renamed, b"")?;
         std::fs::rename(&product, target)
             .map_err(|e| Error::from_io(format!("renaming into {}", target.display()), e))?;
         fsync_dir(dir)?;
+        if std::env::var_os("H5TILEFS_FAULT_ABORT_AFTER_RENAME").is_some() {
+            // test hook (docs/operations.md): the daemon dies between the rename and
+            // the retirement of the pending state
+            tracing::error!("H5TILEFS_FAULT_ABORT_AFTER_RENAME: aborting");
+            std::process::abort();
+        }
         self.tiles.close_under(&product);
         for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
             self.tiles.close_under(&c.tiles);

@@ -293,3 +293,35 @@ def test_compressed_tiles_from_two_mounts_and_rewritten(env):
     with h5py.File(os.path.join(env.backing, "t.h5"), "r") as f:
         assert f["x"][()].tobytes() == a.tobytes()
     assert open(os.path.join(m2, "t.h5", "x", "data"), "rb").read() == a.tobytes()
+
+
+@pytest.mark.parametrize("extra", [{}, {"compression": "gzip", "shuffle": True}])
+def test_a_commit_that_died_after_its_rename_completes(env, extra, monkeypatch):
+    """A daemon killed between renaming the chunked file into place and retiring the
+    pending state: the commit tried again (through a new daemon) only retires it. Before,
+    it refused (EINVAL: "needs a new file, and it exists") and the pending dataset stayed
+    forever."""
+    import signal  # noqa: F401
+    import time
+    from h5t_mount import unmount
+    monkeypatch.setenv("H5TILEFS_FAULT_ABORT_AFTER_RENAME", "1")
+    m = env.mount()
+    monkeypatch.delenv("H5TILEFS_FAULT_ABORT_AFTER_RENAME")
+    shape, tile = (40, 30), (16, 16)
+    a = _smooth(shape, "<f4", 8)
+    d = create(m, "r.h5", "/x", shape, "<f4", tile, layout="chunked", **extra)
+    for idx, sl in tiles_of(shape, tile):
+        write_tile(d, idx, a[sl])
+    with pytest.raises(OSError):
+        commit(m, "r.h5")
+    time.sleep(0.3)
+    unmount(m)
+    env.mount(os.path.basename(m))
+    path = os.path.join(env.backing, "r.h5")
+    with h5py.File(path, "r") as f:
+        assert f["x"][()].tobytes() == a.tobytes()
+    commit(m, "r.h5")
+    assert status(m, "r.h5")["datasets"] == {}
+    with h5py.File(path, "r") as f:
+        assert f["x"][()].tobytes() == a.tobytes()
+    only_the_file(env.backing, "r.h5")

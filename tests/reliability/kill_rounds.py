@@ -4,6 +4,11 @@ commits, the stale mount is detached, the backing directory mounted again, and t
 write path's promises are checked. Not a CI test.
 
     .venv/bin/python tests/reliability/kill_rounds.py [--seed 1] [--rounds 30] [--keep]
+        [--layout virtual|chunked|compressed]
+
+`--layout chunked` declares every dataset chunked, `compressed` chunked with gzip +
+shuffle (docs/namespace.md); commits then always make new files (a chunked dataset
+cannot be added to a committed file).
 
 Each round (seeded) picks a scenario: "tiles" (4 threads write random pieces of pending
 tiles), "commit" (a file whose pending datasets are complete is committed: a new file, or
@@ -39,6 +44,13 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+LAYOUTS = {
+    "virtual": {},
+    "chunked": {"layout": "chunked"},
+    "compressed": {"layout": "chunked", "compression": "gzip", "shuffle": True},
+}
+
+
 def ds_spec(rng, seed, big):
     dt = ["<f4", "<f8", "<i2", ">i4", "<u1", "<c8", "|b1"][int(rng.integers(7))]
     if big:   # many tiles: a commit that takes a while (range logs, fsyncs, mappings)
@@ -64,6 +76,7 @@ def merge(ranges):
 class Run:
     def __init__(self, root, seed):
         self.root, self.seed = root, seed
+        self.layout = "virtual"
         self.backing = os.path.join(root, "backing")
         self.mnt = os.path.join(root, "mnt")
         self.log = os.path.join(root, "daemon.log")
@@ -90,7 +103,8 @@ class Run:
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "meta.json"), "w") as f:
             f.write(json.dumps({"shape": spec["shape"], "dtype": spec["dtype"],
-                                "tile_shape": spec["tile_shape"], "attrs": {"seed": spec["seed"]}}))
+                                "tile_shape": spec["tile_shape"], "attrs": {"seed": spec["seed"]},
+                                **LAYOUTS[self.layout]}))
         self.pending.setdefault(rel, {})[name] = {"spec": spec, "acked": {}}
 
     def tile_bytes(self, spec):
@@ -235,7 +249,7 @@ class Run:
         # ---- the commit candidate: complete every pending dataset of one file first
         crel = None
         if scen in ("commit", "both"):
-            if self.committed and rng.random() < 0.5:
+            if self.committed and self.layout == "virtual" and rng.random() < 0.5:
                 crel = sorted(self.committed)[int(rng.integers(len(self.committed)))]
                 out["commit"] = "extend"
             else:
@@ -378,11 +392,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--root")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="virtual")
     args = ap.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="h5tilefs-kill-")
     run = Run(root, args.seed)
+    run.layout = args.layout
     t0 = now()
-    print(f"work dir {root}; seed {args.seed}; {args.rounds} rounds", flush=True)
+    print(f"work dir {root}; seed {args.seed}; {args.rounds} rounds; layout {args.layout}", flush=True)
     outcomes = {}
     try:
         for r in range(args.rounds):
