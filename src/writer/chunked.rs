@@ -106,6 +106,14 @@ fn open_or_create(path: &Path, create: bool) -> Result<Hid> {
             )
         });
         match r {
+            // left marked open for writing by a daemon killed inside libhdf5
+            Err(e)
+                if tries < OPEN_RETRIES
+                    && super::slots::clear_open_flags(path).unwrap_or(false) =>
+            {
+                tries += 1;
+                tracing::warn!(path = %path.display(), error = %e, "file being built was left open for writing by a dead daemon; flags cleared");
+            }
             Err(e) if tries < OPEN_RETRIES => {
                 tries += 1;
                 tracing::debug!(path = %path.display(), error = %e, tries, "chunked file not opened; trying again");

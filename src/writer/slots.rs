@@ -161,6 +161,30 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
     Ok(base)
 }
 
+/// Clears the superblock's file-consistency flags of `path` if set; returns whether they
+/// were. libhdf5 sets them while it has the file open for writing and refuses to open
+/// a file that has them (`h5clear --status`), so a daemon killed inside one of its calls
+/// left the file being built unopenable. Only for the file being built, under its file's
+/// lock, where no other libhdf5 can have it open.
+pub fn clear_open_flags(path: &Path) -> Result<bool> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
+    let mut sb = superblock(&f, path)?;
+    if sb[11] == 0 {
+        return Ok(false);
+    }
+    sb[11] = 0;
+    let ck = lookup3(&sb[..44]);
+    sb[44..48].copy_from_slice(&ck.to_le_bytes());
+    f.write_all_at(&sb, 0)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))?;
+    Ok(true)
+}
+
 /// Sets libhdf5's end of `path` to `eoa` and cuts the file there (the part of a
 /// reservation left unused goes).
 pub fn set_end_of_file(path: &Path, eoa: u64) -> Result<()> {
@@ -426,5 +450,40 @@ mod tests {
         )
         .unwrap();
         assert!(end_of_file(&p).unwrap() > base + 10_000);
+    }
+
+    /// A file left marked open for writing (its writer killed inside libhdf5) opens
+    /// again: the flags are cleared. Failed (H5Fopen refused the file) before.
+    #[test]
+    fn a_file_left_open_for_writing_opens_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.h5");
+        let add = |create: bool, name: &str| {
+            super::super::chunked::add_dataset(
+                &p,
+                create,
+                name,
+                "<f4",
+                &[10],
+                &[5],
+                &serde_json::Value::Null,
+                &[],
+            )
+        };
+        add(true, "/d").unwrap();
+        {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            let mut sb = superblock(&f, &p).unwrap();
+            sb[11] = 1; // H5F_SUPER_WRITE_ACCESS, as a killed writer leaves it
+            let ck = lookup3(&sb[..44]);
+            sb[44..48].copy_from_slice(&ck.to_le_bytes());
+            f.write_all_at(&sb, 0).unwrap();
+        }
+        add(false, "/e").unwrap();
+        assert!(!clear_open_flags(&p).unwrap());
     }
 }

@@ -125,16 +125,20 @@ class Run:
             pieces = list(zip(cuts[:-1], cuts[1:]))
             rng.shuffle(pieces)
             fd = os.open(os.path.join(d, t), os.O_WRONLY)
+            done = []
             try:
                 for a, e in pieces:
                     write_all(fd, b[a:e], a)
-                    if ack_lock:
-                        with ack_lock:
-                            p["acked"].setdefault(t, []).append([a, e])
-                    else:
-                        p["acked"].setdefault(t, []).append([a, e])
+                    done.append([a, e])
             finally:
                 os.close(fd)
+            # acknowledged by the close (docs/reliability.md: a write that returned but
+            # whose file was never closed or fsync-ed may be lost in a crash)
+            if ack_lock:
+                with ack_lock:
+                    p["acked"].setdefault(t, []).extend(done)
+            else:
+                p["acked"].setdefault(t, []).extend(done)
 
     def unacked_tiles(self, rel, name):
         p = self.pending[rel][name]
