@@ -36,7 +36,8 @@ impl Status {
             match &n.meta {
                 Some(m) => {
                     let d = layout.dataset(file, &n.path);
-                    let written = ranges.collect(&d, nodes.gen(&d).ok().as_deref())?.ranges;
+                    let all = ranges.collect(&d, nodes.gen(&d).ok().as_deref())?;
+                    let written = all.ranges;
                     let (miss, unwritten) = incomplete(&written, m);
                     let total = m.grid().num_tiles();
                     let shown: Vec<Value> = miss
@@ -44,9 +45,7 @@ impl Status {
                         .take(100)
                         .map(|(t, r)| json!({"tile": t, "missing": r}))
                         .collect();
-                    ds.insert(
-                        n.path.clone(),
-                        json!({
+                    let mut v = json!({
                             "layout": if m.chunked { "chunked" } else { "virtual" },
                             "tiles": total,
                             "complete": total - (miss.len() + unwritten.len()) as u64,
@@ -55,8 +54,13 @@ impl Status {
                             // commit (`unwritten_tiles: fill`; 0 otherwise)
                             "unwritten": unwritten.len(),
                             "missing_detail": shown,
-                        }),
-                    );
+                    });
+                    if let (Some(c), Some(o)) = (&m.compression, v.as_object_mut()) {
+                        // tiles their writers have encoded (the commit encodes the rest)
+                        o.insert("compression".into(), c.to_json().0);
+                        o.insert("encoded".into(), json!(all.encoded.len()));
+                    }
+                    ds.insert(n.path.clone(), v);
                 }
                 // a node whose meta.json was refused is not a group
                 None if n.refused.is_some() => {}

@@ -203,6 +203,14 @@ def test_compressed_tiles_become_compressed_chunks(env, comp, opts, shuffle, sha
     for idx, sl in tiles:
         write_tile(d, idx, a[sl], halves=True)
     assert open(os.path.join(d, "data"), "rb").read() == a.tobytes()
+    # `.status` says how many tiles the writers have encoded so far (all, soon)
+    import time
+    for _ in range(100):
+        st = status(m, "z.h5")["datasets"]["/g/x"]
+        if st["encoded"] == (len(tiles) if len(tiles) > 1 else 0):
+            break
+        time.sleep(0.05)
+    assert st["compression"] == comp and st["encoded"] == (len(tiles) if len(tiles) > 1 else 0), st
     commit(m, "z.h5")
     # every tile was encoded by its writer (this daemon, in the background, as its
     # handle closed), except the one chunk of a single-chunk dataset
