@@ -39,6 +39,9 @@ extern "C" {
     ) -> i32;
     fn LZ4_decompress_safe(src: *const c_char, dst: *mut c_char, csize: c_int, cap: c_int)
         -> c_int;
+    fn LZ4_compressBound(size: c_int) -> c_int;
+    fn LZ4_compress_default(src: *const c_char, dst: *mut c_char, size: c_int, cap: c_int)
+        -> c_int;
 }
 
 /// The largest element size handed to c-blosc2's byte unshuffle: its own callers never
@@ -89,6 +92,27 @@ pub fn bitunshuffle_simd(src: &[u8], n: usize, es: usize, dst: &mut [u8]) -> boo
     // writing exactly `bytes` bytes; it allocates its own scratch and returns < 0 if
     // that fails.
     unsafe { bitunshuffle(ts, len, src.as_ptr(), dst.as_mut_ptr(), 3) >= 0 }
+}
+
+/// `src` as one LZ4 block with LZ4's own compressor (what hdf5plugin's LZ4 filter
+/// writes: its blocks decode as fast as h5py's), or None if it is too large for `int`.
+pub fn lz4_compress(src: &[u8]) -> Option<Vec<u8>> {
+    let n = c_int::try_from(src.len()).ok()?;
+    // SAFETY: a pure function of its argument.
+    let bound = unsafe { LZ4_compressBound(n) };
+    let mut out = vec![0u8; usize::try_from(bound).ok().filter(|&b| b > 0)?];
+    // SAFETY: LZ4_compress_default reads `n` bytes of `src` and writes at most `bound`
+    // bytes of `out` (its length); it returns 0 on failure.
+    let w = unsafe {
+        LZ4_compress_default(
+            src.as_ptr() as *const c_char,
+            out.as_mut_ptr() as *mut c_char,
+            n,
+            bound,
+        )
+    };
+    out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);
+    Some(out)
 }
 
 /// One LZ4 block into `dst`: the number of bytes it decoded, or None when the block is

@@ -191,8 +191,12 @@ fn lz4_frame(data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&(data.len() as u64).to_be_bytes());
     out.extend_from_slice(&(bs as u32).to_be_bytes());
     for b in data.chunks(bs) {
-        let c = lz4_flex::block::compress(b);
-        let stored = if c.len() < b.len() { &c[..] } else { b };
+        let c = crate::ckernels::lz4_compress(b).unwrap_or_default();
+        let stored = if !c.is_empty() && c.len() < b.len() {
+            &c[..]
+        } else {
+            b
+        };
         out.extend_from_slice(&(stored.len() as u32).to_be_bytes());
         out.extend_from_slice(stored);
     }
