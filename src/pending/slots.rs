@@ -69,6 +69,15 @@ impl SlotFile {
         })
     }
 
+    /// Whether `path` still names the file this descriptor has open (device, inode).
+    pub(super) fn is_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+
     /// Records `w` once a sync that started after its write has finished.
     fn record_when_durable(&self, w: Encoding) {
         let mut st = self.st.lock();

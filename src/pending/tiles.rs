@@ -475,7 +475,13 @@ impl Tiles {
         else {
             return;
         };
-        let open = self.slot_files.get(product).map(|f| f.clone());
+        // the cached descriptor only while the path still names the file it opened
+        // (a file removed and declared again is another file under the same name)
+        let open = self
+            .slot_files
+            .get(product)
+            .map(|f| f.clone())
+            .filter(|f| f.is_at(product));
         let file = match open {
             Some(f) => f,
             None => match super::slots::SlotFile::open(product) {

@@ -333,3 +333,30 @@ def test_a_commit_that_died_after_its_rename_completes(env, extra, monkeypatch):
     with h5py.File(path, "r") as f:
         assert f["x"][()].tobytes() == a.tobytes()
     only_the_file(env.backing, "r.h5")
+
+
+def test_compressed_file_removed_and_declared_again(env):
+    """A pending file removed (`rm -r` through the mount) and declared again has a new
+    file being built under the same name: the daemon's encodings go to the new one.
+    Before, its cached descriptor still wrote them into the removed file, while the
+    range log recorded them as encoded: the commit then stored chunks nobody wrote."""
+    import shutil
+    import time
+    m = env.mount()
+    shape, tile = (64, 64), (16, 16)
+    for round_ in range(2):
+        a = _smooth(shape, "<f4", 9) * (round_ + 1)
+        d = create(m, "again.h5", "/x", shape, "<f4", tile, layout="chunked",
+                   compression="zstd")
+        for idx, sl in tiles_of(shape, tile):
+            write_tile(d, idx, a[sl])
+        for _ in range(100):
+            if status(m, "again.h5")["datasets"]["/x"]["encoded"] == 16:
+                break
+            time.sleep(0.05)
+        if round_ == 0:
+            shutil.rmtree(os.path.join(m, "again.h5"))
+    commit(m, "again.h5")
+    import hdf5plugin  # noqa: F401
+    with h5py.File(os.path.join(env.backing, "again.h5"), "r") as f:
+        assert f["x"][()].tobytes() == a.tobytes()
