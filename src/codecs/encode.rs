@@ -149,6 +149,35 @@ impl Compression {
     }
 }
 
+/// The Zarr v3 codec (after `bytes`) that stores chunks as this compression does, if
+/// Zarr has one: zstd or gzip without shuffle. A pending dataset's Zarr view shows it
+/// and serves and takes its chunks encoded with it; otherwise chunks are raw bytes.
+pub fn zarr_codec(c: &Compression) -> Option<Value> {
+    match (&c.codec, c.shuffle) {
+        (Codec::Zstd(l), false) => {
+            Some(json!({"name": "zstd", "configuration": {"level": l, "checksum": false}}))
+        }
+        (Codec::Gzip(l), false) => Some(json!({"name": "gzip", "configuration": {"level": l}})),
+        _ => None,
+    }
+}
+
+/// A chunk as Zarr's codec of the same name writes it (a gzip member, a Zstandard
+/// frame), for a pending chunk read through the Zarr view.
+pub fn encode_zarr(codec: &Codec, data: &[u8]) -> Option<Vec<u8>> {
+    match *codec {
+        Codec::Gzip(l) => {
+            let mut e = flate2::write::GzEncoder::new(
+                Vec::with_capacity(data.len() / 2),
+                flate2::Compression::new(l),
+            );
+            e.write_all(data).and_then(|_| e.finish()).ok()
+        }
+        Codec::Zstd(l) => zstd::bulk::compress(data, l).ok(),
+        Codec::Lz4 => None,
+    }
+}
+
 /// A chunk Zarr's codec of the same name wrote (a gzip member, a Zstandard frame),
 /// decoded back to the chunk's bytes: at most `cap` bytes are produced, whatever sizes
 /// the stream declares, and a stream that decodes to fewer is refused as well (a Zarr
@@ -239,6 +268,8 @@ mod tests {
         let zs = zstd::bulk::compress(&data, 0).unwrap();
         for (codec, enc) in [(Codec::Gzip(5), &gz), (Codec::Zstd(3), &zs)] {
             assert_eq!(decode_zarr(&codec, enc, data.len()).unwrap(), data);
+            let again = encode_zarr(&codec, &data).unwrap();
+            assert_eq!(decode_zarr(&codec, &again, data.len()).unwrap(), data);
             assert!(decode_zarr(&codec, enc, data.len() - 1).is_err());
             assert!(decode_zarr(&codec, enc, data.len() + 4).is_err());
             assert!(decode_zarr(&codec, &enc[..enc.len() / 2], data.len()).is_err());

@@ -10,6 +10,7 @@ use super::pending_io::{
     write_encoded, PendingView,
 };
 use super::zarr_view::{temp_of, zarr_json, Temp};
+use crate::codecs::encode::{encode_zarr, zarr_codec};
 use crate::error::{Error, NamespaceError, Result};
 use crate::h5file::{H5File, Ident};
 use crate::model::{read_selection, DatasetModel};
@@ -571,8 +572,9 @@ pub fn open_pending_zarr(
             let meta = meta.ok_or_else(declared)?;
             let encoded = meta
                 .compression
-                .is_some()
-                .then(|| parking_lot::Mutex::new(Vec::new()));
+                .as_ref()
+                .and_then(zarr_codec)
+                .map(|_| parking_lot::Mutex::new(Vec::new()));
             OpenFile::ZarrChunkWrite {
                 file,
                 path,
@@ -583,14 +585,13 @@ pub fn open_pending_zarr(
         }
         (Temp::Chunk(idx), false) => {
             let pm = meta.ok_or_else(declared)?;
-            OpenFile::Bytes(Arc::new(pending_chunk(
-                &cx.pending,
-                &cx.cache,
-                &file,
-                &path,
-                &pm,
-                &idx,
-            )?))
+            let raw = pending_chunk(&cx.pending, &cx.cache, &file, &path, &pm, &idx)?;
+            let b = match &pm.compression {
+                Some(c) if zarr_codec(c).is_some() => encode_zarr(&c.codec, &raw)
+                    .ok_or_else(|| Error::io(format!("{path}: chunk {idx:?} not encoded")))?,
+                _ => raw,
+            };
+            OpenFile::Bytes(Arc::new(b))
         }
     })
 }

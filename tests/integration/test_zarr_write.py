@@ -261,6 +261,26 @@ def test_unmapped_codecs_are_refused_with_the_fix(env, compressors, name):
         assert np.array_equal(f["v"][()], np.arange(8, dtype="<f4"))
 
 
+def test_compressed_partial_chunk_writes_read_modify_write(env):
+    """The pending view serves a zstd array's chunks zstd-encoded (its zarr.json says
+    so), so zarr's read-modify-write of part of a chunk keeps what was written."""
+    import hdf5plugin  # noqa: F401
+
+    mnt = env.mount()
+    path = os.path.join(mnt, "p.h5", "v")
+    a = zarr.create_array(store=LocalStore(path), shape=(10, 6), chunks=(4, 4), dtype="<i4",
+                          fill_value=0)
+    x = np.zeros((10, 6), "<i4")
+    for r in range(10):
+        a[r, :] = x[r, :] = np.arange(6) + 10 * r + 1
+    z = json.load(open(os.path.join(path, "zarr.json")))
+    assert [c["name"] for c in z["codecs"]] == ["bytes", "zstd"]
+    assert np.array_equal(zarr.open_array(LocalStore(path, read_only=True))[...], x)
+    commit(mnt, "p.h5")
+    with h5py.File(os.path.join(env.backing, "p.h5")) as f:
+        assert np.array_equal(f["v"][()], x)
+
+
 def test_corrupt_compressed_chunk_is_refused(env):
     """A chunk file that is not a whole stream of the array's codec is refused at close
     (EINVAL), nothing lands in its tile, and the daemon serves on."""
