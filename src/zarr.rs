@@ -395,10 +395,11 @@ pub fn pad(clipped: &[u8], count: &[u64], chunk: &[u64], es: usize, fill: &[u8])
 }
 
 /// What a Zarr writer must do instead, in every refusal of a zarr.json.
-const WRITE_FIX: &str = "h5tilefs takes Zarr v3 arrays with codecs [bytes] only (zarr-python: \
-    create_array(..., compressors=None, filters=None)), the default chunk key encoding \
-    with separator \"/\" and a numeric or bool data_type; the committed HDF5 file keeps \
-    the tiles uncompressed";
+const WRITE_FIX: &str = "h5tilefs takes Zarr v3 arrays with codecs [bytes], [bytes, zstd] or \
+    [bytes, gzip] (zarr-python: create_array(..., filters=None) with the default \
+    compressors, compressors=GzipCodec(...) or compressors=None), the default chunk key \
+    encoding with separator \"/\" and a numeric or bool data_type; a zstd or gzip array \
+    is committed as a chunked dataset with HDF5's filter of the same codec";
 
 /// The meta.json declaration (see staging.rs) a Zarr v3 array's zarr.json written into
 /// a pending dataset's directory stands for: shape, dtype with the `bytes` codec's byte
@@ -460,12 +461,15 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         .iter()
         .map(|c| c.get("name").and_then(Value::as_str).unwrap_or("?"))
         .collect();
-    if names != ["bytes"] {
-        return Err(format!(
-            "codecs {names:?} cannot be written through the mount (compressed or \
-             transformed chunks): {WRITE_FIX}"
-        ));
-    }
+    let compression = match names.as_slice() {
+        ["bytes"] => None,
+        ["bytes", "zstd" | "gzip"] => Some(compressor(&codecs[1])?),
+        _ => {
+            return Err(format!(
+                "codecs {names:?} cannot be written through the mount: {WRITE_FIX}"
+            ))
+        }
+    };
     let endian = codecs[0]
         .get("configuration")
         .and_then(|c| c.get("endian"))
@@ -517,14 +521,39 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         Some(Value::Object(m)) => m.clone(),
         Some(_) => return Err("zarr.json attributes must be a JSON object".into()),
     };
-    Ok(json!({
+    let mut decl = json!({
         "shape": shape,
         "dtype": dtype,
         "tile_shape": chunks,
         "fill_value": fill,
         "attrs": attrs,
         "unwritten_tiles": "fill",
-    }))
+    });
+    if let (Some((name, level)), Some(d)) = (compression, decl.as_object_mut()) {
+        d.insert("layout".into(), json!("chunked"));
+        d.insert("compression".into(), json!(name));
+        d.insert("compression_opts".into(), json!(level));
+    }
+    Ok(decl)
+}
+
+/// The meta.json compression (h5py's name and level) of Zarr's `zstd` or `gzip` codec:
+/// its level as Zarr gave it, a zstd level of 0 (libzstd's "default") as 3, the level
+/// it means, so the HDF5 filter states it.
+fn compressor(codec: &Value) -> Result<(&'static str, i64), String> {
+    let name = codec.get("name").and_then(Value::as_str).unwrap_or("?");
+    let level = codec.get("configuration").and_then(|c| c.get("level"));
+    let level = match level {
+        None | Some(Value::Null) => None,
+        Some(l) => Some(
+            l.as_i64()
+                .ok_or_else(|| format!("{name} codec level {l} is not an integer"))?,
+        ),
+    };
+    Ok(match name {
+        "zstd" => ("zstd", level.filter(|&l| l != 0).unwrap_or(3)),
+        _ => ("gzip", level.unwrap_or(5)),
+    })
 }
 
 /// Where the bytes of a chunk file lie in its tile: for the byte range `[off, off +
@@ -731,8 +760,39 @@ mod tests {
             r#"[{"name":"bytes","configuration":{"endian":"big"}}]"#,
             r#"[{"name":"bytes"},{"name":"zstd","configuration":{"level":0}}]"#,
         );
-        let e = declaration(zstd.as_bytes()).unwrap_err();
-        assert!(e.contains("compressors=None"), "{e}");
+        let d = declaration(zstd.as_bytes()).unwrap();
+        assert_eq!(d["layout"], "chunked");
+        assert_eq!(d["compression"], "zstd");
+        assert_eq!(d["compression_opts"], 3);
+        let gzip = zstd.replace(
+            r#""zstd","configuration":{"level":0}"#,
+            r#""gzip","configuration":{"level":7}"#,
+        );
+        let d = declaration(gzip.as_bytes()).unwrap();
+        assert_eq!(
+            (&d["compression"], &d["compression_opts"]),
+            (&json!("gzip"), &json!(7))
+        );
+        // blosc, a checksum or a transpose: refused, naming the codecs and what is taken
+        for codecs in [
+            r#"[{"name":"bytes"},{"name":"blosc","configuration":{"cname":"zstd"}}]"#,
+            r#"[{"name":"bytes"},{"name":"crc32c"}]"#,
+            r#"[{"name":"transpose","configuration":{"order":[1,0]}},{"name":"bytes"},{"name":"zstd"}]"#,
+            r#"[{"name":"bytes"},{"name":"zstd"},{"name":"gzip"}]"#,
+        ] {
+            let z = String::from_utf8_lossy(z).replace(
+                r#"[{"name":"bytes","configuration":{"endian":"big"}}]"#,
+                codecs,
+            );
+            let e = declaration(z.as_bytes()).unwrap_err();
+            assert!(e.contains("[bytes, zstd]") && e.contains("codecs ["), "{e}");
+        }
+        let e = declaration(
+            zstd.replace("{\"level\":0}", "{\"level\":\"high\"}")
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert!(e.contains("level"), "{e}");
         let dot = String::from_utf8_lossy(z).replace(r#""separator":"/""#, r#""separator":".""#);
         assert!(declaration(dot.as_bytes()).is_err());
         assert!(declaration(br#"{"zarr_format":3,"node_type":"group"}"#).is_err());

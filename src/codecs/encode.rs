@@ -149,6 +149,54 @@ impl Compression {
     }
 }
 
+/// The Zarr v3 codec (after `bytes`) that stores chunks as this compression does, if
+/// Zarr has one: zstd or gzip without shuffle. A pending dataset's Zarr view shows it
+/// and serves and takes its chunks encoded with it; otherwise chunks are raw bytes.
+pub fn zarr_codec(c: &Compression) -> Option<Value> {
+    match (&c.codec, c.shuffle) {
+        (Codec::Zstd(l), false) => {
+            Some(json!({"name": "zstd", "configuration": {"level": l, "checksum": false}}))
+        }
+        (Codec::Gzip(l), false) => Some(json!({"name": "gzip", "configuration": {"level": l}})),
+        _ => None,
+    }
+}
+
+/// A chunk as Zarr's codec of the same name writes it (a gzip member, a Zstandard
+/// frame), for a pending chunk read through the Zarr view.
+pub fn encode_zarr(codec: &Codec, data: &[u8]) -> Option<Vec<u8>> {
+    match *codec {
+        Codec::Gzip(l) => {
+            let mut e = flate2::write::GzEncoder::new(
+                Vec::with_capacity(data.len() / 2),
+                flate2::Compression::new(l),
+            );
+            e.write_all(data).and_then(|_| e.finish()).ok()
+        }
+        Codec::Zstd(l) => zstd::bulk::compress(data, l).ok(),
+        Codec::Lz4 => None,
+    }
+}
+
+/// A chunk Zarr's codec of the same name wrote (a gzip member, a Zstandard frame),
+/// decoded back to the chunk's bytes: at most `cap` bytes are produced, whatever sizes
+/// the stream declares, and a stream that decodes to fewer is refused as well (a Zarr
+/// chunk is always whole, an edge chunk padded).
+pub fn decode_zarr(codec: &Codec, input: &[u8], cap: usize) -> super::Out {
+    let out = match codec {
+        Codec::Gzip(_) => super::gzip_member(input, cap)?,
+        Codec::Zstd(_) => super::zstd_filter(input, cap)?,
+        Codec::Lz4 => return super::corrupt("Zarr has no lz4 codec"),
+    };
+    if out.len() != cap {
+        return super::corrupt(format!(
+            "it decodes to {} bytes, not the chunk's {cap}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
 /// `data` through `codec` alone (None if the codec fails).
 pub fn compress(codec: &Codec, data: &[u8]) -> Option<Vec<u8>> {
     match *codec {
@@ -211,6 +259,31 @@ mod tests {
         (0..n as u32)
             .flat_map(|i| ((i / 7) as f32).to_le_bytes())
             .collect()
+    }
+
+    /// Zarr's gzip member and Zstandard frame decode to the chunk; a stream that is
+    /// corrupt, cut short, or decodes to more or fewer bytes than the chunk is refused.
+    #[test]
+    fn zarr_chunks_decode_bounded_by_the_chunk() {
+        let data = sample(1000);
+        let mut g = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(5));
+        g.write_all(&data).unwrap();
+        let gz = g.finish().unwrap();
+        let zs = zstd::bulk::compress(&data, 0).unwrap();
+        for (codec, enc) in [(Codec::Gzip(5), &gz), (Codec::Zstd(3), &zs)] {
+            assert_eq!(decode_zarr(&codec, enc, data.len()).unwrap(), data);
+            let again = encode_zarr(&codec, &data).unwrap();
+            assert_eq!(decode_zarr(&codec, &again, data.len()).unwrap(), data);
+            assert!(decode_zarr(&codec, enc, data.len() - 1).is_err());
+            assert!(decode_zarr(&codec, enc, data.len() + 4).is_err());
+            assert!(decode_zarr(&codec, &enc[..enc.len() / 2], data.len()).is_err());
+            let mut bad = enc.clone();
+            let n = bad.len();
+            bad[n / 2..].iter_mut().for_each(|b| *b ^= 0x5a);
+            assert!(decode_zarr(&codec, &bad, data.len()).is_err());
+            assert!(decode_zarr(&codec, b"not compressed", data.len()).is_err());
+            assert!(decode_zarr(&codec, &[], data.len()).is_err());
+        }
     }
 
     /// Every codec's output decodes back with the decoders the read view uses (the

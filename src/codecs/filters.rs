@@ -267,3 +267,9 @@ pub fn blosc(input: &[u8], cap: usize) -> Out {
     }
     Ok(out)
 }
+
+/// One gzip member (RFC 1952), as Zarr's `gzip` codec writes a chunk; bytes after the
+/// member are ignored, as HDF5's deflate ignores bytes after its zlib stream.
+pub fn gzip_member(input: &[u8], cap: usize) -> Out {
+    read_bounded(flate2::read::GzDecoder::new(input), cap, "gzip")
+}

@@ -25,7 +25,7 @@ mod tests;
 pub use c::blosc2_filter;
 #[cfg(h5tilefs_szip)]
 pub use c::szip_filter;
-pub use filters::{bitshuffle_filter, blosc, bzip2_filter, lz4_filter, zstd_filter};
+pub use filters::{bitshuffle_filter, blosc, bzip2_filter, gzip_member, lz4_filter, zstd_filter};
 pub use hdf5::{fletcher32, unshuffle};
 pub use lz77::lzf;
 pub use registry::{builtin, decoders, filter, Filter, Params};

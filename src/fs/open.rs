@@ -6,9 +6,11 @@ use super::access::Caller;
 use super::mount::{meta_bytes, Mount};
 use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::pending_io::{
-    pending_chunk, pending_read, pending_view, write_chunk, write_data, PendingView,
+    gather_encoded, pending_chunk, pending_read, pending_view, write_chunk, write_data,
+    write_encoded, PendingView,
 };
 use super::zarr_view::{temp_of, zarr_json, Temp};
+use crate::codecs::encode::{encode_zarr, zarr_codec};
 use crate::error::{Error, NamespaceError, Result};
 use crate::h5file::{H5File, Ident};
 use crate::model::{read_selection, DatasetModel};
@@ -49,6 +51,10 @@ pub enum OpenFile {
         path: String,
         meta: Box<PendingMeta>,
         idx: Vec<u64>,
+        /// A compressed dataset's chunk: its encoded bytes gather here (at most
+        /// `pending_io::MAX_ENCODED` of the chunk) and are decoded into the tile at
+        /// flush or fsync.
+        encoded: Option<parking_lot::Mutex<Vec<u8>>>,
     },
     /// A pending tile, or the pending `data`.
     PendingIo {
@@ -378,10 +384,21 @@ impl OpenFile {
                 Ok(n)
             }
             OpenFile::ZarrChunkWrite {
+                encoded: Some(buf),
+                path,
+                meta,
+                idx,
+                ..
+            } => {
+                gather_encoded(&mut buf.lock(), path, meta, idx, off, data)?;
+                Ok(n)
+            }
+            OpenFile::ZarrChunkWrite {
                 file,
                 path,
                 meta,
                 idx,
+                encoded: None,
             } => {
                 write_chunk(&cx.pending, file, path, meta, idx, off, data)?;
                 Ok(n)
@@ -421,6 +438,16 @@ impl OpenFile {
     /// (durability: docs/namespace.md).
     pub fn flush(&self, cx: &Mount) -> Result<()> {
         match self {
+            OpenFile::ZarrChunkWrite {
+                file,
+                path,
+                meta,
+                idx,
+                encoded: Some(buf),
+            } => {
+                write_encoded(&cx.pending, file, path, meta, idx, buf)?;
+                cx.pending.flush_ranges(file, path)
+            }
             OpenFile::PendingIo { file, path, .. }
             | OpenFile::ZarrChunkWrite { file, path, .. } => cx.pending.flush_ranges(file, path),
             OpenFile::MetaWrite {
@@ -486,9 +513,14 @@ impl OpenFile {
                 path,
                 meta,
                 idx,
-            } => cx
-                .pending
-                .sync_tiles(file, path, meta, std::slice::from_ref(idx)),
+                encoded,
+            } => {
+                if let Some(buf) = encoded {
+                    write_encoded(&cx.pending, file, path, meta, idx, buf)?;
+                }
+                cx.pending
+                    .sync_tiles(file, path, meta, std::slice::from_ref(idx))
+            }
             _ => Ok(()),
         }
     }
@@ -536,22 +568,30 @@ pub fn open_pending_zarr(
             let pm = meta.ok_or_else(declared)?;
             OpenFile::Bytes(Arc::new(zarr_json(&path, &pm).ok_or_else(declared)?))
         }
-        (Temp::Chunk(idx), true) => OpenFile::ZarrChunkWrite {
-            file,
-            path,
-            meta: meta.ok_or_else(declared)?,
-            idx,
-        },
+        (Temp::Chunk(idx), true) => {
+            let meta = meta.ok_or_else(declared)?;
+            let encoded = meta
+                .compression
+                .as_ref()
+                .and_then(zarr_codec)
+                .map(|_| parking_lot::Mutex::new(Vec::new()));
+            OpenFile::ZarrChunkWrite {
+                file,
+                path,
+                meta,
+                idx,
+                encoded,
+            }
+        }
         (Temp::Chunk(idx), false) => {
             let pm = meta.ok_or_else(declared)?;
-            OpenFile::Bytes(Arc::new(pending_chunk(
-                &cx.pending,
-                &cx.cache,
-                &file,
-                &path,
-                &pm,
-                &idx,
-            )?))
+            let raw = pending_chunk(&cx.pending, &cx.cache, &file, &path, &pm, &idx)?;
+            let b = match &pm.compression {
+                Some(c) if zarr_codec(c).is_some() => encode_zarr(&c.codec, &raw)
+                    .ok_or_else(|| Error::io(format!("{path}: chunk {idx:?} not encoded")))?,
+                _ => raw,
+            };
+            OpenFile::Bytes(Arc::new(b))
         }
     })
 }

@@ -538,6 +538,82 @@ pub fn write_chunk(
     Ok(())
 }
 
+/// The most encoded bytes a compressed dataset's Zarr chunk file may hold: above the
+/// worst case of zstd and gzip (stored blocks) for the chunk's decoded size.
+pub fn max_encoded(meta: &PendingMeta) -> u64 {
+    let n = chunk_bytes(&meta.tile_shape, meta.itemsize);
+    n.saturating_add(n / 8).saturating_add(64 << 10)
+}
+
+/// Bytes `[off, off + data.len())` of a compressed dataset's Zarr chunk file, gathered
+/// until the file is closed (the stream decodes only whole).
+pub fn gather_encoded(
+    buf: &mut Vec<u8>,
+    path: &str,
+    meta: &PendingMeta,
+    idx: &[u64],
+    off: u64,
+    data: &[u8],
+) -> Result<()> {
+    let max = max_encoded(meta);
+    let end = off
+        .checked_add(data.len() as u64)
+        .filter(|&e| e <= max)
+        .ok_or_else(|| {
+            Error::new(
+                libc::EFBIG,
+                format!(
+                    "{path}: compressed Zarr chunk {} larger than {max} bytes, more than \
+                     its codec makes of the chunk",
+                    tile_name(idx)
+                ),
+            )
+        })? as usize;
+    let start = end - data.len();
+    if buf.len() < end {
+        buf.resize(end, 0);
+    }
+    buf[start..end].copy_from_slice(data);
+    Ok(())
+}
+
+/// A compressed dataset's Zarr chunk file, whole: decoded (bounded by the chunk's
+/// size, whatever the stream declares) and written into its tile, which the daemon
+/// encodes again with the HDF5 filter of the same codec. A stream that does not decode
+/// to exactly the chunk is refused with EINVAL and nothing is written.
+pub fn write_encoded(
+    pending: &Pending,
+    file: &Path,
+    path: &str,
+    meta: &PendingMeta,
+    idx: &[u64],
+    buf: &parking_lot::Mutex<Vec<u8>>,
+) -> Result<()> {
+    let Some(c) = &meta.compression else {
+        return Ok(());
+    };
+    let total = usize::try_from(chunk_bytes(&meta.tile_shape, meta.itemsize))
+        .map_err(|_| Error::invalid(format!("{path}: chunk too large")))?;
+    let decoded = {
+        let b = buf.lock();
+        if b.is_empty() {
+            return Ok(());
+        }
+        crate::codecs::encode::decode_zarr(&c.codec, &b, total)
+    };
+    let decoded = decoded.map_err(|f| {
+        let (name, _) = c.to_json();
+        tracing::warn!(file = %file.display(), dataset = path, chunk = %tile_name(idx), error = f.message(), "Zarr chunk refused");
+        Error::invalid(format!(
+            "{path}: Zarr chunk {} is not a valid {} stream: {}; nothing was written",
+            tile_name(idx),
+            name.as_str().unwrap_or("compressed"),
+            f.message()
+        ))
+    })?;
+    write_chunk(pending, file, path, meta, idx, 0, &decoded)
+}
+
 /// Bytes `[off, off + data.len())` of a pending dataset's `data` into the tiles they
 /// fall in. The handle was opened for writing, so every tile has its source (see
 /// `open_node`).

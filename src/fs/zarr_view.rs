@@ -5,6 +5,7 @@
 use super::attr::Kind;
 use super::mount::Mount;
 use super::node::{dataset_child, Node, NodeKind, ObjRef};
+use crate::codecs::encode::zarr_codec;
 use crate::error::{Error, NamespaceError, Result};
 use crate::names::{parse_index, DatasetEntry, Pending};
 use crate::staging::PendingMeta;
@@ -32,8 +33,17 @@ fn info<'a>(path: &'a str, pm: &'a PendingMeta) -> ArrayInfo<'a> {
 }
 
 /// A pending dataset's zarr.json, or None when Zarr has no data type for it.
+/// A zstd or gzip dataset's chunks are shown (and taken) encoded with that codec.
 pub fn zarr_json(path: &str, pm: &PendingMeta) -> Option<Vec<u8>> {
-    crate::zarr::array_json(&info(path, pm))
+    let b = crate::zarr::array_json(&info(path, pm))?;
+    let Some(codec) = pm.compression.as_ref().and_then(zarr_codec) else {
+        return Some(b);
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+    v.get_mut("codecs")?.as_array_mut()?.push(codec);
+    let mut b = serde_json::to_vec_pretty(&v).ok()?;
+    b.push(b'\n');
+    Some(b)
 }
 
 /// The chunk index `name` stands for in `c/prefix` (the final component), if any.

@@ -188,20 +188,127 @@ def test_two_mounts_write_chunks_in_parallel(env):
     check_committed(env, m2, "r.h5", "/g/v", x)
 
 
-def test_compressed_array_is_refused_with_the_fix(env):
+COMPRESSED = [
+    # zarr-python's default compressor: zstd level 0 (libzstd's default, 3)
+    ("default", (13, 10), "<f4", (4, 3), 32015, (3,)),
+    ("zstd-checksum", (9, 8, 7), "<i2", (4, 3, 5), 32015, (5,)),
+    ("gzip", (13, 10), "<f8", (5, 4), 1, (6,)),
+    ("gzip", (33,), "|u1", (8,), 1, (6,)),
+]
+
+
+@pytest.mark.parametrize("codec,shape,dtype,chunks,filter_id,opts", COMPRESSED)
+def test_compressed_zarr_array_commits_as_compressed_chunks(env, codec, shape, dtype, chunks,
+                                                            filter_id, opts):
+    """A zstd (zarr's default) or gzip array: each chunk file is decoded into its tile and
+    the committed file is one chunked dataset with HDF5's filter of the same codec."""
+    import hdf5plugin  # noqa: F401 - the zstd filter for h5py
+
+    mnt = env.mount()
+    x = make(shape, dtype)
+    if len(shape) >= 2:
+        x[chunks[0]:2 * chunks[0], chunks[1]:2 * chunks[1]] = 0  # a skipped chunk
+    kw = {}
+    if codec == "gzip":
+        kw["compressors"] = zarr.codecs.GzipCodec(level=6)
+    elif codec == "zstd-checksum":
+        kw["compressors"] = zarr.codecs.ZstdCodec(level=5, checksum=True)
+    path = os.path.join(mnt, "z.h5", "g", "v")
+    a = zarr.create_array(store=LocalStore(path), shape=shape, chunks=chunks, dtype=x.dtype,
+                          fill_value=0, **kw)
+    a[...] = x
+    meta = json.load(open(os.path.join(path, "meta.json")))
+    assert meta["layout"] == "chunked"
+    assert meta["compression"] == ("gzip" if filter_id == 1 else "zstd")
+    # before the commit, the pending dataset reads back (its chunks as written, decoded)
+    assert np.array_equal(zarr.open_array(LocalStore(path, read_only=True))[...], x)
+    assert status(mnt, "z.h5")["datasets"]["/g/v"]["missing"] == 0
+    commit(mnt, "z.h5")
+    backing = os.path.join(env.backing, "z.h5")
+    with h5py.File(backing) as f:
+        d = f["g/v"]
+        assert not d.is_virtual and d.chunks == chunks
+        dcpl = d.id.get_create_plist()
+        filters = [dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters())]
+        assert [(fid, cd) for fid, _, cd in filters] == [(filter_id, opts)], filters
+        assert d.dtype == x.dtype and np.array_equal(d[()], x)
+    assert [n for n in os.listdir(env.backing) if not n.startswith(".")] == ["z.h5"]
+    raw = np.fromfile(os.path.join(mnt, "z.h5", "g", "v", "data"), dtype=x.dtype)
+    assert np.array_equal(raw.reshape(shape), x)
+    z = zarr.open_array(LocalStore(path, read_only=True))
+    assert np.array_equal(z[()], x)
+
+
+@pytest.mark.parametrize("compressors,name", [
+    (zarr.codecs.BloscCodec(), "blosc"),
+    ((zarr.codecs.ZstdCodec(), zarr.codecs.GzipCodec()), "gzip"),
+])
+def test_unmapped_codecs_are_refused_with_the_fix(env, compressors, name):
     mnt = env.mount()
     path = os.path.join(mnt, "c.h5", "v")
     with pytest.raises(OSError) as e:
-        zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4")
+        zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4",
+                          compressors=compressors)
     assert e.value.errno == errno.EINVAL
     err = status(mnt, "c.h5")["last_commit"]["error"]
-    assert "zarr.json" in err and "compressors=None" in err, err
-    # nothing was declared: the same path takes an uncompressed array afterwards
-    a = zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4",
-                          compressors=None)
+    assert "zarr.json" in err and name in err and "[bytes, zstd]" in err, err
+    # nothing was declared: the same path takes a zstd array afterwards
+    a = zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4")
     a[:] = np.arange(8, dtype="<f4")
     commit(mnt, "c.h5")
-    check_committed(env, mnt, "c.h5", "/v", np.arange(8, dtype="<f4"))
+    import hdf5plugin  # noqa: F401
+    with h5py.File(os.path.join(env.backing, "c.h5")) as f:
+        assert np.array_equal(f["v"][()], np.arange(8, dtype="<f4"))
+
+
+def test_compressed_partial_chunk_writes_read_modify_write(env):
+    """The pending view serves a zstd array's chunks zstd-encoded (its zarr.json says
+    so), so zarr's read-modify-write of part of a chunk keeps what was written."""
+    import hdf5plugin  # noqa: F401
+
+    mnt = env.mount()
+    path = os.path.join(mnt, "p.h5", "v")
+    a = zarr.create_array(store=LocalStore(path), shape=(10, 6), chunks=(4, 4), dtype="<i4",
+                          fill_value=0)
+    x = np.zeros((10, 6), "<i4")
+    for r in range(10):
+        a[r, :] = x[r, :] = np.arange(6) + 10 * r + 1
+    z = json.load(open(os.path.join(path, "zarr.json")))
+    assert [c["name"] for c in z["codecs"]] == ["bytes", "zstd"]
+    assert np.array_equal(zarr.open_array(LocalStore(path, read_only=True))[...], x)
+    commit(mnt, "p.h5")
+    with h5py.File(os.path.join(env.backing, "p.h5")) as f:
+        assert np.array_equal(f["v"][()], x)
+
+
+def test_corrupt_compressed_chunk_is_refused(env):
+    """A chunk file that is not a whole stream of the array's codec is refused at close
+    (EINVAL), nothing lands in its tile, and the daemon serves on."""
+    mnt = env.mount()
+    path = os.path.join(mnt, "k.h5", "v")
+    a = zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4",
+                          compressors=zarr.codecs.GzipCodec())
+    import gzip
+    good = gzip.compress(np.arange(4, dtype="<f4").tobytes())
+    bad = [b"not gzip at all", good[: len(good) // 2],
+           gzip.compress(np.arange(5, dtype="<f4").tobytes()),  # decodes past the chunk
+           gzip.compress(np.arange(3, dtype="<f4").tobytes())]  # decodes short of it
+    for b in bad:
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(path, "c", "0"), "wb") as f:
+                f.write(b)
+        assert e.value.errno == errno.EINVAL, b
+    st = status(mnt, "k.h5")["datasets"]["/v"]
+    assert st["complete"] == 0, st
+    # far larger than any gzip stream of the chunk: refused as it is written
+    with pytest.raises(OSError) as e:
+        with open(os.path.join(path, "c", "0"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+    assert e.value.errno == errno.EFBIG
+    a[:] = np.arange(8, dtype="<f4")
+    commit(mnt, "k.h5")
+    with h5py.File(os.path.join(env.backing, "k.h5")) as f:
+        assert np.array_equal(f["v"][()], np.arange(8, dtype="<f4"))
 
 
 def test_meta_json_unwritten_tiles_fill(env):
