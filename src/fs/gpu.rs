@@ -6,6 +6,7 @@ use super::buffers::{tgid, validate_read, validate_write, Registration};
 use super::open::OpenFile;
 use super::vfs::Fs;
 use crate::error::{Error, GpuError, NamespaceError, Result};
+use crate::gpu::Mapping;
 use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer, WriteFromGpu};
 use crate::model::flatten;
 use crate::selection::Hyperslab;
@@ -72,6 +73,28 @@ impl Fs {
         Ok(ioctl::encode(&req))
     }
 
+    /// Buffer `id`'s device mapping and offset once `check` accepts its registration
+    /// (READ_TO_GPU's and WRITE_FROM_GPU's checks). Cloned out of the map: no guard is
+    /// held across the transfer, and this reference keeps the buffer mapped even if it
+    /// is unregistered meanwhile.
+    fn mapped_buffer(
+        &self,
+        id: u64,
+        check: impl FnOnce(&Registration) -> Result<()>,
+    ) -> Result<(Arc<Mapping>, u64)> {
+        let reg = self
+            .gpu
+            .buffers
+            .get(&id)
+            .ok_or_else(|| Error::not_found(format!("no buffer {id}")))?;
+        check(&reg)?;
+        let m = reg
+            .mapping
+            .clone()
+            .ok_or_else(|| GpuError::NoDevice("buffer has no device mapping".into()))?;
+        Ok((m, reg.offset))
+    }
+
     fn read_to_gpu(&self, fh: u64, pid: u32, input: &[u8]) -> Result<Vec<u8>> {
         let mut req: ReadToGpu = ioctl::decode(input)?;
         let (model, sel) = {
@@ -100,21 +123,9 @@ impl Fs {
         };
         let size = sel.num_elements() * model.itemsize();
         let owner = tgid(pid);
-        // The mapping is cloned out of the map (no guard held across the transfer); this
-        // reference keeps it mapped even if the buffer is unregistered meanwhile.
-        let (base, offset) = {
-            let reg = self
-                .gpu
-                .buffers
-                .get(&req.buffer_id)
-                .ok_or_else(|| Error::not_found(format!("no buffer {}", req.buffer_id)))?;
-            validate_read(&reg, owner, &req, size)?;
-            let m = reg
-                .mapping
-                .clone()
-                .ok_or_else(|| GpuError::NoDevice("buffer has no device mapping".into()))?;
-            (m, reg.offset)
-        };
+        let (base, offset) = self.mapped_buffer(req.buffer_id, |reg| {
+            validate_read(reg, owner, &req, size).map(drop)
+        })?;
         // Plan and transfer window by window so a huge read holds a bounded plan.
         const WINDOW: u64 = 256 << 20;
         let (mut direct, mut staged) = (0, 0);
@@ -196,21 +207,9 @@ impl Fs {
             })
         })?;
         let owner = tgid(pid);
-        // Cloned out of the map (no guard held across the transfer); this reference keeps
-        // the buffer mapped even if it is unregistered meanwhile.
-        let (mapping, offset) = {
-            let reg = self
-                .gpu
-                .buffers
-                .get(&req.buffer_id)
-                .ok_or_else(|| Error::not_found(format!("no buffer {}", req.buffer_id)))?;
-            validate_write(&reg, owner, &req, size)?;
-            let m = reg
-                .mapping
-                .clone()
-                .ok_or_else(|| GpuError::NoDevice("buffer has no device mapping".into()))?;
-            (m, reg.offset)
-        };
+        let (mapping, offset) = self.mapped_buffer(req.buffer_id, |reg| {
+            validate_write(reg, owner, &req, size).map(drop)
+        })?;
         let base = offset
             .checked_add(req.buf_offset)
             .ok_or_else(|| Error::invalid("buffer offset overflows"))?;

@@ -117,6 +117,30 @@ fn superblock(f: &std::fs::File, path: &Path) -> Result<Vec<u8>> {
     Ok(sb)
 }
 
+/// `path` open for reading and writing, and its checked superblock.
+fn open_superblock(path: &Path) -> Result<(std::fs::File, Vec<u8>)> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
+    let sb = superblock(&f, path)?;
+    Ok((f, sb))
+}
+
+/// Writes superblock `sb` (changed) back to `f` with its checksum recomputed, not synced.
+fn put_superblock(f: &std::fs::File, path: &Path, sb: &mut [u8]) -> Result<()> {
+    let ck = lookup3(&sb[..44]);
+    sb[44..48].copy_from_slice(&ck.to_le_bytes());
+    f.write_all_at(sb, 0)
+        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))
+}
+
+fn sync(f: &std::fs::File, path: &Path) -> Result<()> {
+    f.sync_all()
+        .map_err(|e| Error::from_io(format!("fsync {}", path.display()), e))
+}
+
 /// libhdf5's end of file for `path` (0 when it does not exist yet).
 pub fn end_of_file(path: &Path) -> Result<u64> {
     let f = match std::fs::File::open(path) {
@@ -131,12 +155,7 @@ pub fn end_of_file(path: &Path) -> Result<u64> {
 /// it returns: the superblock's end-of-file address moves past them (the file grows,
 /// sparse, to match), so libhdf5 allocates nothing there later.
 pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
-    let mut sb = superblock(&f, path)?;
+    let (f, mut sb) = open_superblock(path)?;
     let eoa = le(&sb[SB_EOA..SB_EOA + 8]);
     let base = eoa
         .checked_next_multiple_of(align.max(1))
@@ -145,8 +164,6 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
         .checked_add(len)
         .ok_or_else(|| Error::invalid(format!("{}: slots overflow", path.display())))?;
     sb[SB_EOA..SB_EOA + 8].copy_from_slice(&end.to_le_bytes());
-    let ck = lookup3(&sb[..44]);
-    sb[44..48].copy_from_slice(&ck.to_le_bytes());
     let size = f
         .metadata()
         .map_err(|e| Error::from_io(format!("stat {}", path.display()), e))?
@@ -155,9 +172,9 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
         f.set_len(end)
             .map_err(|e| Error::from_io(format!("extending {}", path.display()), e))?;
     }
-    f.write_all_at(&sb, 0)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))?;
+    // (the file reaches the new end before the superblock says so)
+    put_superblock(&f, path, &mut sb)?;
+    sync(&f, path)?;
     Ok(base)
 }
 
@@ -167,40 +184,26 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
 /// left the file being built unopenable. Only for the file being built, under its file's
 /// lock, where no other libhdf5 can have it open.
 pub fn clear_open_flags(path: &Path) -> Result<bool> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
-    let mut sb = superblock(&f, path)?;
+    let (f, mut sb) = open_superblock(path)?;
     if sb[11] == 0 {
         return Ok(false);
     }
     sb[11] = 0;
-    let ck = lookup3(&sb[..44]);
-    sb[44..48].copy_from_slice(&ck.to_le_bytes());
-    f.write_all_at(&sb, 0)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))?;
+    put_superblock(&f, path, &mut sb)?;
+    sync(&f, path)?;
     Ok(true)
 }
 
 /// Sets libhdf5's end of `path` to `eoa` and cuts the file there (the part of a
 /// reservation left unused goes).
 pub fn set_end_of_file(path: &Path, eoa: u64) -> Result<()> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
-    let mut sb = superblock(&f, path)?;
+    let (f, mut sb) = open_superblock(path)?;
     sb[SB_EOA..SB_EOA + 8].copy_from_slice(&eoa.to_le_bytes());
-    let ck = lookup3(&sb[..44]);
-    sb[44..48].copy_from_slice(&ck.to_le_bytes());
-    f.write_all_at(&sb, 0)
-        .and_then(|_| f.set_len(eoa))
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::from_io(format!("writing {}'s superblock", path.display()), e))
+    // (the superblock stops short of what is cut before the file is cut)
+    put_superblock(&f, path, &mut sb)?;
+    f.set_len(eoa)
+        .map_err(|e| Error::from_io(format!("cutting {}", path.display()), e))?;
+    sync(&f, path)
 }
 
 /// A fixed-array chunk index of filtered chunks.
@@ -472,16 +475,9 @@ mod tests {
         };
         add(true, "/d").unwrap();
         {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&p)
-                .unwrap();
-            let mut sb = superblock(&f, &p).unwrap();
+            let (f, mut sb) = open_superblock(&p).unwrap();
             sb[11] = 1; // H5F_SUPER_WRITE_ACCESS, as a killed writer leaves it
-            let ck = lookup3(&sb[..44]);
-            sb[44..48].copy_from_slice(&ck.to_le_bytes());
-            f.write_all_at(&sb, 0).unwrap();
+            put_superblock(&f, &p, &mut sb).unwrap();
         }
         add(false, "/e").unwrap();
         assert!(!clear_open_flags(&p).unwrap());
