@@ -9,7 +9,7 @@
 //! ranges, element sizes) and says when it did not run, so that the caller falls back
 //! to Rust.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::Once;
 
 /// c-blosc2 picks its shuffle kernels on first use through a plain static flag, not
@@ -42,6 +42,22 @@ extern "C" {
     fn LZ4_compressBound(size: c_int) -> c_int;
     fn LZ4_compress_default(src: *const c_char, dst: *mut c_char, size: c_int, cap: c_int)
         -> c_int;
+    fn LZ4_compress_HC(
+        src: *const c_char,
+        dst: *mut c_char,
+        size: c_int,
+        cap: c_int,
+        level: c_int,
+    ) -> c_int;
+    // blosclz.h of c-blosc2 2.15 (its context argument is unused there).
+    fn blosclz_compress(
+        opt_level: c_int,
+        input: *const c_void,
+        length: c_int,
+        output: *mut c_void,
+        maxout: c_int,
+        ctx: *mut c_void,
+    ) -> c_int;
 }
 
 /// The largest element size handed to c-blosc2's byte unshuffle: its own callers never
@@ -109,6 +125,50 @@ pub fn lz4_compress(src: &[u8]) -> Option<Vec<u8>> {
             out.as_mut_ptr() as *mut c_char,
             n,
             bound,
+        )
+    };
+    out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);
+    Some(out)
+}
+
+/// `src` as one LZ4 block made by LZ4HC at `level` (what Blosc's lz4hc writes), or None
+/// if it fails or `src` is too large for `int`.
+pub fn lz4hc_compress(src: &[u8], level: u8) -> Option<Vec<u8>> {
+    let n = c_int::try_from(src.len()).ok()?;
+    // SAFETY: a pure function of its argument.
+    let bound = unsafe { LZ4_compressBound(n) };
+    let mut out = vec![0u8; usize::try_from(bound).ok().filter(|&b| b > 0)?];
+    // SAFETY: LZ4_compress_HC reads `n` bytes of `src` and writes at most `bound` bytes
+    // of `out` (its length); it returns 0 on failure.
+    let w = unsafe {
+        LZ4_compress_HC(
+            src.as_ptr() as *const c_char,
+            out.as_mut_ptr() as *mut c_char,
+            n,
+            bound,
+            c_int::from(level),
+        )
+    };
+    out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);
+    Some(out)
+}
+
+/// `src` as one BloscLZ stream at `level` (1-9), only if shorter than `src`: None when
+/// BloscLZ cannot shrink it (it gives up early on data it finds incompressible).
+pub fn blosclz(src: &[u8], level: u8) -> Option<Vec<u8>> {
+    let n = c_int::try_from(src.len()).ok()?;
+    let mut out = vec![0u8; src.len()];
+    // SAFETY: blosclz_compress reads `n` bytes of `src` and writes at most `n` bytes of
+    // `out` (its length, the `maxout` given); it returns 0 when the output would not
+    // fit and never touches the unused context argument.
+    let w = unsafe {
+        blosclz_compress(
+            c_int::from(level),
+            src.as_ptr() as *const c_void,
+            n,
+            out.as_mut_ptr() as *mut c_void,
+            n,
+            std::ptr::null_mut(),
         )
     };
     out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);

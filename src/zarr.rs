@@ -395,11 +395,11 @@ pub fn pad(clipped: &[u8], count: &[u64], chunk: &[u64], es: usize, fill: &[u8])
 }
 
 /// What a Zarr writer must do instead, in every refusal of a zarr.json.
-const WRITE_FIX: &str = "h5tilefs takes Zarr v3 arrays with codecs [bytes], [bytes, zstd] or \
-    [bytes, gzip] (zarr-python: create_array(..., filters=None) with the default \
-    compressors, compressors=GzipCodec(...) or compressors=None), the default chunk key \
-    encoding with separator \"/\" and a numeric or bool data_type; a zstd or gzip array \
-    is committed as a chunked dataset with HDF5's filter of the same codec";
+const WRITE_FIX: &str = "h5tilefs takes Zarr v3 arrays with codecs [bytes], [bytes, zstd], \
+    [bytes, gzip] or [bytes, blosc] (zarr-python: create_array(..., filters=None) with the \
+    default compressors, compressors=GzipCodec(...), BloscCodec(...) or None), the default \
+    chunk key encoding with separator \"/\" and a numeric or bool data_type; a compressed \
+    array is committed as a chunked dataset with HDF5's filter of the same codec";
 
 /// The meta.json declaration (see staging.rs) a Zarr v3 array's zarr.json written into
 /// a pending dataset's directory stands for: shape, dtype with the `bytes` codec's byte
@@ -463,7 +463,7 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         .collect();
     let compression = match names.as_slice() {
         ["bytes"] => None,
-        ["bytes", "zstd" | "gzip"] => Some(compressor(&codecs[1])?),
+        ["bytes", "zstd" | "gzip" | "blosc"] => Some(compressor(&codecs[1])?),
         _ => {
             return Err(format!(
                 "codecs {names:?} cannot be written through the mount: {WRITE_FIX}"
@@ -537,11 +537,22 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
     Ok(decl)
 }
 
-/// The meta.json compression (h5py's name and level) of Zarr's `zstd` or `gzip` codec:
-/// its level as Zarr gave it, a zstd level of 0 (libzstd's "default") as 3, the level
-/// it means, so the HDF5 filter states it.
-fn compressor(codec: &Value) -> Result<(&'static str, i64), String> {
+/// The meta.json compression (h5py's name and options) of Zarr's `zstd`, `gzip` or
+/// `blosc` codec: its level as Zarr gave it, a zstd level of 0 (libzstd's "default") as
+/// 3, the level it means, so the HDF5 filter states it; Blosc's compressor, level and
+/// shuffle (its type size is the data type's, its block size Blosc's own choice).
+fn compressor(codec: &Value) -> Result<(&'static str, Value), String> {
     let name = codec.get("name").and_then(Value::as_str).unwrap_or("?");
+    if name == "blosc" {
+        let c = codec.get("configuration");
+        let mut o = serde_json::Map::new();
+        for k in ["cname", "clevel", "shuffle"] {
+            if let Some(v) = c.and_then(|c| c.get(k)).filter(|v| !v.is_null()) {
+                o.insert(k.into(), v.clone());
+            }
+        }
+        return Ok(("blosc", Value::Object(o)));
+    }
     let level = codec.get("configuration").and_then(|c| c.get("level"));
     let level = match level {
         None | Some(Value::Null) => None,
@@ -551,8 +562,8 @@ fn compressor(codec: &Value) -> Result<(&'static str, i64), String> {
         ),
     };
     Ok(match name {
-        "zstd" => ("zstd", level.filter(|&l| l != 0).unwrap_or(3)),
-        _ => ("gzip", level.unwrap_or(5)),
+        "zstd" => ("zstd", json!(level.filter(|&l| l != 0).unwrap_or(3))),
+        _ => ("gzip", json!(level.unwrap_or(5))),
     })
 }
 
@@ -773,9 +784,21 @@ mod tests {
             (&d["compression"], &d["compression_opts"]),
             (&json!("gzip"), &json!(7))
         );
-        // blosc, a checksum or a transpose: refused, naming the codecs and what is taken
+        let blosc = zstd.replace(
+            r#""zstd","configuration":{"level":0}"#,
+            r#""blosc","configuration":{"typesize":4,"cname":"zstd","clevel":5,"shuffle":"bitshuffle","blocksize":0}"#,
+        );
+        let d = declaration(blosc.as_bytes()).unwrap();
+        assert_eq!(
+            (&d["compression"], &d["compression_opts"]),
+            (
+                &json!("blosc"),
+                &json!({"cname": "zstd", "clevel": 5, "shuffle": "bitshuffle"})
+            )
+        );
+        // a checksum, a transpose or two compressors: refused, naming the codecs and
+        // what is taken
         for codecs in [
-            r#"[{"name":"bytes"},{"name":"blosc","configuration":{"cname":"zstd"}}]"#,
             r#"[{"name":"bytes"},{"name":"crc32c"}]"#,
             r#"[{"name":"transpose","configuration":{"order":[1,0]}},{"name":"bytes"},{"name":"zstd"}]"#,
             r#"[{"name":"bytes"},{"name":"zstd"},{"name":"gzip"}]"#,

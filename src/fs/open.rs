@@ -573,7 +573,7 @@ pub fn open_pending_zarr(
             let encoded = meta
                 .compression
                 .as_ref()
-                .and_then(zarr_codec)
+                .and_then(|c| zarr_codec(c, meta.itemsize as usize))
                 .map(|_| parking_lot::Mutex::new(Vec::new()));
             OpenFile::ZarrChunkWrite {
                 file,
@@ -587,8 +587,10 @@ pub fn open_pending_zarr(
             let pm = meta.ok_or_else(declared)?;
             let raw = pending_chunk(&cx.pending, &cx.cache, &file, &path, &pm, &idx)?;
             let b = match &pm.compression {
-                Some(c) if zarr_codec(c).is_some() => encode_zarr(&c.codec, &raw)
-                    .ok_or_else(|| Error::io(format!("{path}: chunk {idx:?} not encoded")))?,
+                Some(c) if zarr_codec(c, pm.itemsize as usize).is_some() => {
+                    encode_zarr(&c.codec, &raw, pm.itemsize as usize)
+                        .ok_or_else(|| Error::io(format!("{path}: chunk {idx:?} not encoded")))?
+                }
                 _ => raw,
             };
             OpenFile::Bytes(Arc::new(b))

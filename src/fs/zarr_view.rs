@@ -33,10 +33,14 @@ fn info<'a>(path: &'a str, pm: &'a PendingMeta) -> ArrayInfo<'a> {
 }
 
 /// A pending dataset's zarr.json, or None when Zarr has no data type for it.
-/// A zstd or gzip dataset's chunks are shown (and taken) encoded with that codec.
+/// A zstd, gzip or blosc dataset's chunks are shown (and taken) encoded with that codec.
 pub fn zarr_json(path: &str, pm: &PendingMeta) -> Option<Vec<u8>> {
     let b = crate::zarr::array_json(&info(path, pm))?;
-    let Some(codec) = pm.compression.as_ref().and_then(zarr_codec) else {
+    let Some(codec) = pm
+        .compression
+        .as_ref()
+        .and_then(|c| zarr_codec(c, pm.itemsize as usize))
+    else {
         return Some(b);
     };
     let mut v: serde_json::Value = serde_json::from_slice(&b).ok()?;

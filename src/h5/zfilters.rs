@@ -299,6 +299,12 @@ unsafe fn decode_in_place(
                 },
             )),
             codecs::LZ4 => Some(codecs::encode::Codec::Lz4),
+            codecs::BLOSC => codecs::encode::Blosc::from_client_data(if cd_values.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(cd_values, cd_nelmts)
+            })
+            .map(codecs::encode::Codec::Blosc),
             _ => None,
         };
         if let Some(c) = codec {
@@ -306,7 +312,14 @@ unsafe fn decode_in_place(
                 return 0;
             }
             let input = std::slice::from_raw_parts(*buf as *const u8, nbytes.min(*buf_size));
-            let Some(out) = codecs::encode::compress(&c, input) else {
+            let itemsize = match c {
+                // the type size Blosc's client data records (the filter's set_local)
+                codecs::encode::Codec::Blosc(_) if cd_nelmts > 2 && !cd_values.is_null() => {
+                    *cd_values.add(2) as usize
+                }
+                _ => 1,
+            };
+            let Some(out) = codecs::encode::compress(&c, input, itemsize) else {
                 return 0;
             };
             let p = libc::malloc(out.len().max(1));

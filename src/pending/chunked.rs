@@ -116,7 +116,15 @@ pub(super) fn declare_locked(
     let filters = meta
         .compression
         .as_ref()
-        .map(|c| c.filters(meta.itemsize as u32))
+        .map(|c| {
+            let chunk_bytes = meta
+                .chunk_shape()
+                .iter()
+                .try_fold(meta.itemsize, |a, &d| a.checked_mul(d))
+                .and_then(|b| u32::try_from(b).ok())
+                .unwrap_or(u32::MAX);
+            c.filters(meta.itemsize as u32, chunk_bytes)
+        })
         .unwrap_or_default();
     let eoa_before = crate::writer::slots::end_of_file(&path)?;
     let a = if path.exists() {

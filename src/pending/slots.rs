@@ -283,7 +283,7 @@ pub(super) fn store(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codecs::encode::Codec;
+    use crate::codecs::encode::{Blosc, BloscName, Codec};
 
     /// The layout end to end against libhdf5 itself: a dataset declared with a
     /// pipeline, its chunks encoded into slots and the index pointed at them, reads back
@@ -295,18 +295,37 @@ mod tests {
         crate::h5::zfilters::register();
         let dir = tempfile::tempdir().unwrap();
         type Case = (&'static str, Vec<u64>, Vec<u64>, Codec, bool);
-        let cases: [Case; 5] = [
+        let cases: [Case; 7] = [
             ("<f4", vec![200, 100], vec![64, 48], Codec::Gzip(4), true),
             ("<i2", vec![2100], vec![1], Codec::Zstd(3), false),
             ("<f8", vec![33, 17], vec![8, 16], Codec::Lz4, true),
             ("<u4", vec![3000], vec![2], Codec::Gzip(1), false),
             ("<f4", vec![40, 30], vec![40, 30], Codec::Zstd(1), true),
+            (
+                "<f8",
+                vec![90, 70],
+                vec![32, 32],
+                Codec::Blosc(Blosc {
+                    cname: BloscName::Zstd,
+                    clevel: 5,
+                    shuffle: 2,
+                }),
+                false,
+            ),
+            (
+                "<u4",
+                vec![5000],
+                vec![700],
+                Codec::Blosc(Blosc::default()),
+                true,
+            ),
         ];
         for (i, (dt, shape, chunk, codec, shuffle)) in cases.into_iter().enumerate() {
             let p = dir.path().join(format!("c{i}.h5"));
             let z = Compression { codec, shuffle };
             let itemsize: usize = dt[2..].parse().unwrap();
-            let filters = z.filters(itemsize as u32);
+            let chunk_bytes = chunk.iter().product::<u64>() as u32 * itemsize as u32;
+            let filters = z.filters(itemsize as u32, chunk_bytes);
             let a = writer::chunked::add_dataset(
                 &p,
                 true,

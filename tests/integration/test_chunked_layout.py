@@ -181,6 +181,13 @@ def _smooth(shape, dtype, seed):
     ("zstd", 5, False, (9, 8, 7), (4, 8, 3), "<i2"),  # rank 3
     ("lz4", None, True, (1100,), (1,), "<f8"),       # a paged chunk index (> 1 024 chunks)
     ("gzip", None, False, (6, 6), (6, 6), "<u4"),    # one chunk: libhdf5's single-chunk index
+    # Blosc: hdf5plugin.Blosc's defaults (lz4, byte shuffle inside Blosc), then each
+    # compressor, its bit shuffle, and hdf5plugin's filter options as h5py takes them
+    ("blosc", None, False, (70, 50), (32, 16), "<f4"),
+    ("blosc", {"cname": "zstd", "clevel": 3, "shuffle": "bitshuffle"}, False, (300,), (64,), "<i4"),
+    ("blosc", {"cname": "zlib", "clevel": 6, "shuffle": 0}, True, (40, 40), (20, 20), "<f8"),
+    ("blosc", [0, 0, 0, 0, 9, 1, 0], False, (5000,), (1024,), "<i2"),   # blosclz
+    ("blosc", {"cname": "lz4hc", "clevel": 9, "shuffle": 2}, False, (180000,), (65536,), "<f4"),
 ])
 def test_compressed_tiles_become_compressed_chunks(env, comp, opts, shuffle, shape, tile, dtype):
     """A compressed chunked dataset: the tiles written uncompressed through the mount
@@ -222,7 +229,7 @@ def test_compressed_tiles_become_compressed_chunks(env, comp, opts, shuffle, sha
         assert not x.is_virtual and x.chunks == tuple(min(t, s) for t, s in zip(tile, shape))
         ids = [x.id.get_create_plist().get_filter(i)[0]
                for i in range(x.id.get_create_plist().get_nfilters())]
-        want_ids = ([2] if shuffle else []) + [{"gzip": 1, "zstd": 32015, "lz4": 32004}[comp]]
+        want_ids = ([2] if shuffle else []) + [{"gzip": 1, "zstd": 32015, "lz4": 32004, "blosc": 32001}[comp]]
         assert ids == want_ids
         if comp == "gzip":
             assert x.compression == "gzip" and x.compression_opts == (opts or 4)

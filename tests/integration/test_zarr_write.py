@@ -194,13 +194,18 @@ COMPRESSED = [
     ("zstd-checksum", (9, 8, 7), "<i2", (4, 3, 5), 32015, (5,)),
     ("gzip", (13, 10), "<f8", (5, 4), 1, (6,)),
     ("gzip", (33,), "|u1", (8,), 1, (6,)),
+    # zarr-python's BloscCodec: zstd level 5, byte shuffle (bit shuffle for one-byte
+    # types); its chunks are Blosc 1 chunks, HDF5's Blosc filter's format
+    ("blosc", (13, 10), "<f4", (4, 3), 32001, (2, 2, 4, 48, 5, 1, 5)),
+    ("blosc", (33,), "|u1", (8,), 32001, (2, 2, 1, 8, 5, 2, 5)),
+    ("blosc-lz4", (40, 30), "<f8", (16, 8), 32001, (2, 2, 8, 1024, 7, 0, 1)),
 ]
 
 
 @pytest.mark.parametrize("codec,shape,dtype,chunks,filter_id,opts", COMPRESSED)
 def test_compressed_zarr_array_commits_as_compressed_chunks(env, codec, shape, dtype, chunks,
                                                             filter_id, opts):
-    """A zstd (zarr's default) or gzip array: each chunk file is decoded into its tile and
+    """A zstd (zarr's default), gzip or blosc array: each chunk file is decoded into its tile and
     the committed file is one chunked dataset with HDF5's filter of the same codec."""
     import hdf5plugin  # noqa: F401 - the zstd filter for h5py
 
@@ -213,13 +218,17 @@ def test_compressed_zarr_array_commits_as_compressed_chunks(env, codec, shape, d
         kw["compressors"] = zarr.codecs.GzipCodec(level=6)
     elif codec == "zstd-checksum":
         kw["compressors"] = zarr.codecs.ZstdCodec(level=5, checksum=True)
+    elif codec == "blosc":
+        kw["compressors"] = zarr.codecs.BloscCodec()
+    elif codec == "blosc-lz4":
+        kw["compressors"] = zarr.codecs.BloscCodec(cname="lz4", clevel=7, shuffle="noshuffle")
     path = os.path.join(mnt, "z.h5", "g", "v")
     a = zarr.create_array(store=LocalStore(path), shape=shape, chunks=chunks, dtype=x.dtype,
                           fill_value=0, **kw)
     a[...] = x
     meta = json.load(open(os.path.join(path, "meta.json")))
     assert meta["layout"] == "chunked"
-    assert meta["compression"] == ("gzip" if filter_id == 1 else "zstd")
+    assert meta["compression"] == {1: "gzip", 32015: "zstd", 32001: "blosc"}[filter_id]
     # before the commit, the pending dataset reads back (its chunks as written, decoded)
     assert np.array_equal(zarr.open_array(LocalStore(path, read_only=True))[...], x)
     assert status(mnt, "z.h5")["datasets"]["/g/v"]["missing"] == 0
@@ -240,7 +249,7 @@ def test_compressed_zarr_array_commits_as_compressed_chunks(env, codec, shape, d
 
 
 @pytest.mark.parametrize("compressors,name", [
-    (zarr.codecs.BloscCodec(), "blosc"),
+    (zarr.codecs.Crc32cCodec(), "crc32c"),
     ((zarr.codecs.ZstdCodec(), zarr.codecs.GzipCodec()), "gzip"),
 ])
 def test_unmapped_codecs_are_refused_with_the_fix(env, compressors, name):

@@ -163,8 +163,15 @@ impl Spec {
             m["layout"] = "chunked".into();
             // an odd fill value: declared compressed too (the data is the same to the
             // model; the commit's encoding, and its writers', are what is exercised)
-            if self.fill % 2 != 0 {
+            // (gzip, or Blosc with its bit shuffle; both after HDF5's shuffle, so the
+            // Zarr view keeps serving and taking raw chunks, as the model writes them)
+            if self.fill.rem_euclid(4) == 1 {
                 m["compression"] = "gzip".into();
+                m["shuffle"] = true.into();
+            } else if self.fill.rem_euclid(4) == 3 {
+                m["compression"] = "blosc".into();
+                m["compression_opts"] =
+                    serde_json::json!({"cname": "zstd", "clevel": 3, "shuffle": 2});
                 m["shuffle"] = true.into();
             }
         }

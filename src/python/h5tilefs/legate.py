@@ -456,8 +456,9 @@ def to_file(array, path, dataset_name: str, *, layout: str = "virtual", compress
     dataset over one source file per tile. ``layout="chunked"``: one self-contained file
     whose dataset is chunked with the tiles as chunks, written in place by every rank
     (docs/namespace.md, "The chunked layout"). With ``layout="chunked"``,
-    ``compression`` (``"gzip"``, ``"zstd"`` or ``"lz4"``), ``compression_opts`` (its
-    level) and ``shuffle`` are h5py's: each rank's daemon encodes the tiles it wrote
+    ``compression`` (``"gzip"``, ``"zstd"``, ``"lz4"`` or ``"blosc"``),
+    ``compression_opts`` (its level; for blosc also hdf5plugin.Blosc's arguments as a
+    dict) and ``shuffle`` are h5py's: each rank's daemon encodes the tiles it wrote
     (docs/namespace.md, "Compressed chunked datasets").
 
     Launches, each waited for on every rank: one task replaces the file and declares
