@@ -30,6 +30,11 @@ pub(super) const PRODUCT: &str = "chunked.h5";
 pub(super) const HIDDEN: &str = "/.h5tilefs-pending";
 /// A chunked dataset's record, in its node directory.
 const RECORD: &str = "chunked";
+/// Beside the file being built when it began as a copy of the committed file: that
+/// file's identity then (ino, size, mtime, ctime; not the device, which differs between
+/// nodes' mounts of one shared file system), so a commit can tell that the file it
+/// replaces is still the one copied.
+const BASED_ON: &str = "chunked.base";
 
 /// Where a chunked dataset of one generation lies in the file being built: its tiles
 /// lie at `base + k * chunk_bytes` of the file being built, or of its staging file when
@@ -98,19 +103,31 @@ pub(super) fn declare_locked(
         return Ok(());
     }
     let target = layout.target(&ds.file);
-    if target.exists() {
-        return Err(Error::invalid(format!(
-            "{}: \"layout\": \"chunked\" needs a new file, and {} exists (remove it first, or use the virtual layout)",
-            ds.path,
-            ds.file.display()
-        )));
-    }
     let path = layout.product(&ds.file);
     if let Some(old) = &old {
         product::unlink(&path, &old.link)?;
         if old.slots.is_some() {
             let _ = std::fs::remove_file(old.tiles_file(&path));
         }
+    }
+    if path.exists() && !still_based_on(&path, &target)? {
+        // The committed file changed behind h5tilefs since the file being built was
+        // begun. With no other chunked dataset in it, it is begun again from the file
+        // as it is now; otherwise the commit will refuse, and so does this.
+        let others = super::nodes::Nodes::list(layout, &ds.file)
+            .iter()
+            .filter(|n| n.path != ds.path)
+            .any(|n| record(&layout.dataset(&ds.file, &n.path).node).is_some());
+        if others {
+            return Err(Error::invalid(format!(
+                "{}: {} changed outside h5tilefs since its pending chunked datasets were \
+                 declared: remove them (rmdir) and declare them again",
+                ds.path,
+                ds.file.display()
+            )));
+        }
+        std::fs::remove_file(&path).map_err(io(format!("removing {}", path.display())))?;
+        forget_base(&path);
     }
     let link = format!("{HIDDEN}/{}.{gen}", encode(&ds.path));
     let filters = meta
@@ -126,9 +143,9 @@ pub(super) fn declare_locked(
             c.filters(meta.itemsize as u32, chunk_bytes)
         })
         .unwrap_or_default();
-    let eoa_before = crate::writer::slots::end_of_file(&path)?;
-    let a = if path.exists() {
-        product::add_dataset(
+    let (a, eoa_before) = if path.exists() {
+        let eoa = crate::writer::slots::end_of_file(&path)?;
+        let a = product::add_dataset(
             &path,
             false,
             &link,
@@ -137,26 +154,50 @@ pub(super) fn declare_locked(
             &meta.chunk_shape(),
             &meta.fill_value,
             &filters,
-        )?
+        )?;
+        (a, eoa)
     } else {
         // made whole under a name of its own, then renamed into place: a crash leaves
-        // no half-made file where writers look
+        // no half-made file where writers look. A file committed already is copied
+        // first (its other objects stay; a dataset of the same name is replaced at the
+        // commit), as the virtual layout's commit copies it.
         let tmp = path.with_file_name(format!("{PRODUCT}.{}.tmp", unique()));
-        let made = product::add_dataset(
-            &tmp,
-            true,
-            &link,
-            &meta.dtype,
-            &meta.shape,
-            &meta.chunk_shape(),
-            &meta.fill_value,
-            &filters,
-        )
-        .and_then(|a| {
+        let based = path.with_file_name(BASED_ON);
+        let made = (|| -> Result<(product::Allocated, u64)> {
+            let copied = match std::fs::symlink_metadata(&target) {
+                Ok(m) => Some(copy_committed(&target, &m, &tmp, &ds.path)?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(Error::from_io(format!("stat {}", target.display()), e)),
+            };
+            let eoa = crate::writer::slots::end_of_file(&tmp)?;
+            let a = product::add_dataset(
+                &tmp,
+                copied.is_none(),
+                &link,
+                &meta.dtype,
+                &meta.shape,
+                &meta.chunk_shape(),
+                &meta.fill_value,
+                &filters,
+            )?;
+            // what the file began as, durable before the file is where writers look
+            match copied {
+                Some(id) => {
+                    let b = serde_json::to_vec(&id).map_err(|e| Error::io(e.to_string()))?;
+                    write_atomic(&based, &b)?;
+                }
+                None => match std::fs::remove_file(&based) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Error::from_io(format!("removing {}", based.display()), e))
+                    }
+                },
+            }
             std::fs::rename(&tmp, &path)
                 .map_err(io(format!("renaming into {}", path.display())))?;
-            Ok(a)
-        });
+            Ok((a, eoa))
+        })();
         if made.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
@@ -202,6 +243,118 @@ pub(super) fn declare_locked(
     }
     let bytes = serde_json::to_vec(&r).map_err(|e| Error::io(e.to_string()))?;
     write_atomic(&ds.node.join(RECORD), &bytes)
+}
+
+/// The identity [`BASED_ON`] records: what stays the same for one version of a file
+/// seen from any node.
+pub(super) type BaseIdent = (u64, u64, i64, i64, i64, i64);
+
+fn base_ident(m: &std::fs::Metadata) -> BaseIdent {
+    let (_dev, ino, size, mt, mtn, ct, ctn) = super::base::file_ident(m);
+    (ino, size, mt, mtn, ct, ctn)
+}
+
+/// Copies the committed file `target` (metadata `m`) to `tmp` for a chunked dataset
+/// (`h5path`) to be added to it: only a plain HDF5 file whose superblock is version 2
+/// or 3 at offset 0 (the formats the compressed layout's end-of-file edits know; what
+/// the chunked layout and `libver="latest"` write), copied whole, unchanged meanwhile.
+/// Returns the identity copied.
+fn copy_committed(
+    target: &Path,
+    m: &std::fs::Metadata,
+    tmp: &Path,
+    h5path: &str,
+) -> Result<BaseIdent> {
+    let refuse = |why: &str| {
+        Error::invalid(format!(
+            "{h5path}: \"layout\": \"chunked\" adds to the committed {} only when {why}; \
+             use the virtual layout for this dataset, or write the file anew (remove it \
+             first, or rewrite it with h5py's libver=\"latest\" or `h5repack --low=2`)",
+            target.display()
+        ))
+    };
+    if !m.is_file() {
+        return Err(refuse("it is a regular file"));
+    }
+    let mut head = [0u8; 9];
+    let got = std::fs::File::open(target)
+        .and_then(|f| {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut head, 0)
+        })
+        .map_err(io(format!("reading {}", target.display())));
+    got?;
+    if &head[..8] != b"\x89HDF\r\n\x1a\n" || !(2..=3).contains(&head[8]) {
+        return Err(refuse(
+            "its superblock is version 2 or 3 at its start (HDF5 1.8+ formats without a user block)",
+        ));
+    }
+    std::fs::copy(target, tmp).map_err(io(format!("copying {}", target.display())))?;
+    let after = std::fs::metadata(target).map_err(io(format!("stat {}", target.display())))?;
+    if base_ident(&after) != base_ident(m) {
+        return Err(Error::invalid(format!(
+            "{}: changed while it was copied for {h5path}; try again",
+            target.display()
+        )));
+    }
+    std::fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("fsync {}", tmp.display())))?;
+    Ok(base_ident(m))
+}
+
+/// Whether the committed file `target` is the one the file being built (`product`)
+/// began as a copy of, or, when it began empty, that there is none. A commit refuses
+/// otherwise: its rename would lose whatever replaced or removed the file meanwhile.
+pub(super) fn still_based_on(product: &Path, target: &Path) -> Result<bool> {
+    let based = product.with_file_name(BASED_ON);
+    let want: Option<BaseIdent> = match std::fs::read(&based) {
+        Ok(b) => Some(
+            serde_json::from_slice(&b)
+                .map_err(|e| Error::io(format!("{}: {e}", based.display())))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::from_io(format!("reading {}", based.display()), e)),
+    };
+    let now = match std::fs::metadata(target) {
+        Ok(m) => Some(base_ident(&m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::from_io(format!("stat {}", target.display()), e)),
+    };
+    Ok(want == now)
+}
+
+/// Whether the file being built of `file` began as a copy of the committed file
+/// `target` as it is now (then [`removed_from_committed`] follows a removal from it).
+pub(super) fn copy_of_committed(layout: &Layout, file: &PendingFile, target: &Path) -> bool {
+    let product = layout.product(file);
+    product.exists()
+        && product.with_file_name(BASED_ON).exists()
+        && still_based_on(&product, target).unwrap_or(false)
+}
+
+/// After a committed object (`h5path`) was removed from the committed file `target`
+/// (under the file's lock) that the file being built was a copy of
+/// ([`copy_of_committed`] before the removal): the file being built loses the object
+/// too and records the new committed file as its base, so the removal survives the
+/// next commit instead of making it refuse.
+pub(super) fn removed_from_committed(
+    layout: &Layout,
+    file: &PendingFile,
+    h5path: &str,
+    target: &Path,
+) -> Result<()> {
+    let product = layout.product(file);
+    product::unlink(&product, h5path)?;
+    let m = std::fs::metadata(target).map_err(io(format!("stat {}", target.display())))?;
+    let b = serde_json::to_vec(&base_ident(&m)).map_err(|e| Error::io(e.to_string()))?;
+    write_atomic(&product.with_file_name(BASED_ON), &b)
+}
+
+/// After the commit's rename: the record of what the file being built began as goes
+/// (the next file being built starts from the committed file again).
+pub(super) fn forget_base(product: &Path) {
+    let _ = std::fs::remove_file(product.with_file_name(BASED_ON));
 }
 
 /// A compressed dataset's slots: `n` of them, each a chunk's size rounded up to 4 KiB,

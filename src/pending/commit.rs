@@ -511,6 +511,13 @@ impl Commit<'_> {
             ));
         }
         fsync_dir(dir)?;
+        // A chunked layout's file left by chunked datasets removed before this commit
+        // (none is pending now) goes: the next one starts from the file just committed.
+        let product = self.layout.product(file);
+        if product.exists() {
+            let _ = std::fs::remove_file(&product);
+            super::chunked::forget_base(&product);
+        }
         Ok(took)
     }
 
@@ -540,9 +547,11 @@ impl Commit<'_> {
             }
             return Ok((t.elapsed(), 0));
         }
-        if target.exists() {
+        if !super::chunked::still_based_on(&product, target)? {
             return Err(Error::invalid(format!(
-                "{}: chunked datasets need a new file, and it exists (made outside h5tilefs since they were declared): remove it and commit again",
+                "{}: the committed file changed outside h5tilefs since its chunked datasets \
+                 were declared (made, replaced or removed), and committing would lose that \
+                 change: remove the pending datasets (rmdir) and declare them again",
                 file.display()
             )));
         }
@@ -612,6 +621,7 @@ impl Commit<'_> {
         std::fs::rename(&product, target)
             .map_err(|e| Error::from_io(format!("renaming into {}", target.display()), e))?;
         fsync_dir(dir)?;
+        super::chunked::forget_base(&product);
         if std::env::var_os("H5TILEFS_FAULT_ABORT_AFTER_RENAME").is_some() {
             // test hook (docs/operations.md): the daemon dies between the rename and
             // the retirement of the pending state

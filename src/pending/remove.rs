@@ -96,6 +96,7 @@ impl Removal<'_> {
         let stage = layout.stage_dir(&ds.file);
         transition(layout, &ds.file, Transition::RemoveObject, |_| {
             Nodes::refuse_pending_inside(layout, ds)?;
+            let copied = super::chunked::copy_of_committed(layout, &ds.file, &target);
             let tmp = stage.join(format!("remove.{}.{}.tmp.h5", node_tag(), unique()));
             let done = crate::writer::delete_objects(&tmp, &target, std::slice::from_ref(&ds.path))
                 .and_then(|()| {
@@ -108,6 +109,9 @@ impl Removal<'_> {
                 return Err(e);
             }
             fsync_dir(&dir)?;
+            if copied {
+                super::chunked::removed_from_committed(layout, &ds.file, &ds.path, &target)?;
+            }
             // The removed dataset's tile sources go; a generation a pending dataset of
             // the same name (declared again, maybe through another daemon) writes to
             // stays.

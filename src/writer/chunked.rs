@@ -330,8 +330,27 @@ pub fn unlink(path: &Path, link: &str) -> Result<()> {
     close_synced(f, path)
 }
 
-/// Moves each `(from, to)` link (intermediate groups made), then removes the group
-/// `hidden` the links were declared under: the committed names.
+/// Whether link `path` (absolute) exists in file `f`, its parent groups checked first
+/// (`H5Lexists` fails on a missing intermediate group).
+///
+/// # Safety
+/// `f` must be a valid open file id.
+unsafe fn path_exists(f: hdf5_sys::h5i::hid_t, path: &str) -> Result<bool> {
+    let mut at = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        at.push('/');
+        at.push_str(part);
+        let c = cstr(&at)?;
+        if hdf5_sys::h5l::H5Lexists(f, c.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT) <= 0 {
+            return Ok(false);
+        }
+    }
+    Ok(!at.is_empty())
+}
+
+/// Moves each `(from, to)` link (intermediate groups made; an object already at `to`
+/// replaced), then removes the group `hidden` the links were declared under: the
+/// committed names.
 pub fn publish_links(path: &Path, moves: &[(String, String)], hidden: &str) -> Result<()> {
     let f = open_or_create(path, false)?;
     let lcpl = plist(*hdf5::globals::H5P_LINK_CREATE, "H5Pcreate(lcpl)")?;
@@ -344,11 +363,20 @@ pub fn publish_links(path: &Path, moves: &[(String, String)], hidden: &str) -> R
             )?;
             for (from, to) in moves {
                 let (a, b) = (cstr(from)?, cstr(to)?);
+                let from_there =
+                    hdf5_sys::h5l::H5Lexists(f.id(), a.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT) > 0;
+                let to_there = path_exists(f.id(), to)?;
                 // moved already by an earlier try of this commit that failed later
-                if hdf5_sys::h5l::H5Lexists(f.id(), a.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT) <= 0
-                    && hdf5_sys::h5l::H5Lexists(f.id(), b.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT) > 0
-                {
+                if !from_there && to_there {
                     continue;
+                }
+                // a committed object of that name (the file began as a copy of the
+                // committed one): replaced, as the virtual layout's commit replaces it
+                if to_there {
+                    check(
+                        hdf5_sys::h5l::H5Ldelete(f.id(), b.as_ptr(), hdf5_sys::h5p::H5P_DEFAULT),
+                        "H5Ldelete",
+                    )?;
                 }
                 check(
                     hdf5_sys::h5l::H5Lmove(

@@ -61,6 +61,10 @@ CODECS = {
                          {"shuffle": True, **hdf5plugin.Zstd(clevel=3)}),
     "lz4 + shuffle": ({"compression": "lz4", "shuffle": True},
                       {"shuffle": True, **hdf5plugin.LZ4()}),
+    # hdf5plugin.Blosc's defaults (lz4 5, Blosc's byte shuffle), and zstd inside Blosc
+    "blosc lz4 5": ({"compression": "blosc"}, dict(hdf5plugin.Blosc())),
+    "blosc zstd 5": ({"compression": "blosc", "compression_opts": {"cname": "zstd", "clevel": 5}},
+                     dict(hdf5plugin.Blosc(cname="zstd", clevel=5))),
 }
 
 
@@ -110,11 +114,14 @@ def main():
     ap.add_argument("--tile", type=int, default=64)
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--codecs", nargs="+", default=None, help="rows to run (names as in the table)")
     args = ap.parse_args()
     g, t = args.grid, args.tile
     DATA = field(g * t)
     rows = []
     for name, (meta, h5kw) in CODECS.items():
+        if args.codecs and name not in args.codecs:
+            continue
         root = tempfile.mkdtemp(prefix="zbench-", dir=args.dir)
         try:
             ref = os.path.join(root, "h5py.h5")

@@ -137,15 +137,19 @@ def test_chunked_refusals(env):
     for idx, sl in tiles_of((4,), (2,)):
         write_tile(d, idx, np.zeros(2, "<f4"))
     commit(m, "r.h5")
-    # a committed file cannot take chunked datasets (yet): refused, named
-    os.makedirs(os.path.join(m, "r.h5", "y"))
+    # a committed file in HDF5's earliest format (h5py's default: superblock version 0)
+    # cannot take chunked datasets: refused, named, with the fix
+    with h5py.File(os.path.join(env.backing, "v0.h5"), "w") as f:
+        f["old"] = np.arange(3)
+    os.makedirs(os.path.join(m, "v0.h5", "y"))
 
     def put():
-        with open(os.path.join(m, "r.h5", "y", "meta.json"), "w") as f:
+        with open(os.path.join(m, "v0.h5", "y", "meta.json"), "w") as f:
             f.write(json.dumps({"shape": [4], "dtype": "<f4", "layout": "chunked"}))
     import errno
     assert _oserr(put) == errno.EINVAL
-    assert "needs a new file" in status(m, "r.h5")["refused"]["/y"]
+    why = status(m, "v0.h5")["refused"]["/y"]
+    assert "superblock is version 2 or 3" in why and "virtual layout" in why, why
     # an incomplete chunked dataset refuses the commit
     os.makedirs(os.path.join(m, "i.h5"))
     d = create(m, "i.h5", "/x", (4,), "<f4", (2,), layout="chunked")
@@ -154,6 +158,75 @@ def test_chunked_refusals(env):
     assert _oserr(lambda: commit(m, "i.h5")) == errno.ENODATA
     assert "1 of 2 tiles incomplete" in status(m, "i.h5")["last_commit"]["error"]
     assert not os.path.exists(os.path.join(env.backing, "i.h5"))
+
+
+@pytest.mark.parametrize("extra", [{}, {"compression": "zstd", "shuffle": True}])
+def test_chunked_datasets_added_to_a_committed_file(env, extra):
+    """Chunked datasets declared in a file committed already (one whose format allows
+    it): the file being built starts as a copy of the committed file, so its other
+    datasets (virtual ones included) stay, a committed dataset removed meanwhile stays
+    removed; a file replaced behind h5tilefs since the
+    declaration makes the commit refuse rather than lose the replacement."""
+    import errno
+    import hdf5plugin  # noqa: F401
+    m = env.mount()
+    path = os.path.join(env.backing, "c.h5")
+    a0 = np.arange(48, dtype="<f4").reshape(6, 8)
+    d = create(m, "c.h5", "/a", a0.shape, "<f4", (3, 4), layout="chunked", **extra)
+    for idx, sl in tiles_of(a0.shape, (3, 4)):
+        write_tile(d, idx, a0[sl])
+    v = np.arange(10, dtype="<i2")
+    dv = create(m, "c.h5", "/g/v", v.shape, "<i2", (5,))
+    for idx, sl in tiles_of(v.shape, (5,)):
+        write_tile(dv, idx, v[sl])
+    dk = create(m, "c.h5", "/k", (4,), "<i4", (2,), layout="chunked")
+    for idx, sl in tiles_of((4,), (2,)):
+        write_tile(dk, idx, np.arange(4, dtype="<i4")[sl])
+    commit(m, "c.h5")
+    # second commit: /a removed and declared again, /b added, /k removed from the
+    # committed file while they are pending
+    a1 = -a0[:, :5]
+    os.rmdir(os.path.join(m, "c.h5", "a"))
+    d = create(m, "c.h5", "/a", a1.shape, "<f4", (2, 5), layout="chunked", **extra)
+    b = np.arange(30, dtype="<f8")
+    db = create(m, "c.h5", "/h/b", b.shape, "<f8", (7,), layout="chunked", **extra)
+    os.rmdir(os.path.join(m, "c.h5", "k"))
+    for idx, sl in tiles_of(a1.shape, (2, 5)):
+        write_tile(d, idx, a1[sl])
+    for idx, sl in tiles_of(b.shape, (7,)):
+        write_tile(db, idx, b[sl])
+    commit(m, "c.h5")
+    with h5py.File(path, "r") as f:
+        assert sorted(f.keys()) == ["a", "g", "h"]
+        assert f["a"][()].tobytes() == a1.tobytes() and f["a"].chunks == (2, 5)
+        assert f["h/b"][()].tobytes() == b.tobytes() and not f["h/b"].is_virtual
+        assert f["g/v"].is_virtual and f["g/v"][()].tobytes() == v.tobytes()
+        if extra:
+            assert 32015 in [
+                f["a"].id.get_create_plist().get_filter(i)[0]
+                for i in range(f["a"].id.get_create_plist().get_nfilters())]
+    assert open(os.path.join(m, "c.h5", "h", "b", "data"), "rb").read() == b.tobytes()
+    # a file replaced behind h5tilefs after a chunked declaration: the commit refuses
+    dz = create(m, "c.h5", "/z", (4,), "<i4", (2,), layout="chunked")
+    for idx, sl in tiles_of((4,), (2,)):
+        write_tile(dz, idx, np.arange(4, dtype="<i4")[sl])
+    tmp = os.path.join(env.backing, ".c.tmp")
+    with h5py.File(tmp, "w", libver="latest") as f:
+        f["mine"] = np.arange(5)
+    os.rename(tmp, path)
+    assert _oserr(lambda: commit(m, "c.h5")) == errno.EINVAL
+    assert "changed outside h5tilefs" in status(m, "c.h5")["last_commit"]["error"]
+    with h5py.File(path, "r") as f:
+        assert list(f.keys()) == ["mine"]
+    # declared again (after rmdir), it is added to the replacement
+    os.rmdir(dz)
+    dz = create(m, "c.h5", "/z", (4,), "<i4", (2,), layout="chunked")
+    for idx, sl in tiles_of((4,), (2,)):
+        write_tile(dz, idx, np.arange(4, dtype="<i4")[sl])
+    commit(m, "c.h5")
+    with h5py.File(path, "r") as f:
+        assert sorted(f.keys()) == ["mine", "z"]
+        assert f["z"][()].tolist() == [0, 1, 2, 3] and f["mine"][()].tolist() == list(range(5))
 
 
 def test_one_data_write_across_chunks(env):

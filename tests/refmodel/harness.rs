@@ -328,6 +328,9 @@ impl Sut {
                         }
                     }
                     fm.pending = true;
+                    if spec.chunked && fm.product_base.is_none() {
+                        fm.product_base = Some(fm.base_now());
+                    }
                     fm.nodes.insert(d.into(), PendingDs::new(spec));
                 }
             }
@@ -352,6 +355,9 @@ impl Sut {
                 self.last_ok = got.is_ok();
                 if want == Ok(true) {
                     let fm = self.model.files.get_mut(f).expect("file");
+                    if spec.chunked && fm.product_base.is_none() {
+                        fm.product_base = Some(fm.base_now());
+                    }
                     fm.nodes.insert(d.into(), PendingDs::new(spec));
                 } else if let Some(p) = self
                     .model
@@ -564,6 +570,13 @@ impl Sut {
                         fm.nodes.remove(d);
                     } else if let Some(c) = fm.committed.as_mut() {
                         c.remove(d);
+                        // a new committed file; a chunked layout's file copied from the
+                        // one before loses the dataset too and is based on this one
+                        let copied = fm.product_base == Some(fm.base_now());
+                        fm.version += 1;
+                        if copied && fm.product_base.is_some_and(|b| b.is_some()) {
+                            fm.product_base = Some(fm.base_now());
+                        }
                     }
                 }
             }
@@ -588,10 +601,12 @@ impl Sut {
                 let want = match self.model.file(f) {
                     Err(e) => Err(e),
                     Ok(fm) if fm.nodes.values().any(|p| !p.complete()) => Err(libc::ENODATA),
-                    // chunked datasets need a new file: one made behind h5tilefs since
-                    // they were declared refuses the commit
+                    // chunked datasets are built on the committed version they were
+                    // declared over: one made, replaced or removed behind h5tilefs
+                    // since refuses the commit
                     Ok(fm)
-                        if fm.committed.is_some() && fm.nodes.values().any(|p| p.spec.chunked) =>
+                        if fm.nodes.values().any(|p| p.spec.chunked)
+                            && fm.product_base != Some(fm.base_now()) =>
                     {
                         Err(libc::EINVAL)
                     }
@@ -605,6 +620,13 @@ impl Sut {
                         && fm.pending_groups.is_empty()
                         && fm.committed.is_some())
                     {
+                        if fm.committed.is_none() {
+                            // a file made by this commit: the chunked layout's file (a
+                            // version 3 superblock) if it has chunked datasets
+                            fm.sb_v3 = fm.nodes.values().any(|p| p.spec.chunked);
+                        }
+                        fm.version += 1;
+                        fm.product_base = None;
                         let mut c = fm.committed.take().unwrap_or_default();
                         let groups = std::mem::take(&mut fm.pending_groups);
                         fm.committed_groups.extend(groups);
@@ -663,6 +685,9 @@ impl Sut {
                 self.last_ok = true;
                 let fm = self.model.files.entry(f.into()).or_default();
                 fm.committed_groups.clear();
+                // written as h5py writes by default: a version 0 superblock
+                fm.sb_v3 = false;
+                fm.version += 1;
                 fm.committed = Some(
                     content
                         .into_iter()

@@ -75,6 +75,21 @@ pub(crate) struct FileM {
     pub(crate) pending_groups: BTreeSet<String>,
     /// Groups of the committed file.
     pub(crate) committed_groups: BTreeSet<String>,
+    /// The committed file's superblock is version 2 or 3 (made by a commit with chunked
+    /// datasets): chunked datasets can be added to it.
+    pub(crate) sb_v3: bool,
+    /// Counts the committed file's versions (commits and replaces).
+    pub(crate) version: u64,
+    /// The chunked layout's file being built exists: the committed version it began as
+    /// a copy of (None: it began empty).
+    pub(crate) product_base: Option<Option<u64>>,
+}
+
+impl FileM {
+    /// The committed version now, as `product_base` records it.
+    pub(crate) fn base_now(&self) -> Option<u64> {
+        self.committed.is_some().then_some(self.version)
+    }
 }
 
 impl FileM {
@@ -269,10 +284,15 @@ impl Model {
     /// The spec of dataset `f/d` (a one-element one when there is none, so that an
     /// operation on a missing dataset still names something).
     /// `spec` as the test declares it in file `f`: the chunked layout only in a file with
-    /// no committed version (a chunked declaration in a committed one is refused:
-    /// tests/integration/test_chunked_layout.py covers that).
+    /// no committed version or one whose superblock is version 2 or 3 (a chunked
+    /// declaration in another is refused: tests/integration/test_chunked_layout.py
+    /// covers that).
     pub(crate) fn layout_allowed(&self, f: &str, mut spec: Spec) -> Spec {
-        if self.files.get(f).is_some_and(|fm| fm.committed.is_some()) {
+        if self
+            .files
+            .get(f)
+            .is_some_and(|fm| fm.committed.is_some() && !fm.sb_v3)
+        {
             spec.chunked = false;
         }
         spec
