@@ -443,7 +443,7 @@ mod tests {
             br#"{"dtype":"<f4"}"#,
             br#"{"shape":[4],"dtype":"<f4","tile_shap":[2]}"#,
             br#"{"shape":[4],"dtype":"<f4","compression":"gzip"}"#,
-            br#"{"shape":[4],"dtype":"<f4","layout":"chunked","compression":"blosc"}"#,
+            br#"{"shape":[4],"dtype":"<f4","layout":"chunked","compression":"blosc2"}"#,
             br#"{"shape":[4],"dtype":"<f4","layout":"chunked","fletcher32":true}"#,
             br#"{"shape":[4],"dtype":"<f4","layout":"contiguous"}"#,
             br#"{"shape":[],"dtype":"<f4","layout":"chunked"}"#,

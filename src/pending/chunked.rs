@@ -4,7 +4,10 @@
 //! the committed file by a rename; a tile of a chunked dataset is a chunk of it.
 //!
 //! ```text
-//! D/.h5tilefs/<name>/chunked.h5                 the file being built (PRODUCT)
+//! D/.h5tilefs/<name>/chunked.<unique>.h5        the file being built (named in each
+//!                                               record; PRODUCT in earlier versions)
+//! D/.h5tilefs/<name>/chunked.<unique>.h5.base   what it began as (a copy of the
+//!                                               committed file: its identity)
 //!     /.h5tilefs-pending/<enc>.<gen>            a declared dataset (HIDDEN), moved to
 //!                                               its own name by the commit
 //! D/.h5tilefs/<name>/nodes/<enc>/chunked        its record: generation, link, chunk 0's
@@ -30,7 +33,8 @@ pub(super) const PRODUCT: &str = "chunked.h5";
 pub(super) const HIDDEN: &str = "/.h5tilefs-pending";
 /// A chunked dataset's record, in its node directory.
 const RECORD: &str = "chunked";
-/// Beside the file being built when it began as a copy of the committed file: that
+/// Beside the file being built (as `<its name>.base`; this name in earlier versions)
+/// when it began as a copy of the committed file: that
 /// file's identity then (ino, size, mtime, ctime; not the device, which differs between
 /// nodes' mounts of one shared file system), so a commit can tell that the file it
 /// replaces is still the one copied.
@@ -48,6 +52,12 @@ pub(super) struct Record {
     /// A compressed dataset's staging file and slots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) slots: Option<Slots>,
+    /// The name of the file being built in the staging area (`chunked.<unique>.h5`:
+    /// a name never given to another file, so no node's cached name → inode mapping of
+    /// an earlier one, renamed into place as the committed file since, can send tile
+    /// writes there). Absent in records of earlier versions: [`PRODUCT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) product: Option<String>,
 }
 
 /// A compressed chunked dataset (writer/slots.rs): its tiles are written whole and
@@ -66,19 +76,75 @@ pub(super) struct Slots {
 }
 
 impl Record {
-    /// The file the tiles are written to.
-    pub(super) fn tiles_file(&self, product: &Path) -> PathBuf {
+    /// The file the tiles are written to (`stage`: `Layout::product`, whose directory
+    /// holds it).
+    pub(super) fn tiles_file(&self, stage: &Path) -> PathBuf {
         match &self.slots {
-            Some(s) => product.with_file_name(&s.staging),
-            None => product.to_path_buf(),
+            Some(s) => stage.with_file_name(&s.staging),
+            None => self.product_path(stage),
         }
+    }
+
+    /// The file being built this dataset is allocated in.
+    pub(super) fn product_path(&self, stage: &Path) -> PathBuf {
+        stage.with_file_name(self.product.as_deref().unwrap_or(PRODUCT))
     }
 }
 
 impl Layout {
-    /// The chunked file being built for `file`.
+    /// Where `file`'s chunked files being built lie: this path's directory (the file
+    /// name is that of records of earlier versions; see [`Record::product_path`]).
     pub(super) fn product(&self, file: &PendingFile) -> PathBuf {
         self.stage_dir(file).join(PRODUCT)
+    }
+
+    /// The file being built that `file`'s pending chunked datasets (other than
+    /// `except`) are allocated in, if any.
+    pub(super) fn current_product(
+        &self,
+        file: &PendingFile,
+        except: Option<&str>,
+    ) -> Option<PathBuf> {
+        let stage = self.product(file);
+        super::nodes::Nodes::list(self, file)
+            .iter()
+            .filter(|n| Some(n.path.as_str()) != except)
+            .find_map(|n| record(&self.dataset(file, &n.path).node))
+            .map(|r| r.product_path(&stage))
+    }
+}
+
+/// The record of what a file being built began as (see [`BASED_ON`]).
+fn based_on(product: &Path) -> PathBuf {
+    let name = product
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    product.with_file_name(format!("{name}.base"))
+}
+
+/// Removes the files being built (and their base records) left in `file`'s staging
+/// area that no pending dataset uses: after a commit, or when a new one is begun.
+pub(super) fn remove_unused_products(layout: &Layout, file: &PendingFile) {
+    let stage = layout.product(file);
+    let keep = layout.current_product(file, None);
+    let Some(dir) = stage.parent() else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = n == PRODUCT
+            || n == BASED_ON
+            || (n.starts_with("chunked.") && (n.ends_with(".h5") || n.ends_with(".h5.base")));
+        let kept = keep
+            .as_ref()
+            .is_some_and(|k| e.path() == *k || e.path() == based_on(k));
+        if ours && !kept {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -103,22 +169,22 @@ pub(super) fn declare_locked(
         return Ok(());
     }
     let target = layout.target(&ds.file);
-    let path = layout.product(&ds.file);
+    let stage = layout.product(&ds.file);
     if let Some(old) = &old {
-        product::unlink(&path, &old.link)?;
+        let p = old.product_path(&stage);
+        if p.exists() {
+            product::unlink(&p, &old.link)?;
+        }
         if old.slots.is_some() {
-            let _ = std::fs::remove_file(old.tiles_file(&path));
+            let _ = std::fs::remove_file(old.tiles_file(&stage));
         }
     }
-    if path.exists() && !still_based_on(&path, &target)? {
-        // The committed file changed behind h5tilefs since the file being built was
-        // begun. With no other chunked dataset in it, it is begun again from the file
-        // as it is now; otherwise the commit will refuse, and so does this.
-        let others = super::nodes::Nodes::list(layout, &ds.file)
-            .iter()
-            .filter(|n| n.path != ds.path)
-            .any(|n| record(&layout.dataset(&ds.file, &n.path).node).is_some());
-        if others {
+    // The file being built that other pending chunked datasets are in, or a new one.
+    let current = layout.current_product(&ds.file, Some(&ds.path));
+    if let Some(p) = &current {
+        if !still_based_on(p, &target)? {
+            // the committed file changed behind h5tilefs since it was begun: the commit
+            // will refuse, and so does this
             return Err(Error::invalid(format!(
                 "{}: {} changed outside h5tilefs since its pending chunked datasets were \
                  declared: remove them (rmdir) and declare them again",
@@ -126,9 +192,11 @@ pub(super) fn declare_locked(
                 ds.file.display()
             )));
         }
-        std::fs::remove_file(&path).map_err(io(format!("removing {}", path.display())))?;
-        forget_base(&path);
+    } else {
+        remove_unused_products(layout, &ds.file);
     }
+    let fresh = current.is_none();
+    let path = current.unwrap_or_else(|| stage.with_file_name(format!("chunked.{}.h5", unique())));
     let link = format!("{HIDDEN}/{}.{gen}", encode(&ds.path));
     let filters = meta
         .compression
@@ -143,7 +211,7 @@ pub(super) fn declare_locked(
             c.filters(meta.itemsize as u32, chunk_bytes)
         })
         .unwrap_or_default();
-    let (a, eoa_before) = if path.exists() {
+    let (a, eoa_before) = if !fresh {
         let eoa = crate::writer::slots::end_of_file(&path)?;
         let a = product::add_dataset(
             &path,
@@ -162,7 +230,7 @@ pub(super) fn declare_locked(
         // first (its other objects stay; a dataset of the same name is replaced at the
         // commit), as the virtual layout's commit copies it.
         let tmp = path.with_file_name(format!("{PRODUCT}.{}.tmp", unique()));
-        let based = path.with_file_name(BASED_ON);
+        let based = based_on(&path);
         let made = (|| -> Result<(product::Allocated, u64)> {
             let copied = match std::fs::symlink_metadata(&target) {
                 Ok(m) => Some(copy_committed(&target, &m, &tmp, &ds.path)?),
@@ -220,12 +288,13 @@ pub(super) fn declare_locked(
         base,
         chunk_bytes: a.chunk_bytes,
         slots,
+        product: path.file_name().map(|n| n.to_string_lossy().into_owned()),
     };
     // The whole dataset's space, reserved at once: one extent in the order readers read
     // it. Reserved tile by tile as writers first touch them (in any order, from many
     // processes), a cold sequential read of 10 000 small chunks ran at half speed.
     if let Some(len) = n.checked_mul(a.chunk_bytes) {
-        let tiles = r.tiles_file(&path);
+        let tiles = r.tiles_file(&stage);
         let f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -276,6 +345,18 @@ fn copy_committed(
     if !m.is_file() {
         return Err(refuse("it is a regular file"));
     }
+    // A distributed file system's client (GlusterFS, through FUSE) can show a file's
+    // attributes, size included, as they were up to about 1 s ago, even after the
+    // transition's wait for the last version: the identity recorded, and the bytes
+    // copied up to that size, would be an older view than the one the commit compares
+    // with (seen on GlusterFS: a later commit on the other node then refused). Past
+    // the client's 1 s metadata cache, the next `stat` asks the server.
+    let m = &if on_fuse(target) {
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        std::fs::metadata(target).map_err(io(format!("stat {}", target.display())))?
+    } else {
+        m.clone()
+    };
     let mut head = [0u8; 9];
     let got = std::fs::File::open(target)
         .and_then(|f| {
@@ -300,14 +381,28 @@ fn copy_committed(
     std::fs::File::open(tmp)
         .and_then(|f| f.sync_all())
         .map_err(io(format!("fsync {}", tmp.display())))?;
+    tracing::info!(file = %target.display(), dataset = h5path, base = ?base_ident(m), "chunked datasets: the file being built begins as a copy of the committed file");
     Ok(base_ident(m))
+}
+
+/// Whether `path` lies on a FUSE file system (a distributed file system's client).
+fn on_fuse(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is NUL-terminated; `st` is a plain C struct statfs fills in.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; statfs writes only into `st`.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && st.f_type as i64 == FUSE_SUPER_MAGIC
 }
 
 /// Whether the committed file `target` is the one the file being built (`product`)
 /// began as a copy of, or, when it began empty, that there is none. A commit refuses
 /// otherwise: its rename would lose whatever replaced or removed the file meanwhile.
 pub(super) fn still_based_on(product: &Path, target: &Path) -> Result<bool> {
-    let based = product.with_file_name(BASED_ON);
+    let based = based_on(product);
     let want: Option<BaseIdent> = match std::fs::read(&based) {
         Ok(b) => Some(
             serde_json::from_slice(&b)
@@ -321,16 +416,18 @@ pub(super) fn still_based_on(product: &Path, target: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::from_io(format!("stat {}", target.display()), e)),
     };
+    if want != now {
+        tracing::warn!(file = %target.display(), ?want, ?now, "the committed file is not the one the file being built began from");
+    }
     Ok(want == now)
 }
 
 /// Whether the file being built of `file` began as a copy of the committed file
 /// `target` as it is now (then [`removed_from_committed`] follows a removal from it).
 pub(super) fn copy_of_committed(layout: &Layout, file: &PendingFile, target: &Path) -> bool {
-    let product = layout.product(file);
-    product.exists()
-        && product.with_file_name(BASED_ON).exists()
-        && still_based_on(&product, target).unwrap_or(false)
+    layout.current_product(file, None).is_some_and(|p| {
+        p.exists() && based_on(&p).exists() && still_based_on(&p, target).unwrap_or(false)
+    })
 }
 
 /// After a committed object (`h5path`) was removed from the committed file `target`
@@ -344,17 +441,19 @@ pub(super) fn removed_from_committed(
     h5path: &str,
     target: &Path,
 ) -> Result<()> {
-    let product = layout.product(file);
+    let Some(product) = layout.current_product(file, None) else {
+        return Ok(());
+    };
     product::unlink(&product, h5path)?;
     let m = std::fs::metadata(target).map_err(io(format!("stat {}", target.display())))?;
     let b = serde_json::to_vec(&base_ident(&m)).map_err(|e| Error::io(e.to_string()))?;
-    write_atomic(&product.with_file_name(BASED_ON), &b)
+    write_atomic(&based_on(&product), &b)
 }
 
 /// After the commit's rename: the record of what the file being built began as goes
 /// (the next file being built starts from the committed file again).
 pub(super) fn forget_base(product: &Path) {
-    let _ = std::fs::remove_file(product.with_file_name(BASED_ON));
+    let _ = std::fs::remove_file(based_on(product));
 }
 
 /// A compressed dataset's slots: `n` of them, each a chunk's size rounded up to 4 KiB,
@@ -406,12 +505,13 @@ pub(super) fn remove_locked(layout: &Layout, ds: &PendingDataset) -> Result<()> 
     let Some(r) = record(&ds.node) else {
         return Ok(());
     };
-    let path = layout.product(&ds.file);
+    let stage = layout.product(&ds.file);
+    let path = r.product_path(&stage);
     if path.exists() {
         product::unlink(&path, &r.link)?;
     }
     if r.slots.is_some() {
-        let _ = std::fs::remove_file(r.tiles_file(&path));
+        let _ = std::fs::remove_file(r.tiles_file(&stage));
     }
     match std::fs::remove_file(ds.node.join(RECORD)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

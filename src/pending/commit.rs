@@ -136,6 +136,9 @@ struct ChunkedCommit {
     /// The file its tiles were written to: the file being built, or a compressed
     /// dataset's staging file.
     tiles: PathBuf,
+    /// The file being built it is allocated in (the same for every chunked dataset of
+    /// the commit).
+    product: PathBuf,
     compressed: Option<super::slots::Compressed>,
 }
 
@@ -361,6 +364,7 @@ impl Commit<'_> {
                 };
                 chunked.push(ChunkedCommit {
                     tiles,
+                    product: rec.product_path(&self.layout.product(file)),
                     compressed,
                     link: rec.link,
                     path: n.path.clone(),
@@ -513,11 +517,7 @@ impl Commit<'_> {
         fsync_dir(dir)?;
         // A chunked layout's file left by chunked datasets removed before this commit
         // (none is pending now) goes: the next one starts from the file just committed.
-        let product = self.layout.product(file);
-        if product.exists() {
-            let _ = std::fs::remove_file(&product);
-            super::chunked::forget_base(&product);
-        }
+        super::chunked::remove_unused_products(self.layout, file);
         Ok(took)
     }
 
@@ -535,7 +535,18 @@ impl Commit<'_> {
         plan: &CommitPlan,
     ) -> Result<(std::time::Duration, u64)> {
         let t = std::time::Instant::now();
-        let product = self.layout.product(file);
+        let product = plan
+            .chunked
+            .first()
+            .map(|c| c.product.clone())
+            .unwrap_or_else(|| self.layout.product(file));
+        if plan.chunked.iter().any(|c| c.product != product) {
+            return Err(Error::io(format!(
+                "{}: its chunked datasets are allocated in different files being built \
+                 (staging area damaged): remove them and declare them again",
+                file.display()
+            )));
+        }
         let mut encoded_here = 0;
         let renamed = stage.join(RENAMED);
         if target.exists() && renamed.exists() && !product.exists() {
@@ -629,6 +640,8 @@ impl Commit<'_> {
             std::process::abort();
         }
         self.tiles.close_under(&product);
+        // (the open tiles' keys lie under the staging area's default name)
+        self.tiles.close_under(&self.layout.product(file));
         for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
             self.tiles.close_under(&c.tiles);
             let _ = std::fs::remove_file(&c.tiles);

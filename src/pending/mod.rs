@@ -589,7 +589,7 @@ mod tests {
         // what a commit that died before its rename leaves
         let ds = p.layout.dataset(&PendingFile::new(file).unwrap(), "/g/u");
         let rec = chunked::record(&ds.node).unwrap();
-        let product = p.layout.product(&ds.file);
+        let product = rec.product_path(&p.layout.product(&ds.file));
         crate::writer::chunked::publish_links(
             &product,
             &[(rec.link.clone(), "/g/u".into())],

@@ -429,14 +429,14 @@ impl Tiles {
         let slots = self
             .records
             .get(&(ds.node.clone(), l.gen.clone()))
-            .and_then(|r| Some((r.slots.clone()?, r.chunk_bytes)));
+            .and_then(|r| Some((r.slots.clone()?, r.chunk_bytes, r.product_path(&product))));
         for tile in tiles {
-            if let Some((s, cb)) = &slots {
+            if let Some((s, cb, file_built)) = &slots {
                 // a compressed dataset's closed tile: encoded into its slot here
                 let key = product.join(format!("{}/{tile}", l.gen));
                 let t = self.targets.get(&key).map(|t| t.clone());
                 if let (Some(t), true) = (t, s.index != 0) {
-                    self.submit_encode(ranges, &l, tile, &t, s, *cb, &product);
+                    self.submit_encode(ranges, &l, tile, &t, s, *cb, file_built);
                 }
                 continue;
             }

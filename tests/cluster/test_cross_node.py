@@ -314,6 +314,49 @@ def test_compressed_chunked_from_both_nodes(cluster, nodes):
         pytest.fail(rounds_report(failures, n), pytrace=False)
 
 
+def test_chunked_datasets_added_to_a_committed_file_from_both_nodes(cluster, nodes):
+    """One file that grows by one chunked dataset per commit: each round declares it
+    from one node (the file being built begins as a copy of the committed file, whose
+    identity that node records), both write its tiles, and the other node commits (it
+    checks that identity through its own mount of the shared volume: inode, size and
+    times, not the device). Every earlier dataset stays readable on both nodes."""
+    A, B = nodes
+    shape, tile, dtype = (96, 80), (32, 32), "<f4"
+    names = [ops.tname(idx) for idx, _ in ops.tiles_of(shape, tile)]
+    rel, n, failures = "t2g/grow.h5", 4, []
+    extras = [{"layout": "chunked"}, {"layout": "chunked", "compression": "gzip", "shuffle": True}]
+    for r in range(n):
+        declarer, committer = (A, B) if r % 2 == 0 else (B, A)
+        ds, seed = f"/d{r}", 700 + r
+        d = declarer.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile, extra=extras[r % 2])
+        try:
+            wait_pending_visible(committer, d)
+        except AssertionError as e:
+            failures.append(f"round {r}: {e}")
+            continue
+        t0 = start_soon()
+        res = gather([
+            A.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, None, tiles=set(names[0::2]), t0=t0),
+            B.w[1].submit(ops.write_pages, d, shape, tile, dtype, seed, None, tiles=set(names[1::2]), t0=t0),
+        ])
+        errs = [f"writes failed with {oserr(e)}" for e in res if isinstance(e, OSError)]
+        if errs:
+            failures.append(f"round {r}: " + "; ".join(errs))
+            continue
+        rc = committer.call(ops.commit, cluster.mnt, rel)
+        if rc != 0:
+            failures.append(f"round {r}: commit from {committer.name} failed with {errno.errorcode.get(rc, rc)}: "
+                            f"{committer.call(ops.status, cluster.mnt, rel)['last_commit']}")
+            continue
+        for k in range(r + 1):
+            try:
+                check_everywhere(cluster, rel, f"/d{k}", ops.array(shape, dtype, 700 + k), tile, slices=[])
+            except AssertionError as e:
+                failures.append(f"round {r}, /d{k}: {e}")
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
 # ----------------------------------------------------------------------------- 2c
 def test_chunked_datasets_declared_by_both_nodes_in_turn(cluster, nodes):
     """Each declaration of a chunked dataset changes the HDF5 metadata of the one file
