@@ -98,18 +98,20 @@ impl Layout {
         self.stage_dir(file).join(PRODUCT)
     }
 
-    /// The file being built that `file`'s pending chunked datasets (other than
-    /// `except`) are allocated in, if any.
+    /// The file being built that `file`'s pending chunked datasets (other than the one
+    /// of node directory `except`) are allocated in, if any: found from their records.
     pub(super) fn current_product(
         &self,
         file: &PendingFile,
-        except: Option<&str>,
+        except: Option<&Path>,
     ) -> Option<PathBuf> {
         let stage = self.product(file);
-        super::nodes::Nodes::list(self, file)
-            .iter()
-            .filter(|n| Some(n.path.as_str()) != except)
-            .find_map(|n| record(&self.dataset(file, &n.path).node))
+        std::fs::read_dir(self.nodes_dir(file))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|d| Some(d.as_path()) != except)
+            .find_map(|d| record(&d))
             .map(|r| r.product_path(&stage))
     }
 }
@@ -180,7 +182,7 @@ pub(super) fn declare_locked(
         }
     }
     // The file being built that other pending chunked datasets are in, or a new one.
-    let current = layout.current_product(&ds.file, Some(&ds.path));
+    let current = layout.current_product(&ds.file, Some(&ds.node));
     if let Some(p) = &current {
         if !still_based_on(p, &target)? {
             // the committed file changed behind h5tilefs since it was begun: the commit

@@ -188,6 +188,17 @@ pub(super) fn store(
     known: &HashMap<u64, (u64, u32)>,
 ) -> Result<(u64, u64)> {
     let src = std::fs::File::open(staging).map_err(io(format!("opening {}", staging.display())))?;
+    // Tiles other nodes wrote (in pages interleaved with this node's, or whole) are read
+    // from the backing file system, not from this node's page cache: a page this node
+    // read before another node's bytes reached the server (the read-modify-write of a
+    // partial page, readahead) stays stale there, and GlusterFS does not invalidate it
+    // (seen: a chunk committed with another node's page as zeros). This node's own
+    // writes were made durable by the caller, so its cached pages are clean.
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the fd is owned by `src` and outlives the call.
+        unsafe { libc::posix_fadvise(src.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
     let dst = std::fs::OpenOptions::new()
         .write(true)
         .open(product)
