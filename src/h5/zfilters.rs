@@ -158,7 +158,13 @@ fn register_all() -> Vec<i32> {
             hdf5_sys::h5e::H5Eclear2(hdf5_sys::h5e::H5E_DEFAULT);
             r
         };
-        if avail {
+        // Blosc is written by the compressed chunked layout, and a Blosc plugin's
+        // `set_local` calls libhdf5 with the daemon's property list ids; a plugin built
+        // against another libhdf5 (hdf5plugin's, PyTables', which sets
+        // HDF5_PLUGIN_PATH on import) then fails every such dataset's creation (seen:
+        // EIO on meta.json). Ours needs no `set_local` (the client data is complete), so
+        // it replaces a plugin found for Blosc, in both directions.
+        if avail && id != codecs::BLOSC {
             tracing::debug!(
                 filter = f.name(),
                 id,

@@ -324,6 +324,23 @@ def test_compressed_tiles_become_compressed_chunks(env, comp, opts, shuffle, sha
     assert open(os.path.join(m, "z.h5", "g", "x", "data"), "rb").read() == a.tobytes()
 
 
+def test_blosc_with_a_plugin_path_set(env, monkeypatch):
+    """A daemon started with HDF5_PLUGIN_PATH naming hdf5plugin's filters (PyTables sets
+    it on import): a Blosc dataset is still declared and committed. hdf5plugin's Blosc
+    plugin, loaded by the daemon's libhdf5, failed every creation (EIO on meta.json)."""
+    import hdf5plugin
+    monkeypatch.setenv("HDF5_PLUGIN_PATH", hdf5plugin.PLUGIN_PATH)
+    m = env.mount()
+    monkeypatch.delenv("HDF5_PLUGIN_PATH")
+    a = _smooth((40, 30), "<f4", 2)
+    d = create(m, "p.h5", "/x", a.shape, "<f4", (16, 16), layout="chunked", compression="blosc")
+    for idx, sl in tiles_of(a.shape, (16, 16)):
+        write_tile(d, idx, a[sl])
+    commit(m, "p.h5")
+    with h5py.File(os.path.join(env.backing, "p.h5"), "r") as f:
+        assert f["x"][()].tobytes() == a.tobytes()
+
+
 def test_compressed_file_takes_the_space_of_its_chunks(env):
     """After the commit the slots' unused tails are punched out: the file takes about
     the disk space of the same dataset written by h5py (chunks of 256 KiB)."""
