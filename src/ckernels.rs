@@ -113,42 +113,40 @@ pub fn bitunshuffle_simd(src: &[u8], n: usize, es: usize, dst: &mut [u8]) -> boo
 /// `src` as one LZ4 block with LZ4's own compressor (what hdf5plugin's LZ4 filter
 /// writes: its blocks decode as fast as h5py's), or None if it is too large for `int`.
 pub fn lz4_compress(src: &[u8]) -> Option<Vec<u8>> {
-    let n = c_int::try_from(src.len()).ok()?;
-    // SAFETY: a pure function of its argument.
-    let bound = unsafe { LZ4_compressBound(n) };
-    let mut out = vec![0u8; usize::try_from(bound).ok().filter(|&b| b > 0)?];
-    // SAFETY: LZ4_compress_default reads `n` bytes of `src` and writes at most `bound`
-    // bytes of `out` (its length); it returns 0 on failure.
-    let w = unsafe {
-        LZ4_compress_default(
-            src.as_ptr() as *const c_char,
-            out.as_mut_ptr() as *mut c_char,
-            n,
-            bound,
-        )
-    };
-    out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);
-    Some(out)
+    // SAFETY: LZ4_compress_default reads `n` bytes of `src` and writes at most `cap`
+    // bytes of `dst`; it returns 0 on failure.
+    lz4_block(src, |s, d, n, cap| unsafe {
+        LZ4_compress_default(s, d, n, cap)
+    })
 }
 
 /// `src` as one LZ4 block made by LZ4HC at `level` (what Blosc's lz4hc writes), or None
 /// if it fails or `src` is too large for `int`.
 pub fn lz4hc_compress(src: &[u8], level: u8) -> Option<Vec<u8>> {
+    // SAFETY: LZ4_compress_HC reads `n` bytes of `src` and writes at most `cap` bytes
+    // of `dst`; it returns 0 on failure.
+    lz4_block(src, |s, d, n, cap| unsafe {
+        LZ4_compress_HC(s, d, n, cap, c_int::from(level))
+    })
+}
+
+/// One LZ4 block of `src` made by `compress(src, dst, n, cap)`, which must read at
+/// most `n` bytes of `src` and write at most `cap` bytes of `dst`, returning how many it
+/// wrote (0: failed). `dst` is sized for LZ4's worst case.
+fn lz4_block(
+    src: &[u8],
+    compress: impl FnOnce(*const c_char, *mut c_char, c_int, c_int) -> c_int,
+) -> Option<Vec<u8>> {
     let n = c_int::try_from(src.len()).ok()?;
     // SAFETY: a pure function of its argument.
     let bound = unsafe { LZ4_compressBound(n) };
     let mut out = vec![0u8; usize::try_from(bound).ok().filter(|&b| b > 0)?];
-    // SAFETY: LZ4_compress_HC reads `n` bytes of `src` and writes at most `bound` bytes
-    // of `out` (its length); it returns 0 on failure.
-    let w = unsafe {
-        LZ4_compress_HC(
-            src.as_ptr() as *const c_char,
-            out.as_mut_ptr() as *mut c_char,
-            n,
-            bound,
-            c_int::from(level),
-        )
-    };
+    let w = compress(
+        src.as_ptr() as *const c_char,
+        out.as_mut_ptr() as *mut c_char,
+        n,
+        bound,
+    );
     out.truncate(usize::try_from(w).ok().filter(|&w| w > 0)?);
     Some(out)
 }

@@ -473,13 +473,8 @@ fn blosc_stream(b: Blosc, src: &[u8]) -> Option<Vec<u8>> {
         BloscName::Lz4 => crate::ckernels::lz4_compress(src),
         BloscName::Lz4hc => crate::ckernels::lz4hc_compress(src, b.clevel),
         BloscName::Blosclz => crate::ckernels::blosclz(src, b.clevel),
-        BloscName::Zlib => {
-            let mut e = flate2::write::ZlibEncoder::new(
-                Vec::with_capacity(src.len() / 2),
-                flate2::Compression::new(b.clevel.into()),
-            );
-            e.write_all(src).and_then(|_| e.finish()).ok()
-        }
+        // a zlib stream, as HDF5's deflate filter writes one
+        BloscName::Zlib => compress(&Codec::Gzip(b.clevel.into()), src, 1),
         // c-blosc maps its level 1-9 onto zstd's 1-22 as clevel * 2 - 1 (9 -> 22)
         BloscName::Zstd => {
             let l = if b.clevel >= 9 {
