@@ -294,11 +294,11 @@ def _text_store():
 
     Why a future: every rank reads the answer on the top level, and reading a region
     there is an inline mapping in a control-replicated parent task, where Legion has had
-    races (StanfordLegion/legion#1327). Every multi-rank hang captured struck at the
-    first launch after such a mapping (docs/adapter-notes.md, "The multi-rank hang,
-    fourth look"). A future-backed store's ``get_physical_store`` waits on the future
-    and maps nothing (checked: no ``Runtime::map_region`` call), and the control-
-    replicated launch hands the same future to every rank."""
+    races (StanfordLegion/legion#1327). A future-backed store's ``get_physical_store``
+    waits on the future and maps nothing (checked: no ``Runtime::map_region`` call), and
+    the control-replicated launch hands the same future to every rank. This did not
+    remove the multi-rank hang (docs/adapter-notes.md, "The multi-rank hang, fourth
+    look"); it keeps the top level free of mappings of its own."""
     store = get_legate_runtime().create_store(ty.array_type(ty.uint8, META_BYTES), shape=(1,), optimize_scalar=True)
     if not store.has_scalar_storage:
         raise RuntimeError(f"Legate gave a region, not a future, for a {META_BYTES}-byte scalar store")
