@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--env", action="append", default=[], help="K=V for every launch")
     ap.add_argument("--stop-on-hang", action="store_true")
+    ap.add_argument("--until", metavar="HH:MM", help="start no launch after this UTC time (runs is then a maximum)")
     ap.add_argument("--keep", action="store_true", help="keep every launch's output")
     ap.add_argument("--trace", metavar="DIR", help="trace collections and launches per run into DIR/<run>")
     ap.add_argument("scenarios", nargs="+")
@@ -76,7 +77,11 @@ def main():
         os.environ[k] = v
     hangs = fails = 0
     durations = []
+    i = 0
     for i in range(1, a.runs + 1):
+        if a.until and time.strftime("%H:%M", time.gmtime()) >= a.until:
+            i -= 1
+            break
         t0 = time.strftime("%H:%M:%S")
         tdir = None
         if a.trace:

@@ -180,6 +180,45 @@ def legate_writes(_):
     return res
 
 
+def reread(arg):
+    """``reread:N[:host|:dev]`` (diagnostics, docs/adapter-notes.md, "The multi-rank hang,
+    fourth look"): legate.io.hdf5 writes the files of ``legate_writes`` (each one tile),
+    then ours reads every one of them whole N times (default 10), compared on the
+    devices. Alone, no array is copied to the host (no ``np.asarray``), so the top level
+    maps no region. ``host``: each read is followed by ``legate_writes``'s batched read,
+    whose batches are compared on the host (``_batched_equal``: each batch inline-mapped
+    and dropped). ``dev``: the same batched read, compared on the devices (nothing
+    mapped). The adapter's trace says at which launch a hang struck."""
+    rounds, _, mode = (arg or "10").partition(":")
+    rounds = int(rounds)
+    arrays = {}
+    for shape, dtype in CASES:
+        if dtype == "float16" or dtype.startswith("complex"):
+            continue
+        a = _array(shape, dtype, k=3)
+        n = _name(shape, dtype)
+        _ensure_dir(os.path.join(BACKING, "rr", n + "_legate_vds"))
+        lgh5.to_file(array=a, path=os.path.join(BACKING, "rr", n + ".h5"), dataset_name="/data")
+        arrays[n] = (a, shape)
+    RT.issue_execution_fence(block=True)
+    time.sleep(1.1)
+    bad = []
+    for k in range(rounds):
+        for n, (a, shape) in arrays.items():
+            p = os.path.join(MNT, "rr", n + ".h5")
+            ok = _eq(ours.from_file(p, dataset_name="/data"), a)
+            chunk = tuple(max(1, (s + 1) // 2) for s in shape)
+            if mode == "host":
+                ok = ok and _batched_equal(p, "/data", chunk, a)["equal"]
+            elif mode == "dev":
+                for arr, o in ours.from_file_batched(p, "/data", chunk_size=chunk):
+                    sl = tuple(slice(x, x + c) for x, c in zip(o, chunk))
+                    ok = ok and _eq(arr, a[sl])
+            if not ok:
+                bad.append(f"{k}:{n}")
+    return {"rounds": rounds, "mode": mode, "files": len(arrays), "unequal": bad}
+
+
 def _batched_equal(p, ds, chunk, a):
     """Every batch equals its part of `a`, and the batches cover `a` once. Compared on
     the host: assembling them with `out[sl] = c` into a cuPyNumeric array (an eager one,
@@ -301,7 +340,7 @@ def kill(arg):
     return res
 
 
-SCENARIOS = {f.__name__: f for f in (repro, ours_writes, overwrite, legate_writes, batched, errors, kill)}
+SCENARIOS = {f.__name__: f for f in (repro, ours_writes, overwrite, legate_writes, batched, errors, kill, reread)}
 
 
 def _gc_diagnostics():

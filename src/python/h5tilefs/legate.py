@@ -76,7 +76,7 @@ def _tile_path(st, ds_dir: str, tile: str) -> str:
 #: process or leaving the other ranks waiting.
 RAISES = (OSError, ValueError, TypeError)
 
-#: Bytes of the store a single-point task answers every rank in (text, zero-padded).
+#: Bytes of the future a single-point task answers every rank in (text, zero-padded).
 META_BYTES = 4096
 
 
@@ -288,18 +288,36 @@ def _generation(tile: str) -> str:
     return os.path.dirname(runs[0].path) if runs else ""
 
 
+def _text_store():
+    """A store for the text a single-point task hands every rank: one element of a
+    ``META_BYTES``-byte array type, backed by a Legion future instead of a region.
+
+    Why a future: every rank reads the answer on the top level, and reading a region
+    there is an inline mapping in a control-replicated parent task, where Legion has had
+    races (StanfordLegion/legion#1327). A future-backed store's ``get_physical_store``
+    waits on the future and maps nothing (checked: no ``Runtime::map_region`` call), and
+    the control-replicated launch hands the same future to every rank. This did not
+    remove the multi-rank hang (docs/adapter-notes.md, "The multi-rank hang, fourth
+    look"); it keeps the top level free of mappings of its own."""
+    store = get_legate_runtime().create_store(ty.array_type(ty.uint8, META_BYTES), shape=(1,), optimize_scalar=True)
+    if not store.has_scalar_storage:
+        raise RuntimeError(f"Legate gave a region, not a future, for a {META_BYTES}-byte scalar store")
+    return store
+
+
 def _put_text(out: OutputArray, text: str) -> None:
+    """Puts ``text`` (zero-padded) in a store of ``_text_store``."""
     enc = text.encode()
     if len(enc) > META_BYTES:
         raise ValueError(f"{text[:80]}...: {len(enc)} bytes exceed {META_BYTES}")
     dst = np.asarray(out.data())
-    dst[...] = 0
-    dst[: len(enc)] = np.frombuffer(enc, dtype=np.uint8)
+    dst[0] = np.void(enc.ljust(META_BYTES, b"\0"))
 
 
 def _get_text(store) -> str:
-    """The text a single-point task put in ``store``, read on every rank."""
-    return bytes(np.asarray(store.get_physical_store())).rstrip(b"\0").decode()
+    """The text a single-point task put in ``store`` (a ``_text_store``), read on every
+    rank from its future (no inline mapping)."""
+    return bytes(np.asarray(store.get_physical_store())[0]).rstrip(b"\0").decode()
 
 
 #: How long a rank waits for its mount to show a file another node committed.
@@ -501,7 +519,7 @@ def _to_file(array, path, dataset_name: str, layout: str = "virtual", extra=None
         _launch_per_tile(_write_tile, store, tile, "input", os.path.join(path, ds_rel), ",".join(map(str, tile)))
     tile0 = os.path.join(path, ds_rel, "tiles", _tile_name([0] * len(shape))) if math.prod(shape) > 0 else ""
     runtime = get_legate_runtime()
-    token = runtime.create_store(ty.uint8, shape=(META_BYTES,))
+    token = _text_store()
     _run_once(_commit_file, path, tile0, output=token)
     generation = _get_text(token) if runtime.node_count > 1 else ""
     if generation:
@@ -516,7 +534,7 @@ def _meta(path: str, dataset_name: str) -> tuple[str, dict]:
     """(dataset dir, meta) read by one task and handed to every rank."""
     path = os.path.abspath(os.fspath(path))
     ds_rel = _dataset_rel(dataset_name)
-    store = get_legate_runtime().create_store(ty.uint8, shape=(META_BYTES,))
+    store = _text_store()
     _run_once(_read_meta, path, dataset_name, output=store)
     return os.path.join(path, ds_rel), json.loads(_get_text(store))
 
