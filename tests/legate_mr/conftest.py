@@ -206,7 +206,12 @@ def launch(nranks, scenarios, timeout=LAUNCH_TIMEOUT, cluster=None):
         # false positives, by Legion's developers.
         "LEGION_DEFAULT_ARGS": os.environ.get("H5T_MR_LEGION_ARGS", "-lg:safe_ctrlrepl 1"),
     })
-    env.pop("LEGATE_CONFIG", None)
+    # Extra Legate flags for diagnosis only (hang_loop.py --env H5T_MR_LEGATE_CONFIG=...);
+    # the suite runs with Legate's defaults.
+    if os.environ.get("H5T_MR_LEGATE_CONFIG"):
+        env["LEGATE_CONFIG"] = os.environ["H5T_MR_LEGATE_CONFIG"]
+    else:
+        env.pop("LEGATE_CONFIG", None)
     if env.get("H5T_MR_SHIM"):
         env["LD_PRELOAD"] = env["H5T_MR_SHIM"]
     cmd = [os.path.join(os.path.dirname(sys.executable), "legate"), "--launcher", "mpirun",
