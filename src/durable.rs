@@ -94,6 +94,30 @@ pub fn retry_missing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::
     op()
 }
 
+/// statfs `f_type` of the file system holding `path` (None when it cannot be read):
+/// `status` and the mount record tell a replaced backing file system by it, and a
+/// FUSE client (a distributed file system's) gets the care its attribute caching needs.
+pub fn fs_type(path: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statfs is a valid value for statfs to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` is a statfs we own; statfs writes only `st`.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+/// statfs `f_type` of FUSE file systems (GlusterFS's client among them).
+pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Drops this node's clean cached pages of an open backing file before it is read for
+/// bytes other nodes wrote: a distributed file system's client can keep a page read
+/// before another node's bytes reached the server, and never invalidates it
+/// (docs/reliability.md).
+pub fn drop_cached_pages(f: &std::fs::File) {
+    // SAFETY: the fd is owned by `f` and outlives the call; fadvise reads no memory.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
 /// fsyncs a directory, so that a rename or a new name in it survives a crash.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
     let f = std::fs::File::open(dir).map_err(io(format!("opening {}", dir.display())))?;

@@ -193,16 +193,6 @@ fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
 /// Exit code for "the backing directory is unreachable".
 pub const BACKING_UNREACHABLE: u8 = 3;
 
-fn fs_type(p: &Path) -> Option<i64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `c` is a NUL-terminated path and `st` a zeroed statfs we own.
-    unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        (libc::statfs(c.as_ptr(), &mut st) == 0).then_some(st.f_type as i64)
-    }
-}
-
 /// Devices (`major:minor`) mounted in this mount namespace.
 fn mounted_devices() -> std::collections::HashSet<(u32, u32)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -238,7 +228,7 @@ fn backing_problem(
                     let link = PathBuf::from(format!("/proc/{pid}/cwd"));
                     let target = std::fs::read_link(&link).ok()?;
                     let dev = std::fs::metadata(&link).ok()?.dev();
-                    let t = fs_type(&link).unwrap_or(0);
+                    let t = h5tilefs::durable::fs_type(&link).unwrap_or(0);
                     Some(serde_json::json!([
                         String::from_utf8_lossy(target.as_os_str().as_bytes()),
                         dev,
@@ -247,7 +237,7 @@ fn backing_problem(
                 });
                 serde_json::json!({
                     "is_dir": m.is_dir(),
-                    "ftype": fs_type(&p).unwrap_or(0),
+                    "ftype": h5tilefs::durable::fs_type(&p).unwrap_or(0),
                     "cwd": cwd,
                 })
             }

@@ -69,14 +69,7 @@ fn backing_id(root: &Path) -> serde_json::Value {
     let Ok(m) = std::fs::metadata(root) else {
         return serde_json::Value::Null;
     };
-    let fs_type = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())
-        .ok()
-        .and_then(|c| {
-            // SAFETY: an all-zero statfs is a valid value to be overwritten.
-            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-            // SAFETY: a NUL-terminated path and a statfs we own.
-            (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
-        });
+    let fs_type = crate::durable::fs_type(root);
     serde_json::json!({"dev": m.dev(), "ino": m.ino(), "fs_type": fs_type})
 }
 

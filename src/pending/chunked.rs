@@ -213,19 +213,22 @@ pub(super) fn declare_locked(
             c.filters(meta.itemsize as u32, chunk_bytes)
         })
         .unwrap_or_default();
-    let (a, eoa_before) = if !fresh {
-        let eoa = crate::writer::slots::end_of_file(&path)?;
-        let a = product::add_dataset(
-            &path,
-            false,
+    // the dataset goes into the file being built, or into a new one (`create`)
+    let add = |file: &Path, create: bool| {
+        product::add_dataset(
+            file,
+            create,
             &link,
             &meta.dtype,
             &meta.shape,
             &meta.chunk_shape(),
             &meta.fill_value,
             &filters,
-        )?;
-        (a, eoa)
+        )
+    };
+    let (a, eoa_before) = if !fresh {
+        let eoa = crate::writer::slots::end_of_file(&path)?;
+        (add(&path, false)?, eoa)
     } else {
         // made whole under a name of its own, then renamed into place: a crash leaves
         // no half-made file where writers look. A file committed already is copied
@@ -240,16 +243,7 @@ pub(super) fn declare_locked(
                 Err(e) => return Err(Error::from_io(format!("stat {}", target.display()), e)),
             };
             let eoa = crate::writer::slots::end_of_file(&tmp)?;
-            let a = product::add_dataset(
-                &tmp,
-                copied.is_none(),
-                &link,
-                &meta.dtype,
-                &meta.shape,
-                &meta.chunk_shape(),
-                &meta.fill_value,
-                &filters,
-            )?;
+            let a = add(&tmp, copied.is_none())?;
             // what the file began as, durable before the file is where writers look
             match copied {
                 Some(id) => {
@@ -389,15 +383,7 @@ fn copy_committed(
 
 /// Whether `path` lies on a FUSE file system (a distributed file system's client).
 fn on_fuse(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is NUL-terminated; `st` is a plain C struct statfs fills in.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; statfs writes only into `st`.
-    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && st.f_type as i64 == FUSE_SUPER_MAGIC
+    crate::durable::fs_type(path) == Some(crate::durable::FUSE_SUPER_MAGIC)
 }
 
 /// Whether the committed file `target` is the one the file being built (`product`)

@@ -194,11 +194,7 @@ pub(super) fn store(
     // partial page, readahead) stays stale there, and GlusterFS does not invalidate it
     // (seen: a chunk committed with another node's page as zeros). This node's own
     // writes were made durable by the caller, so its cached pages are clean.
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the fd is owned by `src` and outlives the call.
-        unsafe { libc::posix_fadvise(src.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
+    crate::durable::drop_cached_pages(&src);
     let dst = std::fs::OpenOptions::new()
         .write(true)
         .open(product)

@@ -57,10 +57,8 @@ fn fapl() -> Result<Hid> {
 /// node may have changed the file's metadata since, and a distributed file system's
 /// client can keep old pages across opens (docs/reliability.md).
 fn drop_cached_pages(path: &Path) {
-    use std::os::fd::AsRawFd;
     if let Ok(f) = std::fs::File::open(path) {
-        // SAFETY: the fd is owned by `f` and outlives the call.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        crate::durable::drop_cached_pages(&f);
     }
 }
 

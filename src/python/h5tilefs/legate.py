@@ -556,10 +556,36 @@ def _from_file(path, dataset_name: str) -> LogicalArray:
         return LogicalArray.from_store(store)
     tile = list(meta["tile_shape"])
     block = _read_block(shape, tile)
-    _launch_per_tile(
-        _read_tile, store, block, "output", ds_dir, ",".join(map(str, tile)), ",".join(map(str, block)), dtype.str
-    )
+    procs = max(1, runtime.get_machine().count())
+    spread = _spread(shape, procs)
+    if _points(shape, block) < min(procs, _points(shape, spread)):
+        # Fewer tiles than processors (a one-tile file, typically): pieces of the spread
+        # shape instead, each read as its slice, as from_file_batched does. Besides
+        # using every processor, this keeps a read off single-point launches with a
+        # region output: with several ranks, such a launch hung at times in Legion
+        # (docs/adapter-notes.md, "The multi-rank hang, fifth look").
+        _launch_per_tile(_read_slice, store, spread, "output", ds_dir, ",".join(["0"] * len(shape)), dtype.str)
+    else:
+        _launch_per_tile(
+            _read_tile, store, block, "output", ds_dir, ",".join(map(str, tile)), ",".join(map(str, block)), dtype.str
+        )
     return LogicalArray.from_store(store)
+
+
+def _points(shape, piece) -> int:
+    """How many point tasks a launch over ``piece``-shaped pieces of ``shape`` has."""
+    return math.prod(-(-s // max(1, p)) for s, p in zip(shape, piece))
+
+
+def _spread(shape, procs: int) -> list:
+    """Pieces that spread ``shape`` over ``procs`` processors: blocks of the first
+    dimension with more than one index, the others whole."""
+    piece = list(shape)
+    for d, s in enumerate(shape):
+        if s > 1:
+            piece[d] = -(-s // procs)
+            break
+    return piece
 
 
 def from_file_batched(
