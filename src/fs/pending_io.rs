@@ -641,6 +641,7 @@ pub fn write_data(
     };
     let sel = Hyperslab::full(&model.shape);
     let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
+    let mut runs = TileRuns::default();
     for e in extents {
         let crate::extent::Src::File { file: bf, offset } = &e.src else {
             return Err(Error::io("pending data maps to a missing tile"));
@@ -669,9 +670,37 @@ pub fn write_data(
                 .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
             let n = (ct - c).min(t.file_end().saturating_sub(at)).max(1);
             let bytes = &data[(c - off) as usize..(c - off + n) as usize];
-            pending.write_tile(file, path, meta, idx, tile_off, bytes)?;
+            runs.add(idx, tile_off, bytes);
             c += n;
         }
     }
+    for (idx, tile_off, bytes) in runs.runs {
+        pending.write_tile(file, path, meta, &idx, tile_off, &bytes)?;
+    }
     Ok(())
+}
+
+/// The pieces of one `data` write, joined per tile where they follow each other in the
+/// tile: a band of whole rows of a 2-D dataset falls into each of its tiles as one run
+/// of consecutive tile rows, so each tile gets one write (one record in the range log)
+/// instead of one per row.
+#[derive(Default)]
+struct TileRuns {
+    runs: Vec<(Vec<u64>, u64, Vec<u8>)>,
+    /// tile → its last run in `runs`
+    last: std::collections::HashMap<Vec<u64>, usize>,
+}
+
+impl TileRuns {
+    fn add(&mut self, idx: &[u64], tile_off: u64, bytes: &[u8]) {
+        if let Some(&k) = self.last.get(idx) {
+            let (_, at, buf) = &mut self.runs[k];
+            if at.checked_add(buf.len() as u64) == Some(tile_off) {
+                buf.extend_from_slice(bytes);
+                return;
+            }
+        }
+        self.last.insert(idx.to_vec(), self.runs.len());
+        self.runs.push((idx.to_vec(), tile_off, bytes.to_vec()));
+    }
 }

@@ -7,7 +7,10 @@ measured-looking field (smooth, with noise in the low bits: it compresses to abo
 * h5py writes it compressed in one process, chunks = tiles (until the file is closed
   and synced): the baseline of the ">= 1.5x" write target and of the size target;
 * `--procs` processes write the tiles through the mount, uncompressed (the writers'
-  daemon encodes each tile in the background as its handle closes), then one commit:
+  daemon encodes each tile in the background as its handle closes), then one commit
+  (`--via data`: each process writes its bands of whole tile rows into the dataset's
+  `data` file through one descriptor, one `pwrite` per band, instead of one open per
+  tile; the daemon maps the bytes to tiles):
   write, commit (client and daemon), the chunks the commit encoded itself, total;
 * the committed file's allocated size against h5py's, and a cold full h5py read of
   each file.
@@ -54,6 +57,19 @@ def write_tiles(args):
     return len(idxs)
 
 
+def write_bands(args):
+    """Bands of whole tile rows `rows` into `data`, one descriptor, one pwrite a band."""
+    d, tile, rows = args
+    width = DATA.shape[1] * DATA.itemsize
+    fd = os.open(os.path.join(d, "data"), os.O_WRONLY)
+    try:
+        for i in rows:
+            os.pwrite(fd, DATA[i * tile:(i + 1) * tile].tobytes(), i * tile * width)
+    finally:
+        os.close(fd)
+    return len(rows)
+
+
 CODECS = {
     "gzip 4 + shuffle": ({"compression": "gzip", "compression_opts": 4, "shuffle": True},
                          {"compression": "gzip", "compression_opts": 4, "shuffle": True}),
@@ -84,7 +100,10 @@ def through_mount(args, root, meta_extra):
         idxs = [(i, j) for i in range(g) for j in range(g)]
         t0 = time.perf_counter()
         with mp.get_context("fork").Pool(args.procs) as p:
-            p.map(write_tiles, [(d, t, idxs[k::args.procs]) for k in range(args.procs)])
+            if args.via == "data":
+                p.map(write_bands, [(d, t, range(g)[k::args.procs]) for k in range(args.procs)])
+            else:
+                p.map(write_tiles, [(d, t, idxs[k::args.procs]) for k in range(args.procs)])
         t_write = time.perf_counter() - t0
         t1 = time.perf_counter()
         with open(os.path.join(mnt, "out.h5", ".commit"), "w") as f:
@@ -115,6 +134,8 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--dir", default=None)
     ap.add_argument("--codecs", nargs="+", default=None, help="rows to run (names as in the table)")
+    ap.add_argument("--via", choices=("tiles", "data"), default="tiles",
+                    help="writers open each tile file, or write bands of tile rows into `data`")
     args = ap.parse_args()
     g, t = args.grid, args.tile
     DATA = field(g * t)
@@ -148,7 +169,7 @@ def main():
                 size = os.stat(path).st_blocks * 512
                 got, r = cold_read(path, backing)
                 assert got.tobytes() == DATA.tobytes(), f"{name}: bytes differ"
-                rows.append((name, f"h5tilefs, {procs} processes", t_write, t_commit,
+                rows.append((name, f"h5tilefs, {procs} processes ({args.via})", t_write, t_commit,
                              st.get("seconds"), ph.get("encoded_by_commit"),
                              t_write + t_commit, size, ref_size, r, r_ref))
         finally:
