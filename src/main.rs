@@ -105,6 +105,12 @@ struct MountArgs {
     /// Threads that read one large READ_TO_GPU request as parallel cuFile pieces.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     gpu_io_threads: u16,
+    /// Compressed chunks of fewer bytes are encoded by the commit, packed one after
+    /// another, instead of by their writers' daemons into fixed slots, whose unused
+    /// tails are freed only in whole file-system blocks; accepts K/M/G suffixes; 0:
+    /// writers encode every chunk.
+    #[arg(long, default_value = "64K", value_parser = parse_bytes_or_zero)]
+    writer_encode_min: u64,
     /// Kernel readahead for the mount, in KiB (set through sysfs when permitted).
     #[arg(long, default_value_t = 4096)]
     readahead_kb: u32,
@@ -117,7 +123,7 @@ struct MountArgs {
     shutdown_grace: u64,
     /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
     /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH,
-    /// gpu_io_threads=N.
+    /// gpu_io_threads=N, writer_encode_min=SIZE.
     /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
@@ -149,6 +155,7 @@ fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
             }
             ("tile_bytes", Some(v)) => args.tile_bytes = parse_bytes(v)?,
             ("cache_bytes", Some(v)) => args.cache_bytes = parse_bytes(v)?,
+            ("writer_encode_min", Some(v)) => args.writer_encode_min = parse_bytes_or_zero(v)?,
             ("log_file", Some(v)) => args.log_file = Some(PathBuf::from(v)),
             _ => {}
         }
@@ -175,6 +182,14 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(mult)
         .filter(|&v| v > 0)
         .ok_or_else(|| format!("size out of range: {s:?}"))
+}
+
+/// A size as [`parse_bytes`] reads it, where 0 is allowed (it turns a feature off).
+fn parse_bytes_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_bytes(s)
 }
 
 fn main() -> ExitCode {
@@ -347,6 +362,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
         gpu: args.gpu,
         gpu_io_threads: args.gpu_io_threads.into(),
         engine: h5tilefs::engine::EngineConfig::from_env(),
+        writer_encode_min: args.writer_encode_min,
     };
     if args.foreground {
         init_logging(args.log_file.as_deref(), true);

@@ -78,6 +78,9 @@ pub struct FsOptions {
     /// The dataset engine's knobs (read-ahead, view blocks); the daemon takes the
     /// environment's measurement overrides (`EngineConfig::from_env`).
     pub engine: crate::engine::EngineConfig,
+    /// Compressed chunks smaller than this are encoded by the commit, packed, not by
+    /// their writers into slots (docs/namespace.md, "Compressed chunked datasets").
+    pub writer_encode_min: u64,
 }
 
 impl Default for FsOptions {
@@ -91,6 +94,7 @@ impl Default for FsOptions {
             gpu: crate::gpu::GpuMode::Auto,
             gpu_io_threads: 16,
             engine: crate::engine::EngineConfig::default(),
+            writer_encode_min: 64 << 10,
         }
     }
 }

@@ -56,7 +56,7 @@ impl Mount {
         Mount {
             engine,
             cache: Arc::new(CellCache::new(opts.cache_bytes)),
-            pending: Pending::new(&ns.root),
+            pending: Pending::new(&ns.root).writer_encode_min(opts.writer_encode_min),
             ns,
             opts,
             model_opts,

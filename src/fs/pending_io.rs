@@ -642,6 +642,7 @@ pub fn write_data(
     let sel = Hyperslab::full(&model.shape);
     let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
     let mut runs = TileRuns::default();
+    let mut whole = false;
     for e in extents {
         let crate::extent::Src::File { file: bf, offset } = &e.src else {
             return Err(Error::io("pending data maps to a missing tile"));
@@ -671,11 +672,18 @@ pub fn write_data(
             let n = (ct - c).min(t.file_end().saturating_sub(at)).max(1);
             let bytes = &data[(c - off) as usize..(c - off + n) as usize];
             runs.add(idx, tile_off, bytes);
+            // this write reaches the tile's last byte: for a compressed dataset, the
+            // tile may be whole now (checked in the background) and can be encoded
+            // while the writer goes on, as a closed tile handle's is
+            whole |= tile_off.checked_add(n) == Some(t.size);
             c += n;
         }
     }
     for (idx, tile_off, bytes) in runs.runs {
         pending.write_tile(file, path, meta, &idx, tile_off, &bytes)?;
+    }
+    if whole && meta.chunked && meta.compression.is_some() {
+        pending.flush_ranges(file, path)?;
     }
     Ok(())
 }

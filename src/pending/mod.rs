@@ -84,6 +84,14 @@ impl Pending {
         }
     }
 
+    /// Compressed chunks of fewer bytes than `bytes` are encoded by the commit, packed,
+    /// instead of by their writers into slots (the daemon's `--writer-encode-min`; 0,
+    /// the default here: writers encode every chunk).
+    pub fn writer_encode_min(mut self, bytes: u64) -> Pending {
+        self.tiles.writer_encode_min = bytes;
+        self
+    }
+
     /// The handle of a file (its path checked once).
     fn file(&self, file_rel: &Path) -> Result<PendingFile> {
         PendingFile::new(file_rel)

@@ -371,6 +371,12 @@ pub(super) struct Tiles {
     records: DashMap<(PathBuf, String), super::chunked::Record>,
     /// Files being built with compressed datasets, open for the writers' encodings.
     slot_files: DashMap<PathBuf, Arc<super::slots::SlotFile>>,
+    /// Chunks of fewer bytes are not encoded by their writers but by the commit, packed
+    /// one after another: a slot's unused tail is punched out in whole file-system
+    /// blocks, so a small chunk in its slot takes up to a block more than its bytes (16
+    /// KiB chunks: 1.15-1.26x the size of h5py's file), while packed chunks take what
+    /// they are. 0: writers encode every chunk.
+    pub(super) writer_encode_min: u64,
 }
 
 impl Tiles {
@@ -432,6 +438,10 @@ impl Tiles {
             .and_then(|r| Some((r.slots.clone()?, r.chunk_bytes, r.product_path(&product))));
         for tile in tiles {
             if let Some((s, cb, file_built)) = &slots {
+                if *cb < self.writer_encode_min {
+                    // small chunks: packed by the commit (see `writer_encode_min`)
+                    continue;
+                }
                 // a compressed dataset's closed tile: encoded into its slot here
                 let key = product.join(format!("{}/{tile}", l.gen));
                 let t = self.targets.get(&key).map(|t| t.clone());

@@ -27,10 +27,10 @@ class Env:
         self.mnts = []
         os.makedirs(self.backing)
 
-    def mount(self, name="mnt"):
+    def mount(self, name="mnt", *extra):
         m = os.path.join(self.root, name)
         os.makedirs(m, exist_ok=True)
-        mount(self.backing, m, log=os.path.join(self.root, name + ".log"))
+        mount(self.backing, m, *extra, log=os.path.join(self.root, name + ".log"))
         self.mnts.append(m)
         return m
 
