@@ -270,7 +270,11 @@ impl Filesystem for FuseFs {
                     f |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
-                    f |= FopenFlags::FOPEN_DIRECT_IO;
+                    // Writers of disjoint parts of one file (bands of `data`) are not
+                    // serialized on the inode by the kernel: the daemon takes each
+                    // write on its own (a tile's bytes go to their place; nothing here
+                    // extends a file).
+                    f |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
                 }
                 reply.opened(FileHandle(fh), f)
             }

@@ -238,11 +238,13 @@ impl Commit<'_> {
         let t_fsync = t0.elapsed();
         // chunks of compressed datasets the commit encoded (not their writers)
         let mut encoded_here = 0;
+        let mut chunked_steps = Value::Null;
         let t_vds = if plan.chunked.is_empty() {
             self.publish(file, stage, &dir, &target, &plan)?
         } else {
-            let (t, n) = self.publish_chunked(file, stage, &dir, &target, &plan)?;
+            let (t, n, steps) = self.publish_chunked(file, stage, &dir, &target, &plan)?;
             encoded_here = n;
+            chunked_steps = steps;
             t
         };
         self.retire(file, stage, &nodes)?;
@@ -266,6 +268,7 @@ impl Commit<'_> {
             "synced_before": synced_before,
             "vds_s": t_vds.as_secs_f64(),
             "encoded_by_commit": encoded_here,
+            "chunked_steps": chunked_steps,
             "total_s": t0.elapsed().as_secs_f64(),
         });
         tracing::info!(tiles = committed.len(), %phases, "commit phases");
@@ -533,8 +536,13 @@ impl Commit<'_> {
         dir: &Path,
         target: &Path,
         plan: &CommitPlan,
-    ) -> Result<(std::time::Duration, u64)> {
+    ) -> Result<(std::time::Duration, u64, Value)> {
         let t = std::time::Instant::now();
+        // seconds since `t` at each step, for the commit's phases
+        let mut steps = serde_json::Map::new();
+        let mut mark = |name: &str| {
+            steps.insert(name.to_string(), json!(t.elapsed().as_secs_f64()));
+        };
         let product = plan
             .chunked
             .first()
@@ -556,7 +564,7 @@ impl Commit<'_> {
             for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
                 let _ = std::fs::remove_file(&c.tiles);
             }
-            return Ok((t.elapsed(), 0));
+            return Ok((t.elapsed(), 0, Value::Null));
         }
         if !super::chunked::still_based_on(&product, target)? {
             return Err(Error::invalid(format!(
@@ -592,6 +600,7 @@ impl Commit<'_> {
                         .map_err(io(format!("fsync {}", c.tiles.display())))?;
                 }
             }
+            mark("staging_synced_s");
             for c in &plan.chunked {
                 if let Some(z) = &c.compressed {
                     let (stored, here) = super::slots::store(
@@ -606,11 +615,13 @@ impl Commit<'_> {
                     encoded_here += here;
                 }
             }
+            mark("stored_s");
             // every node's tile bytes (the commit's fsync of the file) before the
             // names that make them visible
             std::fs::File::open(&product)
                 .and_then(|f| f.sync_all())
                 .map_err(io(format!("fsync {}", product.display())))?;
+            mark("synced_s");
         }
         let moves: Vec<(String, String)> = plan
             .chunked
@@ -625,6 +636,7 @@ impl Commit<'_> {
             .collect();
         writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs)?;
         set_owner(&product, &dir.join(file.sources_rel()), target, stage);
+        mark("linked_s");
         let took = t.elapsed();
         // says, until the pending state is retired, that the file was renamed into
         // place (a commit tried again after a crash in between then only retires)
@@ -646,7 +658,7 @@ impl Commit<'_> {
             self.tiles.close_under(&c.tiles);
             let _ = std::fs::remove_file(&c.tiles);
         }
-        Ok((took, encoded_here))
+        Ok((took, encoded_here, Value::Object(steps)))
     }
 
     /// After the rename: the committed nodes' pending state and older generations go.

@@ -187,6 +187,7 @@ pub(super) fn store(
     c: &Compressed,
     known: &HashMap<u64, (u64, u32)>,
 ) -> Result<(u64, u64)> {
+    let t0 = std::time::Instant::now();
     let src = std::fs::File::open(staging).map_err(io(format!("opening {}", staging.display())))?;
     // Tiles other nodes wrote (in pages interleaved with this node's, or whole) are read
     // from the backing file system, not from this node's page cache: a page this node
@@ -272,18 +273,44 @@ pub(super) fn store(
             *e = (c.slots.base + k * c.slots.slot_bytes, len, mask);
         }
     }
+    let t_encoded = t0.elapsed();
     // the chunks are durable before the index that points at them
     dst.sync_data()
         .map_err(io(format!("fsync {}", product.display())))?;
+    let t_synced = t0.elapsed();
     writer::slots::set_end_of_file(product, cursor.load(Ordering::Relaxed))?;
     writer::slots::patch_index(product, c.slots.index, &entries)?;
+    let t_indexed = t0.elapsed();
+    // every slot's unused bytes go; unused stretches that meet (whole slots of chunks
+    // the commit packed elsewhere, one after another) go in one call, not one a chunk
     let mut stored = 0;
+    let mut hole: Option<(u64, u64)> = None;
     for (k, &(at, len, _)) in entries.iter().enumerate() {
         let slot = c.slots.base + k as u64 * c.slots.slot_bytes;
         let used = if at == slot { len } else { 0 };
-        writer::slots::punch(&dst, slot + used, slot + c.slots.slot_bytes);
+        let (a, b) = (slot + used, slot + c.slots.slot_bytes);
+        hole = match hole {
+            Some((ha, hb)) if hb == a => Some((ha, b)),
+            Some((ha, hb)) => {
+                writer::slots::punch(&dst, ha, hb);
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
         stored += len;
     }
+    if let Some((a, b)) = hole {
+        writer::slots::punch(&dst, a, b);
+    }
+    tracing::info!(
+        file = %product.display(),
+        dataset = link,
+        encoded_s = t_encoded.as_secs_f64(),
+        synced_s = t_synced.as_secs_f64(),
+        indexed_s = t_indexed.as_secs_f64(),
+        punched_s = t0.elapsed().as_secs_f64(),
+        "compressed chunks stored"
+    );
     Ok((stored, here))
 }
 

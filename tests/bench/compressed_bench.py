@@ -88,7 +88,8 @@ def through_mount(args, root, meta_extra):
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
     os.makedirs(backing)
     os.makedirs(mnt)
-    subprocess.run([args.bin, "mount", backing, mnt], check=True, capture_output=True)
+    log = os.path.join(root, "daemon.log")
+    subprocess.run([args.bin, "mount", backing, mnt, "--log-file", log], check=True, capture_output=True)
     try:
         g, t = args.grid, args.tile
         d = os.path.join(mnt, "out.h5", "x")
@@ -134,6 +135,7 @@ def main():
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--dir", default=None)
     ap.add_argument("--codecs", nargs="+", default=None, help="rows to run (names as in the table)")
+    ap.add_argument("--phases", action="store_true", help="print each commit's phases (seconds)")
     ap.add_argument("--via", choices=("tiles", "data"), default="tiles",
                     help="writers open each tile file, or write bands of tile rows into `data`")
     args = ap.parse_args()
@@ -169,6 +171,11 @@ def main():
                 size = os.stat(path).st_blocks * 512
                 got, r = cold_read(path, backing)
                 assert got.tobytes() == DATA.tobytes(), f"{name}: bytes differ"
+                if args.phases:
+                    print(f"phases {name} {procs} {args.via}: {json.dumps(ph)}", flush=True)
+                    for line in open(os.path.join(sub, "daemon.log"), errors="replace"):
+                        if "compressed chunks stored" in line:
+                            print("   ", line.strip()[-220:], flush=True)
                 rows.append((name, f"h5tilefs, {procs} processes ({args.via})", t_write, t_commit,
                              st.get("seconds"), ph.get("encoded_by_commit"),
                              t_write + t_commit, size, ref_size, r, r_ref))
