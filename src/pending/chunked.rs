@@ -73,6 +73,9 @@ pub(super) struct Slots {
     /// How chunks are encoded (a writer encodes the tiles it closes: pending/slots.rs).
     pub(super) compression: crate::codecs::encode::Compression,
     pub(super) itemsize: u64,
+    /// How many chunks the dataset has (0 in records of earlier versions: not known).
+    #[serde(default)]
+    pub(super) chunks: u64,
 }
 
 impl Record {
@@ -484,6 +487,7 @@ fn declare_slots(
         index,
         compression,
         itemsize: meta.itemsize,
+        chunks: n,
     })
 }
 

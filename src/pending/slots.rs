@@ -434,6 +434,7 @@ mod tests {
                     index,
                     compression: z.clone(),
                     itemsize: itemsize as u64,
+                    chunks: n,
                 },
                 compression: z,
                 itemsize,
