@@ -321,6 +321,16 @@ impl SourceOpener for Namespace {
 mod tests {
     use super::*;
 
+    /// The model options these tests build models with.
+    fn model_opts(ns: &Namespace) -> crate::model::ModelOptions {
+        crate::model::ModelOptions {
+            tile_bytes: 1 << 20,
+            root: ns.root.clone(),
+            direct: Arc::new(crate::h5file::DirectOpener),
+            sources: Arc::default(),
+        }
+    }
+
     #[test]
     fn open_files_are_bounded_and_in_use_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -364,12 +374,7 @@ mod tests {
         }
         let mut ns = Namespace::new(dir.path()).unwrap();
         ns.max_models = 16;
-        let opts = crate::model::ModelOptions {
-            tile_bytes: 1 << 20,
-            root: ns.root.clone(),
-            direct: Arc::new(crate::h5file::DirectOpener),
-            sources: Arc::default(),
-        };
+        let opts = model_opts(&ns);
         let first = ns.file(Path::new("f0.h5")).unwrap();
         let kept = first.model("/d0", &opts, &ns).unwrap();
         drop(first);
@@ -445,12 +450,7 @@ mod tests {
         }
         drop(f);
         let ns = Namespace::new(dir.path()).unwrap();
-        let opts = crate::model::ModelOptions {
-            tile_bytes: 1 << 20,
-            root: ns.root.clone(),
-            direct: Arc::new(crate::h5file::DirectOpener),
-            sources: Arc::default(),
-        };
+        let opts = model_opts(&ns);
         let f = ns.file(Path::new("f.h5")).unwrap();
         assert_eq!(f.listing("/").unwrap().children.len(), 50);
         let after_listing = mdc_entries(&f);

@@ -682,7 +682,7 @@ pub fn write_data(
     for (idx, tile_off, bytes) in runs.runs {
         pending.write_tile(file, path, meta, &idx, tile_off, &bytes)?;
     }
-    if whole && meta.chunked && meta.compression.is_some() {
+    if whole && pending.writers_encode(meta) {
         pending.flush_ranges(file, path)?;
     }
     Ok(())

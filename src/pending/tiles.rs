@@ -382,19 +382,15 @@ pub(super) struct Tiles {
 const COMMIT_PACK_MAX: u64 = 1 << 30;
 
 /// Whether the commit, not the writers, encodes the chunks of a compressed dataset
-/// (`s`, chunks of `cb` bytes): when they are smaller than `min` and the whole dataset
+/// (`chunks` chunks of `cb` bytes; 0 chunks: not known): when they are smaller than `min` and the whole dataset
 /// is at most [`COMMIT_PACK_MAX`]. A slot's unused tail is punched out in whole
 /// file-system blocks, so a small chunk in its slot takes up to a block more than its
 /// bytes (16 KiB chunks: 1.15-1.26x the size of h5py's file), while the commit packs
 /// the chunks it encodes one after another. A larger dataset of small chunks is still
 /// encoded by its writers: one node encoding it all would make the commit's time grow
 /// with the data.
-pub(super) fn commit_packs(s: &super::chunked::Slots, cb: u64, min: u64) -> bool {
-    cb < min
-        && s.chunks > 0
-        && s.chunks
-            .checked_mul(cb)
-            .is_some_and(|b| b <= COMMIT_PACK_MAX)
+pub(super) fn commit_packs(chunks: u64, cb: u64, min: u64) -> bool {
+    cb < min && chunks > 0 && chunks.checked_mul(cb).is_some_and(|b| b <= COMMIT_PACK_MAX)
 }
 
 impl Tiles {
@@ -456,7 +452,7 @@ impl Tiles {
             .and_then(|r| Some((r.slots.clone()?, r.chunk_bytes, r.product_path(&product))));
         for tile in tiles {
             if let Some((s, cb, file_built)) = &slots {
-                if commit_packs(s, *cb, self.writer_encode_min) {
+                if commit_packs(s.chunks, *cb, self.writer_encode_min) {
                     continue;
                 }
                 // a compressed dataset's closed tile: encoded into its slot here
@@ -1002,26 +998,14 @@ mod tests {
     /// writers'.
     #[test]
     fn the_commit_packs_only_small_chunks_of_a_bounded_dataset() {
-        let s = |chunks| super::super::chunked::Slots {
-            staging: String::new(),
-            base: 0,
-            slot_bytes: 0,
-            index: 0,
-            compression: crate::codecs::encode::Compression {
-                codec: crate::codecs::encode::Codec::Gzip(4),
-                shuffle: false,
-            },
-            itemsize: 4,
-            chunks,
-        };
         let k16 = 16 << 10;
-        assert!(commit_packs(&s(10_000), k16, 64 << 10));
-        assert!(commit_packs(&s(65_536), k16, 64 << 10)); // exactly 1 GiB
-        assert!(!commit_packs(&s(65_537), k16, 64 << 10));
-        assert!(!commit_packs(&s(10_000), 64 << 10, 64 << 10));
-        assert!(!commit_packs(&s(0), k16, 64 << 10));
-        assert!(!commit_packs(&s(10_000), k16, 0));
-        assert!(!commit_packs(&s(u64::MAX), k16, 64 << 10));
+        assert!(commit_packs(10_000, k16, 64 << 10));
+        assert!(commit_packs(65_536, k16, 64 << 10)); // exactly 1 GiB
+        assert!(!commit_packs(65_537, k16, 64 << 10));
+        assert!(!commit_packs(10_000, 64 << 10, 64 << 10));
+        assert!(!commit_packs(0, k16, 64 << 10));
+        assert!(!commit_packs(10_000, k16, 0));
+        assert!(!commit_packs(u64::MAX, k16, 64 << 10));
     }
 
     /// An edge tile of the chunked layout sits in the corner of its whole chunk: every
