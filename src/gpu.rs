@@ -3,6 +3,8 @@
 //! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
 //! host staging plus a copy for decoded and fill runs.
 
+mod stage;
+
 use crate::error::{Error, GpuError, Result};
 use crate::extent::{BackingFile, Extent, Src};
 use crate::h5file::Ident;
@@ -27,6 +29,9 @@ pub enum GpuMode {
 
 /// Staging buffer for decoded bytes, per transfer (pinned when possible).
 const STAGE_BYTES: usize = 32 << 20;
+/// How far past a staged piece its cells are queued for decoding (the pool takes at most
+/// twice its threads of queued cells, so this only bounds how far a plan looks).
+const STAGE_AHEAD: u64 = 64 << 20;
 
 /// A verbatim run longer than this is split into pieces of this size read by several
 /// threads at once: one `cuFileRead` is one stream of I/O (in compatibility mode, one
@@ -762,15 +767,18 @@ impl Gpu {
     /// Places the extents (destination offsets are file offsets; the window `[w0, w1)`
     /// of the file goes to `m.base + buf_offset`) in device memory. Verbatim runs go
     /// through cuFile; the rest is materialized on the host in two pinned buffers that
-    /// alternate, so decoding the next piece overlaps the copy of the previous one.
-    /// Returns (direct, staged) bytes.
+    /// alternate, so assembling the next piece overlaps the copy of the previous one.
+    /// A piece's cells are decoded on the whole decode pool and the next piece's are
+    /// queued before it is assembled (before, this thread decoded every chunk of a
+    /// compressed read, and copied each 2 KiB row on its own). Returns (direct, staged)
+    /// bytes.
     pub fn transfer(
         &self,
         m: &Mapping,
         buf_offset: u64,
         extents: &[Extent],
         window: (u64, u64),
-        cache: &crate::decode::CellCache,
+        cache: &Arc<crate::decode::CellCache>,
     ) -> Result<(u64, u64)> {
         let l = self.loaded()?;
         self.bind(l, m.device)?;
@@ -796,15 +804,13 @@ impl Gpu {
             // cuFile handles of this transfer, one lookup (and revalidation) per backing
             // file; each Arc keeps its handle registered until the transfer ends.
             let mut handles: Vec<(*const BackingFile, Option<Arc<CuFile>>)> = Vec::new();
-            let (w0, w1) = window;
+            let w0 = window.0;
             let (mut direct, mut staged) = (0u64, 0u64);
-            for e in extents {
-                let (s, t) = (e.dst.max(w0), (e.dst + e.len).min(w1));
-                if s >= t {
-                    continue;
-                }
-                let dev = m.base + buf_offset + (s - w0);
-                let handle = match (&e.src, e.is_contiguous(), l.cufile && self.direct) {
+            let segs = crate::model::flatten(extents);
+            // cuFile handles for the segments it reads straight into the buffer.
+            let mut direct_h: Vec<Option<Arc<CuFile>>> = Vec::with_capacity(segs.len());
+            for (_, _, e, _) in &segs {
+                let h = match (&e.src, e.is_contiguous(), l.cufile && self.direct) {
                     (Src::File { file, .. }, true, true) => {
                         let key = Arc::as_ptr(file);
                         match handles.iter().find(|(k, _)| *k == key) {
@@ -814,7 +820,7 @@ impl Gpu {
                                     Ok(h) => Some(h),
                                     Err(err) => {
                                         // cuFile refuses some files (no GDS and no usable
-                                        // compatibility mode): those bytes take the staged path.
+                                        // compatibility mode): those bytes are staged.
                                         tracing::debug!(%err, "cuFile unavailable; staging");
                                         None
                                     }
@@ -826,62 +832,81 @@ impl Gpu {
                     }
                     _ => None,
                 };
-                if let (Src::File { offset, .. }, Some(h)) = (&e.src, handle) {
-                    // Earlier staged copies may target the same bytes (fill under a
-                    // virtual block): let them land first.
-                    // SAFETY: stream is live.
-                    cu_ok(
-                        unsafe { cu::cuStreamSynchronize(stream) },
-                        "cuStreamSynchronize",
-                    )?;
-                    // `h` (an Arc) stays alive across the read: the handle cannot be
-                    // deregistered under it.
-                    self.direct_io(
-                        l,
-                        m,
-                        SendHandle(h.handle),
-                        Dir::Read,
-                        offset + (s - e.dst),
-                        dev - m.base,
-                        t - s,
-                    )?;
-                    direct += t - s;
-                    continue;
-                }
-                let mut pos = s;
-                while pos < t {
-                    let n = (t - pos).min(STAGE_BYTES as u64) as usize;
-                    let k = turn % 2;
-                    turn += 1;
-                    if used[k] {
-                        // SAFETY: the event was recorded after the last copy out of bufs[k].
-                        cu_ok(
-                            unsafe { cu::cuEventSynchronize(events[k]) },
-                            "cuEventSynchronize",
+                direct_h.push(h);
+            }
+            let steps = stage::plan(&segs, window, &|i| direct_h[i].is_some(), STAGE_BYTES);
+            // File bytes before which the cells were decoded (warmed) or queued.
+            let mut warmed = w0;
+            for step in steps {
+                match step {
+                    stage::Step::Direct { seg, s, t } => {
+                        let (s0, _, e, skip) = &segs[seg];
+                        let (Src::File { offset, .. }, Some(h)) = (&e.src, &direct_h[seg]) else {
+                            return Err(Error::io("a direct step without its cuFile handle"));
+                        };
+                        // Segments are disjoint: staged copies still in flight write
+                        // other bytes of the buffer. `h` (an Arc) stays alive across the
+                        // read: the handle cannot be deregistered under it.
+                        self.direct_io(
+                            l,
+                            m,
+                            SendHandle(h.handle),
+                            Dir::Read,
+                            offset + skip + (s - s0),
+                            buf_offset + (s - w0),
+                            t - s,
                         )?;
+                        direct += t - s;
                     }
-                    // SAFETY: bufs[k] is a pinned allocation of STAGE_BYTES >= n bytes that
-                    // no copy is reading any more (synchronized above).
-                    let host = unsafe { std::slice::from_raw_parts_mut(bufs[k] as *mut u8, n) };
-                    crate::model::execute_window(e, pos - e.dst, host, cache)?;
-                    // SAFETY: dev+(pos-s)..+n lies inside the registered buffer; host stays
-                    // valid until the event below completes.
-                    unsafe {
-                        cu_ok(
-                            cu::cuMemcpyHtoDAsync_v2(
-                                dev + (pos - s),
-                                host.as_ptr().cast(),
-                                n,
-                                stream,
-                            ),
-                            "cuMemcpyHtoDAsync",
-                        )?;
-                        cu_ok(cu::cuEventRecord(events[k], stream), "cuEventRecord")?;
+                    stage::Step::Piece(p) => {
+                        let k = turn % 2;
+                        turn += 1;
+                        if used[k] {
+                            // SAFETY: the event was recorded after the last copy out of
+                            // bufs[k].
+                            cu_ok(
+                                unsafe { cu::cuEventSynchronize(events[k]) },
+                                "cuEventSynchronize",
+                            )?;
+                        }
+                        used[k] = true;
+                        if p.at >= warmed {
+                            // The piece's cells decode on the whole pool (and here), then
+                            // the next piece's are queued, so the pool works on them while
+                            // this thread assembles this one: what a reader's request
+                            // (`warm`) and read-ahead do.
+                            let end = p.at + STAGE_BYTES as u64;
+                            cache.warm(&stage::cells_in(&segs[p.first..], p.at, end));
+                            cache.prefetch(&stage::cells_in(
+                                &segs[p.first..],
+                                end,
+                                end + STAGE_AHEAD,
+                            ));
+                            warmed = end;
+                        }
+                        // SAFETY: bufs[k] is a pinned allocation of STAGE_BYTES >= p.n
+                        // bytes that no copy is reading any more (synchronized above).
+                        let host =
+                            unsafe { std::slice::from_raw_parts_mut(bufs[k] as *mut u8, p.n) };
+                        p.assemble(host, cache)?;
+                        // SAFETY: p.at..p.at+p.n lies inside the window, which maps to
+                        // buf_offset.. of the registered buffer; host stays untouched until
+                        // the event below completes.
+                        unsafe {
+                            cu_ok(
+                                cu::cuMemcpyHtoDAsync_v2(
+                                    m.base + buf_offset + (p.at - w0),
+                                    host.as_ptr().cast(),
+                                    p.n,
+                                    stream,
+                                ),
+                                "cuMemcpyHtoDAsync",
+                            )?;
+                            cu_ok(cu::cuEventRecord(events[k], stream), "cuEventRecord")?;
+                        }
+                        staged += p.n as u64;
                     }
-                    used[k] = true;
-                    pos += n as u64;
                 }
-                staged += t - s;
             }
             // SAFETY: stream is live.
             cu_ok(

@@ -126,6 +126,26 @@ def cold_read(path, backing):
     return a, time.perf_counter() - t
 
 
+def _extents(path):
+    out = subprocess.run(["filefrag", path], capture_output=True, text=True).stdout
+    return out.strip().rsplit(":", 1)[-1].strip()
+
+
+def diagnose(name, procs, path, ref, backing, root):
+    """Why a committed file reads slower cold than h5py's: the same file read again, and
+    a sparse copy of it (same chunk offsets and holes, blocks allocated in file order)."""
+    copy = os.path.join(root, "copy.h5")
+    subprocess.run(["cp", "--sparse=always", path, copy], check=True)
+    with open(copy, "rb") as f:
+        os.fsync(f.fileno())
+    times = {k: [cold_read(p, root if k != "committed" else backing)[1] for _ in range(3)]
+             for k, p in (("h5py", ref), ("committed", path), ("sparse copy", copy))}
+    print(f"diagnose {name} {procs}: " + "; ".join(
+        f"{k} {min(v):.3f}-{max(v):.3f} s ({_extents(p)})"
+        for (k, v), p in zip(times.items(), (ref, path, copy))), flush=True)
+    os.unlink(copy)
+
+
 def main():
     global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +156,10 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--codecs", nargs="+", default=None, help="rows to run (names as in the table)")
     ap.add_argument("--phases", action="store_true", help="print each commit's phases (seconds)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also read each file cold twice more, and a sparse copy of the committed "
+                         "file (cp --sparse=always: the same holes, blocks laid out anew), "
+                         "with each file's extent count (filefrag)")
     ap.add_argument("--via", choices=("tiles", "data"), default="tiles",
                     help="writers open each tile file, or write bands of tile rows into `data`")
     args = ap.parse_args()
@@ -171,6 +195,8 @@ def main():
                 size = os.stat(path).st_blocks * 512
                 got, r = cold_read(path, backing)
                 assert got.tobytes() == DATA.tobytes(), f"{name}: bytes differ"
+                if args.diagnose:
+                    diagnose(name, procs, path, ref, backing, root)
                 if args.phases:
                     print(f"phases {name} {procs} {args.via}: {json.dumps(ph)}", flush=True)
                     for line in open(os.path.join(sub, "daemon.log"), errors="replace"):

@@ -1,0 +1,241 @@
+//! How a READ_TO_GPU window is cut into work: byte runs cuFile reads straight into the
+//! buffer, and pieces of up to one pinned staging buffer that the host assembles (decoded
+//! cells, fill, file runs cuFile cannot take) and copies with one transfer each. Pure
+//! host code, so the cutting and assembly are tested without a GPU.
+//!
+//! A row of a chunked view is one extent of a few KiB, listed chunk by chunk: a copy, an
+//! event and a cell lookup per extent capped compressed reads at a few hundred MB/s.
+//! Here extents are first flattened into disjoint segments in file order (a later extent
+//! over an earlier one wins), consecutive staged segments share a piece, and a piece is
+//! assembled by one [`crate::model::execute`], which looks each cell up once.
+
+use crate::decode::CellCache;
+use crate::error::Result;
+use crate::extent::{CellRef, Extent, Src};
+
+/// Flattened segments: `(start, end, extent, byte of start inside the extent)`, sorted
+/// and disjoint ([`crate::model::flatten`]).
+pub type Segments = [(u64, u64, Extent, u64)];
+
+/// One step of a window, in file order.
+#[derive(Debug)]
+pub enum Step {
+    /// File bytes `[s, t)` of segment `seg` (a contiguous file run) read by cuFile.
+    Direct { seg: usize, s: u64, t: u64 },
+    /// Bytes assembled on the host, then copied.
+    Piece(Piece),
+}
+
+/// Consecutive staged bytes `[at, at + n)`: `subs` are whole elements (`dst` relative to
+/// `at`), `odd` the parts of elements a piece's edge cut (extent, byte inside it, `dst`,
+/// length). `first` is the index of its first segment.
+#[derive(Debug)]
+pub struct Piece {
+    pub first: usize,
+    pub at: u64,
+    pub n: usize,
+    subs: Vec<Extent>,
+    odd: Vec<(Extent, u64, u64, u64)>,
+}
+
+impl Piece {
+    /// Fills `host` (`n` bytes) with the piece's bytes.
+    pub fn assemble(&self, host: &mut [u8], cache: &CellCache) -> Result<()> {
+        crate::model::execute(&self.subs, host, cache)?;
+        for (e, inside, at, len) in &self.odd {
+            let (at, len) = (*at as usize, *len as usize);
+            let Some(out) = host.get_mut(at..at + len) else {
+                return Err(crate::error::Error::io("staged piece beyond its buffer"));
+            };
+            crate::model::execute_window(e, *inside, out, cache)?;
+        }
+        Ok(())
+    }
+}
+
+/// Cuts the window `[w0, w1)` of `segs` into steps: segments `direct(i)` says cuFile
+/// reads stay whole, the others fill pieces of at most `stage` bytes.
+pub fn plan(
+    segs: &Segments,
+    window: (u64, u64),
+    direct: &dyn Fn(usize) -> bool,
+    stage: usize,
+) -> Vec<Step> {
+    let (w0, w1) = window;
+    let stage = stage.max(1);
+    let mut steps = Vec::new();
+    let mut piece: Option<Piece> = None;
+    for (i, (s0, t0, e, skip)) in segs.iter().enumerate() {
+        let (s, t) = ((*s0).max(w0), (*t0).min(w1));
+        if s >= t {
+            continue;
+        }
+        let inside = skip + (s - s0);
+        if direct(i) {
+            steps.extend(piece.take().map(Step::Piece));
+            steps.push(Step::Direct { seg: i, s, t });
+            continue;
+        }
+        let mut pos = s;
+        while pos < t {
+            // A piece continues only where this segment's bytes follow it.
+            if piece
+                .as_ref()
+                .is_some_and(|p| p.at + p.n as u64 != pos || p.n >= stage)
+            {
+                steps.extend(piece.take().map(Step::Piece));
+            }
+            let p = piece.get_or_insert_with(|| Piece {
+                first: i,
+                at: pos,
+                n: 0,
+                subs: Vec::new(),
+                odd: Vec::new(),
+            });
+            let n = (t - pos).min((stage - p.n) as u64);
+            let within = inside + (pos - s);
+            match sub_extent(e, within, p.n as u64, n) {
+                Some(sub) => p.subs.push(sub),
+                None => p.odd.push((e.clone(), within, p.n as u64, n)),
+            }
+            p.n += n as usize;
+            pos += n;
+        }
+    }
+    steps.extend(piece.take().map(Step::Piece));
+    steps
+}
+
+/// Bytes `[inside, inside + len)` of extent `e` as an extent of their own at `dst`, when
+/// they are whole elements (else `None`: `execute_window` copies them).
+fn sub_extent(e: &Extent, inside: u64, dst: u64, len: u64) -> Option<Extent> {
+    let es = e.elem.max(1);
+    if inside % es != 0 || len % es != 0 {
+        return None;
+    }
+    let adv = (inside / es).checked_mul(e.src_stride)?;
+    let src = match &e.src {
+        Src::File { file, offset } => Src::File {
+            file: file.clone(),
+            offset: offset.checked_add(adv)?,
+        },
+        Src::Cell { cell, offset } => Src::Cell {
+            cell: cell.clone(),
+            offset: offset.checked_add(adv)?,
+        },
+        Src::Fill { pattern } => Src::Fill {
+            pattern: pattern.clone(),
+        },
+    };
+    Some(Extent {
+        dst,
+        len,
+        src,
+        src_stride: e.src_stride,
+        elem: e.elem,
+    })
+}
+
+/// The cells under the bytes `[from, to)` of `segs`, each once.
+pub fn cells_in(segs: &Segments, from: u64, to: u64) -> Vec<CellRef> {
+    let mut seen = std::collections::HashSet::new();
+    segs.iter()
+        .take_while(|(s, ..)| *s < to)
+        .filter(|(_, t, ..)| *t > from)
+        .filter_map(|(_, _, e, _)| match &e.src {
+            Src::Cell { cell, .. } if seen.insert(cell.key()) => Some(cell.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extent::BackingFile;
+    use std::sync::Arc;
+
+    /// Many small strided and contiguous file extents listed out of file order, fill
+    /// under some of them (later wins), some read "directly": the steps, assembled piece
+    /// by piece (pieces cut mid-element) and direct runs read with pread, give every
+    /// byte `execute` gives for the whole window.
+    #[test]
+    fn pieces_and_direct_runs_give_what_execute_gives() {
+        let bytes: Vec<u8> = (0..(1u32 << 20))
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut t = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut t, &bytes).unwrap();
+        let file = Arc::new(BackingFile {
+            path: t.path().to_path_buf(),
+            file: t.reopen().unwrap(),
+        });
+        let cache = CellCache::new(0);
+        let mut extents = vec![Extent {
+            dst: 0,
+            len: 600 * 96,
+            src: Src::Fill {
+                pattern: vec![7u8, 8, 9, 10].into(),
+            },
+            src_stride: 4,
+            elem: 4,
+        }];
+        // Rows of 96 bytes, listed "chunk by chunk": even rows first, then odd rows;
+        // every third row strided (4-byte elements 12 bytes apart).
+        let mut rows: Vec<u64> = (0..600).filter(|r| r % 2 == 0).collect();
+        rows.extend((0..600).filter(|r| r % 2 == 1));
+        for r in rows {
+            if r % 7 == 3 {
+                continue; // leaves the fill
+            }
+            let strided = r % 3 == 0;
+            extents.push(Extent {
+                dst: r * 96,
+                len: 96,
+                src: Src::File {
+                    file: file.clone(),
+                    offset: 1000 + r * 500,
+                },
+                src_stride: if strided { 12 } else { 4 },
+                elem: 4,
+            });
+        }
+        let total = 600 * 96;
+        let mut want = vec![0u8; total];
+        crate::model::execute(&extents, &mut want, &cache).unwrap();
+        let segs = crate::model::flatten(&extents);
+        for (w0, w1) in [(0u64, total as u64), (1_000, 40_003)] {
+            for stage in [1usize << 20, 1000, 333, 96] {
+                let direct = |i: usize| {
+                    let e = &segs[i].2;
+                    e.is_contiguous() && matches!(e.src, Src::File { .. }) && i % 2 == 0
+                };
+                let mut got = vec![0u8; (w1 - w0) as usize];
+                for step in plan(&segs, (w0, w1), &direct, stage) {
+                    match step {
+                        Step::Direct { seg, s, t } => {
+                            let (s0, _, e, skip) = &segs[seg];
+                            let Src::File { offset, .. } = &e.src else {
+                                unreachable!()
+                            };
+                            let at = (offset + skip + (s - s0)) as usize;
+                            got[(s - w0) as usize..(t - w0) as usize]
+                                .copy_from_slice(&bytes[at..at + (t - s) as usize]);
+                        }
+                        Step::Piece(p) => {
+                            assert!(p.n <= stage && p.at >= w0 && p.at + p.n as u64 <= w1);
+                            let mut host = vec![0u8; p.n];
+                            p.assemble(&mut host, &cache).unwrap();
+                            let at = (p.at - w0) as usize;
+                            got[at..at + p.n].copy_from_slice(&host);
+                        }
+                    }
+                }
+                assert!(
+                    got == want[w0 as usize..w1 as usize],
+                    "window {w0}..{w1}, stage {stage}"
+                );
+            }
+        }
+    }
+}
