@@ -3,7 +3,11 @@
 //! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
 //! host staging plus a copy for decoded and fill runs.
 
+mod identcache;
 mod stage;
+
+use identcache::IdentCache;
+use stage::{piece_bounds, split_aligned};
 
 use crate::error::{Error, GpuError, Result};
 use crate::extent::{BackingFile, Extent, Src};
@@ -11,10 +15,9 @@ use crate::h5file::Ident;
 use cudarc::cufile::sys as cf;
 use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 /// `--gpu`: `auto` loads CUDA if it is there, at the first GPU request; `preload` loads
 /// it (and cuFile, and every device's primary context) in the background at mount, so
@@ -37,24 +40,6 @@ const STAGE_AHEAD: u64 = 64 << 20;
 /// threads at once: one `cuFileRead` is one stream of I/O (in compatibility mode, one
 /// thread doing pread and copies), so a large run goes faster as parallel pieces.
 const DIRECT_PIECE: u64 = 16 << 20;
-
-/// Splits a run of `len` bytes that lands at offset `start` of the GPU buffer into
-/// pieces of at most `piece` bytes, cut at multiples of `piece` in the buffer, so
-/// every piece but the first starts aligned in device memory. Offsets are relative to
-/// the run. (Measured on the H100: cutting at file-offset multiples instead left the
-/// device offsets unaligned whenever the data did not start 4 KiB-aligned in the
-/// file, and cuFile fell from 32 to 2 GB/s.)
-fn piece_bounds(start: u64, len: u64, piece: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(len.div_ceil(piece) as usize + 1);
-    let mut a = 0u64;
-    while a < len {
-        let next_cut = (start + a) / piece * piece + piece - start;
-        let b = next_cut.min(len);
-        out.push((a, b));
-        a = b;
-    }
-    out
-}
 
 /// A cuFile handle to pass to the piece threads of one transfer.
 #[derive(Clone, Copy)]
@@ -179,133 +164,6 @@ impl Drop for CuFile {
 /// Cached cuFile handles kept at most (each holds a descriptor and cuFile state).
 const MAX_CUFILE_HANDLES: usize = 64;
 
-/// One entry of an [`IdentCache`]: the identity the value was built from, the value (or
-/// why it could not be built), the backing file it serves (the entry goes with it), and
-/// when it was last used.
-struct IdentEntry<H, O> {
-    ident: Ident,
-    value: std::result::Result<Arc<H>, String>,
-    owner: Weak<O>,
-    used: u64,
-}
-
-/// Values built per version of a backing inode: keyed by (dev, ino), revalidated against
-/// the full identity (size, mtime, ctime) at every lookup, so a file rewritten in place
-/// gets a new value and a replaced one (another inode) never shares an old one. Refusals
-/// are remembered the same way. Bounded: least recently used entries, entries whose
-/// backing file is gone, and entries of changed identities are dropped. Values are
-/// `Arc`s handed out to users: dropping an entry never frees a value still in use. No
-/// lock is held while a value is built or dropped (both may do I/O).
-struct IdentCache<H, O> {
-    inner: Mutex<IdentMap<H, O>>,
-    cap: usize,
-}
-
-/// The entries of an [`IdentCache`] by (dev, ino), and the clock of their last use.
-struct IdentMap<H, O> {
-    map: HashMap<(u64, u64), IdentEntry<H, O>>,
-    tick: u64,
-}
-
-impl<H, O> IdentCache<H, O> {
-    fn new(cap: usize) -> Self {
-        IdentCache {
-            inner: Mutex::new(IdentMap {
-                map: HashMap::new(),
-                tick: 0,
-            }),
-            cap: cap.max(1),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.inner.lock().map.len()
-    }
-
-    /// The value for this version of the inode, built with `make` on a miss or when the
-    /// cached one was built from another version. A remembered refusal of the same
-    /// version comes back as `Err` without calling `make`.
-    fn get(
-        &self,
-        ident: Ident,
-        owner: &Arc<O>,
-        make: impl FnOnce() -> std::result::Result<H, String>,
-    ) -> std::result::Result<Arc<H>, String> {
-        let key = (ident.dev, ident.ino);
-        let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
-        {
-            let mut g = self.inner.lock();
-            let IdentMap { map, tick } = &mut *g;
-            *tick += 1;
-            let now = *tick;
-            if let Some(e) = map.get_mut(&key) {
-                if e.ident == ident {
-                    e.used = now;
-                    if e.owner.strong_count() == 0 {
-                        e.owner = Arc::downgrade(owner);
-                    }
-                    return e.value.clone();
-                }
-                if let Some(old) = map.remove(&key) {
-                    dropped.push(old);
-                }
-            }
-        }
-        drop(dropped);
-        let value = make().map(Arc::new);
-        let mut dropped: Vec<IdentEntry<H, O>> = Vec::new();
-        let out = {
-            let mut g = self.inner.lock();
-            let IdentMap { map, tick } = &mut *g;
-            *tick += 1;
-            let now = *tick;
-            // Another thread may have built the same version meanwhile: keep one.
-            let out = match map.get_mut(&key) {
-                Some(e) if e.ident == ident => {
-                    e.used = now;
-                    e.value.clone()
-                }
-                _ => {
-                    let e = IdentEntry {
-                        ident,
-                        value: value.clone(),
-                        owner: Arc::downgrade(owner),
-                        used: now,
-                    };
-                    if let Some(old) = map.insert(key, e) {
-                        dropped.push(old);
-                    }
-                    value
-                }
-            };
-            // Entries whose backing file is gone serve nobody; then the least recently
-            // used ones beyond the cap.
-            let gone: Vec<_> = map
-                .iter()
-                .filter(|(k, e)| **k != key && e.owner.strong_count() == 0)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in gone {
-                dropped.extend(map.remove(&k));
-            }
-            while map.len() > self.cap {
-                let Some(k) = map
-                    .iter()
-                    .filter(|(k, _)| **k != key)
-                    .min_by_key(|(_, e)| e.used)
-                    .map(|(k, _)| *k)
-                else {
-                    break;
-                };
-                dropped.extend(map.remove(&k));
-            }
-            out
-        };
-        drop(dropped);
-        out
-    }
-}
-
 /// A new descriptor on the inode behind `file` (not on whatever its path names now);
 /// `write`: read and write (cuFile writes need a writable descriptor).
 fn reopen(file: &std::fs::File, direct: bool, write: bool) -> std::io::Result<std::fs::File> {
@@ -410,23 +268,6 @@ fn register_cufile_write(
         }
     };
     Ok(WriteHandles { direct, buffered })
-}
-
-/// A file run `[at, at + n)` cut into its unaligned head, its whole aligned blocks and
-/// its unaligned tail: `(offset into the run, length, aligned)`, empty parts left out.
-fn split_aligned(at: u64, n: u64, align: u64) -> Vec<(u64, u64, bool)> {
-    let head = (align - at % align) % align;
-    let head = head.min(n);
-    let mid = (n - head) / align * align;
-    let tail = n - head - mid;
-    [
-        (0, head, false),
-        (head, mid, true),
-        (head + mid, tail, false),
-    ]
-    .into_iter()
-    .filter(|p| p.1 > 0)
-    .collect()
 }
 
 /// Which way a cuFile transfer goes.
@@ -1057,100 +898,6 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-
-    /// A cached value that counts its drops (a cuFile handle deregisters in its Drop).
-    struct Probe(Arc<AtomicUsize>);
-    impl Drop for Probe {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
-
-    fn ident(ino: u64, size: u64, mtime_ns: i128) -> Ident {
-        Ident {
-            dev: 1,
-            ino,
-            size,
-            mtime_ns,
-            ctime_ns: mtime_ns,
-        }
-    }
-
-    #[test]
-    fn handle_cache_is_keyed_and_revalidated_by_identity() {
-        let c: IdentCache<Probe, ()> = IdentCache::new(8);
-        let owner = Arc::new(());
-        let (made, drops) = (AtomicUsize::new(0), Arc::new(AtomicUsize::new(0)));
-        let get = |id: Ident| {
-            c.get(id, &owner, || {
-                made.fetch_add(1, SeqCst);
-                Ok(Probe(drops.clone()))
-            })
-            .unwrap()
-        };
-        let v1 = get(ident(10, 100, 1));
-        let again = get(ident(10, 100, 1));
-        assert!(Arc::ptr_eq(&v1, &again), "same version: one handle");
-        assert_eq!(made.load(SeqCst), 1);
-        // Rewritten in place: same inode, new size or mtime or ctime -> a new handle.
-        let v2 = get(ident(10, 100, 2));
-        assert!(!Arc::ptr_eq(&v1, &v2));
-        assert_eq!(made.load(SeqCst), 2);
-        // The old handle left the cache but is still held (a transfer in flight).
-        assert_eq!(drops.load(SeqCst), 0);
-        drop((v1, again));
-        assert_eq!(drops.load(SeqCst), 1, "dropped once its last user is done");
-        let mut v3 = ident(10, 100, 2);
-        v3.ctime_ns = 3;
-        let v3 = get(v3);
-        assert!(!Arc::ptr_eq(&v2, &v3), "a ctime change alone revalidates");
-        // Another inode (the path replaced by rename) never shares a handle.
-        let other = get(ident(11, 100, 2));
-        assert!(!Arc::ptr_eq(&v3, &other));
-        assert_eq!(c.len(), 2);
-    }
-
-    #[test]
-    fn handle_cache_remembers_refusals_per_version() {
-        let c: IdentCache<Probe, ()> = IdentCache::new(8);
-        let owner = Arc::new(());
-        let tries = AtomicUsize::new(0);
-        let get = |id: Ident| {
-            c.get(id, &owner, || {
-                tries.fetch_add(1, SeqCst);
-                Err("refused".to_string())
-            })
-        };
-        assert!(get(ident(5, 1, 1)).is_err());
-        assert!(get(ident(5, 1, 1)).is_err());
-        assert_eq!(tries.load(SeqCst), 1, "a refusal is remembered");
-        assert!(get(ident(5, 2, 1)).is_err());
-        assert_eq!(tries.load(SeqCst), 2, "a new version is tried again");
-    }
-
-    #[test]
-    fn handle_cache_is_bounded_and_forgets_dead_files() {
-        let c: IdentCache<Probe, ()> = IdentCache::new(3);
-        let drops = Arc::new(AtomicUsize::new(0));
-        let keep = Arc::new(());
-        let make = || Ok(Probe(drops.clone()));
-        let held = c.get(ident(1, 1, 1), &keep, make).unwrap();
-        for ino in 2..=4 {
-            c.get(ident(ino, 1, 1), &keep, make).unwrap();
-        }
-        assert_eq!(c.len(), 3, "capped");
-        // ino 1 was least recently used: evicted, but alive while held.
-        assert_eq!(drops.load(SeqCst), 0);
-        drop(held);
-        assert_eq!(drops.load(SeqCst), 1);
-        // The backing file of an entry goes: the entry goes at the next lookup.
-        let gone = Arc::new(());
-        c.get(ident(9, 1, 1), &gone, make).unwrap();
-        drop(gone);
-        c.get(ident(2, 1, 1), &keep, make).unwrap();
-        assert!(!c.inner.lock().map.contains_key(&(1, 9)));
-    }
 
     #[test]
     fn reopen_reads_the_inode_not_the_path() {
@@ -1174,71 +921,5 @@ mod tests {
         let new = Ident::of(&std::fs::metadata(&p).unwrap());
         let was = Ident::of(&old.metadata().unwrap());
         assert_ne!((new.dev, new.ino), (was.dev, was.ino));
-    }
-
-    #[test]
-    fn write_runs_split_into_unaligned_ends_and_whole_blocks() {
-        let a = 4096;
-        assert_eq!(split_aligned(0, 3 * a, a), vec![(0, 3 * a, true)]);
-        assert_eq!(split_aligned(10, 5, a), vec![(0, 5, false)]);
-        assert_eq!(
-            split_aligned(a - 1, 2 * a + 2, a),
-            vec![(0, 1, false), (1, 2 * a, true), (2 * a + 1, 1, false)]
-        );
-        assert_eq!(
-            split_aligned(a, a + 7, a),
-            vec![(0, a, true), (a, 7, false)]
-        );
-        assert_eq!(split_aligned(5, 0, a), vec![]);
-        for (at, n) in [
-            (0u64, 1u64),
-            (123, 99_999),
-            (4095, 1),
-            (8192, 12_288),
-            (7, 4089),
-        ] {
-            let parts = split_aligned(at, n, a);
-            let mut pos = 0;
-            for (rel, len, aligned) in parts {
-                assert_eq!(rel, pos, "contiguous");
-                if aligned {
-                    assert_eq!((at + rel) % a, 0);
-                    assert_eq!(len % a, 0);
-                }
-                pos += len;
-            }
-            assert_eq!(pos, n, "covers the run");
-        }
-    }
-
-    #[test]
-    fn pieces_cover_the_run_and_cut_at_aligned_buffer_offsets() {
-        let p = 16 << 20;
-        for (off, len) in [
-            (0u64, 1u64),
-            (0, p),
-            (0, p + 1),
-            (4096, 3 * p),
-            (12_345, 5 * p + 77),
-            (p - 1, 2),
-            (7 * p, 64 << 20),
-        ] {
-            let cuts = piece_bounds(off, len, p);
-            assert_eq!(cuts.first().map(|c| c.0), Some(0));
-            assert_eq!(cuts.last().map(|c| c.1), Some(len));
-            for w in cuts.windows(2) {
-                assert_eq!(w[0].1, w[1].0, "contiguous");
-                assert_eq!(
-                    (off + w[1].0) % p,
-                    0,
-                    "cut at a piece boundary of the buffer"
-                );
-            }
-            for &(a, b) in &cuts {
-                assert!(b > a && b - a <= p);
-            }
-        }
-        assert_eq!(piece_bounds(0, 0, p), vec![]);
-        assert_eq!(piece_bounds(4096, 2 * p, p).len(), 3);
     }
 }

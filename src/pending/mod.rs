@@ -33,6 +33,7 @@ mod remove;
 mod slots;
 mod state;
 mod status;
+mod target;
 mod tiles;
 mod view;
 
@@ -43,7 +44,7 @@ pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
 pub use nodes::PendingNode;
 pub use ranges::MissingTile;
 pub use state::{FileState, Transition};
-pub use tiles::{PutRuns, TileTarget};
+pub use target::{PutRuns, TileTarget};
 pub use view::{view_model, view_model_written};
 
 use crate::error::Result;
