@@ -3,6 +3,7 @@
 //! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
 //! host staging plus a copy for decoded and fill runs.
 
+pub mod framing;
 mod identcache;
 mod stage;
 

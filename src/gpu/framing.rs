@@ -1,0 +1,197 @@
+//! HDF5 filter framings taken apart on the host, so that a GPU decoder that knows only
+//! raw streams can decode the pieces in one batch (issue 32): nvCOMP's Deflate decodes
+//! raw RFC 1951 streams (HDF5's deflate filter writes zlib: a 2-byte header, the stream,
+//! an Adler-32), and its LZ4 decodes raw blocks (the HDF5 LZ4 filter frames blocks).
+//! The parsers read only the framing, bounded by the chunk and by `cap`, and refuse what
+//! the host decoders refuse; tests compare the pieces with the host decoders' output.
+
+use std::ops::Range;
+
+/// One unit of decode work from a chunk: stored bytes `src` of the chunk become decoded
+/// bytes `dst` of the chunk's output, by the codec or, when `raw`, by a copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub src: Range<usize>,
+    pub dst: Range<usize>,
+    pub raw: bool,
+}
+
+/// Why a chunk's framing was refused (the chunk is corrupt or too large).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+fn be64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// A zlib stream (HDF5's deflate filter, id 1): the raw deflate stream's bytes and the
+/// Adler-32 of the decoded bytes that the trailer records. Preset dictionaries (never
+/// written by HDF5) are refused.
+pub fn zlib(chunk: &[u8]) -> Result<(Range<usize>, u32), Refused> {
+    if chunk.len() < 6 {
+        return Err(Refused(format!(
+            "zlib stream of {} bytes, shorter than its header and trailer",
+            chunk.len()
+        )));
+    }
+    let (cmf, flg) = (chunk[0], chunk[1]);
+    if cmf & 0x0f != 8 || cmf >> 4 > 7 || (u16::from(cmf) << 8 | u16::from(flg)) % 31 != 0 {
+        return Err(Refused("not a zlib header".into()));
+    }
+    if flg & 0x20 != 0 {
+        return Err(Refused("zlib stream with a preset dictionary".into()));
+    }
+    let end = chunk.len() - 4;
+    let adler = be32(chunk, end).ok_or_else(|| Refused("zlib trailer".into()))?;
+    Ok((2..end, adler))
+}
+
+/// The HDF5 LZ4 filter (32004): u64 BE decoded size, u32 BE block size, then per block a
+/// u32 BE stored size and the block, stored raw when that size equals the block's (the
+/// host decoder's rules, `codecs::lz4_filter`). Returns the decoded size and the blocks.
+pub fn lz4(chunk: &[u8], cap: usize) -> Result<(usize, Vec<Piece>), Refused> {
+    let (Some(total), Some(bs)) = (be64(chunk, 0), be32(chunk, 8)) else {
+        return Err(Refused("LZ4 chunk shorter than its 12-byte header".into()));
+    };
+    if total > cap as u64 {
+        return Err(Refused(format!(
+            "LZ4 chunk decodes to {total} bytes, over the {cap}-byte bound"
+        )));
+    }
+    let total = total as usize;
+    let bs = (bs as usize).min(total);
+    if bs == 0 && total > 0 {
+        return Err(Refused("LZ4 chunk with a block size of 0".into()));
+    }
+    let mut pieces = Vec::with_capacity(total.div_ceil(bs.max(1)));
+    let (mut ip, mut op) = (12usize, 0usize);
+    while op < total {
+        let this = bs.min(total - op);
+        let cs = be32(chunk, ip)
+            .ok_or_else(|| Refused("LZ4 block header past the end of the stored chunk".into()))?
+            as usize;
+        ip += 4;
+        let end = ip
+            .checked_add(cs)
+            .filter(|&e| e <= chunk.len())
+            .ok_or_else(|| Refused("LZ4 block past the end of the stored chunk".into()))?;
+        pieces.push(Piece {
+            src: ip..end,
+            dst: op..op + this,
+            raw: cs == this,
+        });
+        ip = end;
+        op += this;
+    }
+    Ok((total, pieces))
+}
+
+/// Adler-32 (RFC 1950) of `data`, to check a zlib stream's decoded bytes.
+pub fn adler32(data: &[u8]) -> u32 {
+    const M: u32 = 65_521;
+    let (mut a, mut b) = (1u32, 0u32);
+    // 5 552 bytes is the most that cannot overflow `b` before the reduction.
+    for block in data.chunks(5552) {
+        for &x in block {
+            a += u32::from(x);
+            b += a;
+        }
+        a %= M;
+        b %= M;
+    }
+    b << 16 | a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codecs::encode::{compress, Codec};
+    use std::io::Read;
+
+    fn field(n: usize) -> Vec<u8> {
+        (0..n / 4)
+            .flat_map(|i| ((i as f32 * 0.01).sin() * 100.0).round().to_le_bytes())
+            .collect()
+    }
+
+    /// HDF5's deflate chunks: the raw stream between header and trailer inflates (as a
+    /// raw-deflate decoder such as nvCOMP's would) to the chunk's bytes, and the trailer
+    /// is their Adler-32; damaged headers are refused.
+    #[test]
+    fn zlib_chunks_give_their_raw_stream_and_checksum() {
+        for n in [0usize, 4, 1 << 16, 3 << 20] {
+            let data = field(n);
+            let chunk = compress(&Codec::Gzip(4), &data, 4).unwrap();
+            let (raw, adler) = zlib(&chunk).unwrap();
+            let mut out = Vec::new();
+            flate2::read::DeflateDecoder::new(&chunk[raw])
+                .read_to_end(&mut out)
+                .unwrap();
+            assert_eq!(out, data);
+            assert_eq!(adler, adler32(&data));
+            let mut bad = chunk.clone();
+            bad[1] ^= 1;
+            assert!(zlib(&bad).is_err());
+        }
+        assert!(zlib(&[0x78, 0x9c, 0, 0]).is_err());
+        assert_eq!(adler32(b"Wikipedia"), 0x11e6_0398);
+    }
+
+    /// HDF5 LZ4 chunks of one block (as hdf5plugin writes them) and of several, with a
+    /// block stored raw: each piece decodes (or copies) to its part of the chunk, as the
+    /// host decoder gives it; lies about sizes are refused.
+    #[test]
+    fn lz4_chunks_split_into_the_host_decoders_blocks() {
+        let data = field(1 << 20);
+        let one = compress(&Codec::Lz4, &data, 4).unwrap();
+        // three blocks of 256 KiB and a short one, the second stored raw
+        let bs = 256 << 10;
+        let mut many = (data.len() as u64).to_be_bytes().to_vec();
+        many.extend((bs as u32).to_be_bytes());
+        for (k, b) in data.chunks(bs).enumerate() {
+            let c = if k == 1 {
+                b.to_vec()
+            } else {
+                lz4_flex::block::compress(b)
+            };
+            many.extend((c.len() as u32).to_be_bytes());
+            many.extend(c);
+        }
+        for chunk in [&one, &many] {
+            let host = crate::codecs::lz4_filter(chunk, 4 << 20).unwrap();
+            let (total, pieces) = lz4(chunk, 4 << 20).unwrap();
+            assert_eq!(total, host.len());
+            let mut out = vec![0u8; total];
+            for p in &pieces {
+                if p.raw {
+                    out[p.dst.clone()].copy_from_slice(&chunk[p.src.clone()]);
+                } else {
+                    let n = lz4_flex::block::decompress_into(
+                        &chunk[p.src.clone()],
+                        &mut out[p.dst.clone()],
+                    )
+                    .unwrap();
+                    assert_eq!(n, p.dst.len());
+                }
+            }
+            assert_eq!(out, host);
+        }
+        assert!(lz4(&many, 1 << 20).is_ok());
+        assert!(lz4(&many, (1 << 20) - 1).is_err(), "over the bound");
+        assert!(lz4(&many[..many.len() - 1], 4 << 20).is_err(), "cut short");
+        let mut zero = many.clone();
+        zero[8..12].copy_from_slice(&0u32.to_be_bytes());
+        assert!(lz4(&zero, 4 << 20).is_err(), "block size 0");
+        let mut lie = many.clone();
+        lie[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(lz4(&lie, 4 << 20).is_err(), "block past the end");
+    }
+}
