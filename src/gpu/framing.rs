@@ -94,6 +94,98 @@ pub fn lz4(chunk: &[u8], cap: usize) -> Result<(usize, Vec<Piece>), Refused> {
     Ok((total, pieces))
 }
 
+/// A Bitshuffle chunk (32008) with LZ4 or Zstandard blocks, taken apart: each block
+/// decodes to bit-transposed bytes that a bit unshuffle of `elems` elements of `es`
+/// bytes turns into its part of the output; `tail`, the last `n % 8` elements, is stored
+/// as they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bitshuffled {
+    pub total: usize,
+    pub es: usize,
+    /// 2: LZ4 blocks, 3: Zstandard frames.
+    pub codec: u32,
+    pub blocks: Vec<(Piece, usize)>,
+    pub tail: Piece,
+}
+
+/// Parses a Bitshuffle chunk whose blocks are compressed (cd_values [2] element size,
+/// [4] 2 or 3), by the host decoder's rules (`codecs::bitshuffle_filter`): a u64 BE
+/// decoded size, a u32 BE block size in bytes, then per block a u32 BE stored size and
+/// the block. Uncompressed Bitshuffle (cd[4] 0) needs no decoder and is refused here.
+pub fn bitshuffle(
+    chunk: &[u8],
+    cd: &[u32],
+    elem: usize,
+    cap: usize,
+) -> Result<Bitshuffled, Refused> {
+    let es = cd.get(2).map_or(elem, |&v| v as usize);
+    let codec = cd.get(4).copied().unwrap_or(0);
+    if es == 0 || !(codec == 2 || codec == 3) {
+        return Err(Refused(format!(
+            "Bitshuffle with element size {es} and compression {codec} has no GPU framing"
+        )));
+    }
+    let (Some(total), Some(bb)) = (be64(chunk, 0), be32(chunk, 8)) else {
+        return Err(Refused(
+            "Bitshuffle chunk shorter than its 12-byte header".into(),
+        ));
+    };
+    if total > cap as u64 {
+        return Err(Refused(format!(
+            "Bitshuffle chunk decodes to {total} bytes, over the {cap}-byte bound"
+        )));
+    }
+    let (total, block) = (total as usize, bb as usize / es);
+    if total % es != 0 || block == 0 || block % 8 != 0 {
+        return Err(Refused(format!(
+            "Bitshuffle chunk of {total} bytes in blocks of {block} {es}-byte elements"
+        )));
+    }
+    let n = total / es;
+    let last = n % block - n % block % 8;
+    let sizes = std::iter::repeat_n(block, n / block).chain((last > 0).then_some(last));
+    let (mut ip, mut op) = (12usize, 0usize);
+    let mut blocks = Vec::with_capacity(n / block + 1);
+    for b in sizes {
+        let cs = be32(chunk, ip).ok_or_else(|| {
+            Refused("Bitshuffle block header past the end of the stored chunk".into())
+        })? as usize;
+        ip += 4;
+        let end = ip
+            .checked_add(cs)
+            .filter(|&e| e <= chunk.len())
+            .ok_or_else(|| Refused("Bitshuffle block past the end of the stored chunk".into()))?;
+        let bytes = b * es;
+        blocks.push((
+            Piece {
+                src: ip..end,
+                dst: op..op + bytes,
+                raw: false,
+            },
+            b,
+        ));
+        ip = end;
+        op += bytes;
+    }
+    let rest = total - op;
+    if ip.checked_add(rest).is_none_or(|e| e > chunk.len()) {
+        return Err(Refused(
+            "Bitshuffle trailing elements past the end of the stored chunk".into(),
+        ));
+    }
+    Ok(Bitshuffled {
+        total,
+        es,
+        codec,
+        blocks,
+        tail: Piece {
+            src: ip..ip + rest,
+            dst: op..total,
+            raw: true,
+        },
+    })
+}
+
 /// Adler-32 (RFC 1950) of `data`, to check a zlib stream's decoded bytes.
 pub fn adler32(data: &[u8]) -> u32 {
     const M: u32 = 65_521;
@@ -143,6 +235,65 @@ mod tests {
         }
         assert!(zlib(&[0x78, 0x9c, 0, 0]).is_err());
         assert_eq!(adler32(b"Wikipedia"), 0x11e6_0398);
+    }
+
+    /// Bitshuffle + LZ4 and + Zstandard chunks (blocks of 1 024 elements, a short last
+    /// block and a tail of 5 elements): each block decoded and bit-unshuffled, and the
+    /// tail copied, give what the host decoder gives; damage is refused.
+    #[test]
+    fn bitshuffle_chunks_split_into_the_host_decoders_blocks() {
+        let es = 4usize;
+        let n = 3 * 1024 + 512 + 8 + 5;
+        let data = field(n * es);
+        let block = 1024usize;
+        for codec in [2u32, 3] {
+            let mut chunk = (data.len() as u64).to_be_bytes().to_vec();
+            chunk.extend(((block * es) as u32).to_be_bytes());
+            let whole = n - n % 8;
+            let mut at = 0;
+            while at < whole {
+                let b = block.min(whole - at);
+                let mut t = vec![0u8; b * es];
+                crate::codecs::encode::bitshuffle_into(
+                    &data[at * es..(at + b) * es],
+                    b,
+                    es,
+                    &mut t,
+                );
+                let c = if codec == 2 {
+                    lz4_flex::block::compress(&t)
+                } else {
+                    zstd::bulk::compress(&t, 3).unwrap()
+                };
+                chunk.extend((c.len() as u32).to_be_bytes());
+                chunk.extend(c);
+                at += b;
+            }
+            chunk.extend(&data[whole * es..]);
+            let cd = [0, 0, es as u32, 0, codec];
+            let host = crate::codecs::bitshuffle_filter(&chunk, &cd, es, 1 << 20).unwrap();
+            assert_eq!(host, data);
+            let b = bitshuffle(&chunk, &cd, es, 1 << 20).unwrap();
+            assert_eq!(
+                (b.total, b.es, b.codec, b.blocks.len()),
+                (data.len(), es, codec, 4)
+            );
+            let mut out = vec![0u8; b.total];
+            for (p, elems) in &b.blocks {
+                let mut t = vec![0u8; p.dst.len()];
+                if codec == 2 {
+                    lz4_flex::block::decompress_into(&chunk[p.src.clone()], &mut t).unwrap();
+                } else {
+                    zstd::bulk::decompress_to_buffer(&chunk[p.src.clone()], &mut t).unwrap();
+                }
+                crate::codecs::bitunshuffle(&t, *elems, es, &mut out[p.dst.clone()]);
+            }
+            out[b.tail.dst.clone()].copy_from_slice(&chunk[b.tail.src.clone()]);
+            assert_eq!(out, host);
+            assert!(bitshuffle(&chunk[..chunk.len() - 1], &cd, es, 1 << 20).is_err());
+            assert!(bitshuffle(&chunk, &cd, es, data.len() - 1).is_err());
+            assert!(bitshuffle(&chunk, &[0, 0, es as u32, 0, 0], es, 1 << 20).is_err());
+        }
     }
 
     /// HDF5 LZ4 chunks of one block (as hdf5plugin writes them) and of several, with a
