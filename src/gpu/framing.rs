@@ -186,6 +186,149 @@ pub fn bitshuffle(
     })
 }
 
+/// What turns a Blosc block's decoded bytes into its output bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unshuffle {
+    /// The bytes as they are.
+    None,
+    /// Byte unshuffle of `typesize`-byte elements.
+    Bytes { typesize: usize },
+    /// Bit unshuffle of `elems` elements of `typesize` bytes; bytes past them as they are.
+    Bits { typesize: usize, elems: usize },
+}
+
+/// A Blosc (c-blosc 1.x) chunk taken apart: `streams` decode (or copy, when raw) into a
+/// staging image of the chunk's `total` bytes, each block `[start, start + len)` of which
+/// then goes to the same bytes of the output through its `unshuffle`. `codec` is the
+/// streams' Blosc format: 1 LZ4, 4 Zstandard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bloscd {
+    pub total: usize,
+    pub codec: u8,
+    pub streams: Vec<Piece>,
+    pub blocks: Vec<(Range<usize>, Unshuffle)>,
+}
+
+/// Parses a Blosc chunk (filter 32001) by the host decoder's rules (`codecs::blosc`).
+/// Streams of formats a GPU decoder has no codec for here (BloscLZ, Snappy, zlib) are
+/// refused, so the chunk takes the host path; a copied chunk (flag 0x02) is one raw
+/// stream.
+pub fn blosc(chunk: &[u8], cap: usize) -> Result<Bloscd, Refused> {
+    let bad = |why: &str| Err(Refused(format!("Blosc chunk: {why}")));
+    if chunk.len() < 16 {
+        return bad("shorter than its 16-byte header");
+    }
+    let le = |at: usize| {
+        chunk
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let (version, flags, ts) = (chunk[0], chunk[2], chunk[3] as usize);
+    let (nbytes, bsize, cbytes) = (le(4).unwrap_or(0), le(8).unwrap_or(0), le(12).unwrap_or(0));
+    if nbytes > cap {
+        return bad(&format!(
+            "decodes to {nbytes} bytes, over the {cap}-byte bound"
+        ));
+    }
+    if version == 0 || version > 2 || flags & 0x08 != 0 {
+        return bad("not Blosc 1");
+    }
+    let codec = flags >> 5;
+    let whole = Bloscd {
+        total: nbytes,
+        codec,
+        streams: Vec::new(),
+        blocks: Vec::new(),
+    };
+    if nbytes == 0 {
+        return Ok(whole);
+    }
+    if ts == 0 || bsize == 0 || bsize > cap.max(nbytes) || cbytes > chunk.len() {
+        return bad("header is corrupt");
+    }
+    if flags & 0x02 != 0 {
+        if cbytes != nbytes + 16 {
+            return bad("copied chunk has the wrong size");
+        }
+        return Ok(Bloscd {
+            streams: vec![Piece {
+                src: 16..cbytes,
+                dst: 0..nbytes,
+                raw: true,
+            }],
+            blocks: vec![(0..nbytes, Unshuffle::None)],
+            ..whole
+        });
+    }
+    if codec != 1 && codec != 4 {
+        return bad(&format!("stream format {codec} has no GPU decoder here"));
+    }
+    let nblocks = nbytes.div_ceil(bsize);
+    if nblocks > (cbytes - 16) / 4 {
+        return bad("block table past the end of the stored chunk");
+    }
+    let src = &chunk[..cbytes];
+    let (doshuffle, dobitshuffle, dont_split) = (
+        flags & 0x01 != 0 && ts > 1,
+        flags & 0x04 != 0,
+        flags & 0x10 != 0,
+    );
+    let mut streams = Vec::new();
+    let mut blocks = Vec::with_capacity(nblocks);
+    for j in 0..nblocks {
+        let start = j * bsize;
+        let this = bsize.min(nbytes - start);
+        let leftover = this < bsize;
+        let Some(mut so) = le(16 + 4 * j) else {
+            return bad("block table is corrupt");
+        };
+        let nsplits = if !dont_split && ts <= 16 && this / ts >= 128 && !leftover {
+            ts
+        } else {
+            1
+        };
+        let neblock = this / nsplits;
+        if neblock * nsplits != this {
+            return bad("block does not decode to its size");
+        }
+        for k in 0..nsplits {
+            let Some(cs) = src
+                .get(so..so + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            else {
+                return bad("stream header past the end of the stored chunk");
+            };
+            so += 4;
+            let Some(end) = so.checked_add(cs).filter(|&e| e <= src.len()) else {
+                return bad("stream past the end of the stored chunk");
+            };
+            let at = start + k * neblock;
+            streams.push(Piece {
+                src: so..end,
+                dst: at..at + neblock,
+                raw: cs == neblock,
+            });
+            so = end;
+        }
+        let post = if doshuffle {
+            Unshuffle::Bytes { typesize: ts }
+        } else if dobitshuffle && this >= ts && (this / ts) % 8 == 0 {
+            Unshuffle::Bits {
+                typesize: ts,
+                elems: this / ts,
+            }
+        } else {
+            Unshuffle::None
+        };
+        blocks.push((start..start + this, post));
+    }
+    Ok(Bloscd {
+        streams,
+        blocks,
+        ..whole
+    })
+}
+
 /// Adler-32 (RFC 1950) of `data`, to check a zlib stream's decoded bytes.
 pub fn adler32(data: &[u8]) -> u32 {
     const M: u32 = 65_521;
@@ -294,6 +437,67 @@ mod tests {
             assert!(bitshuffle(&chunk, &cd, es, data.len() - 1).is_err());
             assert!(bitshuffle(&chunk, &[0, 0, es as u32, 0, 0], es, 1 << 20).is_err());
         }
+    }
+
+    /// Blosc chunks (LZ4 and Zstandard streams; no shuffle, byte and bit shuffle; level 0
+    /// copied): the streams decoded into a staging image and each block unshuffled into
+    /// the output give what the host decoder gives; BloscLZ streams are left to the host.
+    #[test]
+    fn blosc_chunks_split_into_the_host_decoders_streams() {
+        use crate::codecs::encode::{Blosc, BloscName};
+        let data = field(3 << 20);
+        for (cname, clevel, shuffle) in [
+            (BloscName::Lz4, 5, 0),
+            (BloscName::Lz4, 5, 1),
+            (BloscName::Zstd, 5, 2),
+            (BloscName::Zstd, 3, 1),
+            (BloscName::Lz4, 0, 1),
+        ] {
+            let b = Blosc {
+                cname,
+                clevel,
+                shuffle,
+            };
+            let chunk = compress(&Codec::Blosc(b), &data, 4).unwrap();
+            let host = crate::codecs::blosc(&chunk, 4 << 20).unwrap();
+            assert_eq!(host, data);
+            let d = blosc(&chunk, 4 << 20).unwrap();
+            let mut staged = vec![0u8; d.total];
+            for p in &d.streams {
+                let t = &mut staged[p.dst.clone()];
+                if p.raw {
+                    t.copy_from_slice(&chunk[p.src.clone()]);
+                } else if d.codec == 1 {
+                    lz4_flex::block::decompress_into(&chunk[p.src.clone()], t).unwrap();
+                } else {
+                    zstd::bulk::decompress_to_buffer(&chunk[p.src.clone()], t).unwrap();
+                }
+            }
+            let mut out = vec![0u8; d.total];
+            for (r, post) in &d.blocks {
+                let (src, dst) = (&staged[r.clone()], &mut out[r.clone()]);
+                match *post {
+                    Unshuffle::None => dst.copy_from_slice(src),
+                    Unshuffle::Bytes { typesize } => {
+                        crate::codecs::unshuffle_into(src, typesize, dst)
+                    }
+                    Unshuffle::Bits { typesize, elems } => {
+                        crate::codecs::bitunshuffle(src, elems, typesize, dst);
+                        dst[elems * typesize..].copy_from_slice(&src[elems * typesize..]);
+                    }
+                }
+            }
+            assert!(out == host, "{cname:?} {clevel} {shuffle}");
+            assert!(blosc(&chunk, data.len() - 1).is_err());
+        }
+        let lz = Blosc {
+            cname: BloscName::Blosclz,
+            clevel: 5,
+            shuffle: 1,
+        };
+        let chunk = compress(&Codec::Blosc(lz), &data, 4).unwrap();
+        assert!(blosc(&chunk, 4 << 20).is_err(), "BloscLZ is the host's");
+        assert!(blosc(&chunk[..15], 4 << 20).is_err());
     }
 
     /// HDF5 LZ4 chunks of one block (as hdf5plugin writes them) and of several, with a
