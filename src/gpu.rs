@@ -677,8 +677,6 @@ impl Gpu {
                 direct_h.push(h);
             }
             let steps = stage::plan(&segs, window, &|i| direct_h[i].is_some(), STAGE_BYTES);
-            // File bytes before which the cells were decoded (warmed) or queued.
-            let mut warmed = w0;
             for step in steps {
                 match step {
                     stage::Step::Direct { seg, s, t } => {
@@ -712,20 +710,13 @@ impl Gpu {
                             )?;
                         }
                         used[k] = true;
-                        if p.at >= warmed {
-                            // The piece's cells decode on the whole pool (and here), then
-                            // the next piece's are queued, so the pool works on them while
-                            // this thread assembles this one: what a reader's request
-                            // (`warm`) and read-ahead do.
-                            let end = p.at + STAGE_BYTES as u64;
-                            cache.warm(&stage::cells_in(&segs[p.first..], p.at, end));
-                            cache.prefetch(&stage::cells_in(
-                                &segs[p.first..],
-                                end,
-                                end + STAGE_AHEAD,
-                            ));
-                            warmed = end;
-                        }
+                        // The piece's cells decode on the whole pool (and here; cells
+                        // already cached cost a lookup), then the next bytes' are queued,
+                        // so the pool works on them while this thread assembles this
+                        // piece: what a reader's request (`warm`) and read-ahead do.
+                        let end = p.at + p.n as u64;
+                        cache.warm(&stage::cells_in(&segs[p.first..], p.at, end));
+                        cache.prefetch(&stage::cells_in(&segs[p.first..], end, end + STAGE_AHEAD));
                         // SAFETY: bufs[k] is a pinned allocation of STAGE_BYTES >= p.n
                         // bytes that no copy is reading any more (synchronized above).
                         let host =

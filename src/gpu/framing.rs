@@ -5,6 +5,7 @@
 //! The parsers read only the framing, bounded by the chunk and by `cap`, and refuse what
 //! the host decoders refuse; tests compare the pieces with the host decoders' output.
 
+use crate::codecs::{be32, be64, le32};
 use std::ops::Range;
 
 /// One unit of decode work from a chunk: stored bytes `src` of the chunk become decoded
@@ -19,18 +20,6 @@ pub struct Piece {
 /// Why a chunk's framing was refused (the chunk is corrupt or too large).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused(pub String);
-
-fn be32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_be_bytes(
-        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
-    ))
-}
-
-fn be64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_be_bytes(
-        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
-    ))
-}
 
 /// A zlib stream (HDF5's deflate filter, id 1): the raw deflate stream's bytes and the
 /// Adler-32 of the decoded bytes that the trailer records. Preset dictionaries (never
@@ -218,11 +207,7 @@ pub fn blosc(chunk: &[u8], cap: usize) -> Result<Bloscd, Refused> {
     if chunk.len() < 16 {
         return bad("shorter than its 16-byte header");
     }
-    let le = |at: usize| {
-        chunk
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    };
+    let le = |at: usize| le32(chunk, at).map(|v| v as usize);
     let (version, flags, ts) = (chunk[0], chunk[2], chunk[3] as usize);
     let (nbytes, bsize, cbytes) = (le(4).unwrap_or(0), le(8).unwrap_or(0), le(12).unwrap_or(0));
     if nbytes > cap {
@@ -292,10 +277,7 @@ pub fn blosc(chunk: &[u8], cap: usize) -> Result<Bloscd, Refused> {
             return bad("block does not decode to its size");
         }
         for k in 0..nsplits {
-            let Some(cs) = src
-                .get(so..so + 4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            else {
+            let Some(cs) = le32(src, so).map(|v| v as usize) else {
                 return bad("stream header past the end of the stored chunk");
             };
             so += 4;
