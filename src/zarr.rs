@@ -27,6 +27,46 @@ pub struct ArrayInfo<'a> {
     pub fill_bytes: &'a [u8],
     /// A variable-length string (served fixed width): decoded as text, not bytes.
     pub vlen_str: bool,
+    /// A variable-length string's longest in characters, when all are valid UTF-8.
+    pub text_chars: Option<u64>,
+}
+
+/// The largest chunk the view transcodes to UTF-32: a variable-length string dataset
+/// whose chunks would be larger keeps the bytes form (made whole per chunk on open).
+pub const MAX_TEXT_CHUNK: u64 = 256 << 20;
+
+impl ArrayInfo<'_> {
+    /// Characters per element when the dataset is shown as NumPy unicode (`<U{n}`,
+    /// zarr-python's `fixed_length_utf32`), which is what netCDF readers give for
+    /// variable-length strings: all valid UTF-8 and chunks within [`MAX_TEXT_CHUNK`].
+    pub fn text_chars(&self) -> Option<u64> {
+        let c = self.text_chars.filter(|_| self.vlen_str)?;
+        (chunk_bytes(self.tile_shape, c.checked_mul(4)?) <= MAX_TEXT_CHUNK).then_some(c)
+    }
+
+    /// The size of one element in the chunk files.
+    pub fn zarr_itemsize(&self) -> u64 {
+        self.text_chars().map_or(self.itemsize, |c| c * 4)
+    }
+}
+
+/// NUL-padded UTF-8 elements of `width` bytes as UTF-32LE elements of `chars`
+/// characters (NumPy's `<U{chars}`), NUL padded. Text that is not UTF-8 (the file
+/// changed since it was measured) is replaced, never read past its element.
+pub fn utf32(src: &[u8], width: usize, chars: usize) -> Vec<u8> {
+    let n = src.len().checked_div(width).unwrap_or(0);
+    let mut out = vec![0u8; n.saturating_mul(chars).saturating_mul(4)];
+    for (e, dst) in src
+        .chunks_exact(width.max(1))
+        .zip(out.chunks_exact_mut((chars * 4).max(1)))
+    {
+        let end = e.iter().position(|&b| b == 0).unwrap_or(e.len());
+        let text = String::from_utf8_lossy(&e[..end]);
+        for (c, d) in text.chars().zip(dst.chunks_exact_mut(4)) {
+            d.copy_from_slice(&u32::from(c).to_le_bytes());
+        }
+    }
+    out
 }
 
 /// Attributes HDF5 and netCDF-4 keep for themselves (dimension scales, netCDF's own
@@ -293,10 +333,19 @@ fn array_attrs(md: &ArrayInfo, data_type: &str) -> Map<String, Value> {
     }
     // netCDF's (and h5py's) variable-length strings are text: xarray decodes bytes with
     // an `_Encoding` as netCDF4-python decodes them.
-    if md.vlen_str && !a.contains_key("_Encoding") {
+    // Shown as unicode, they need no decoding (and xarray would decode them again).
+    if md.text_chars().is_some() {
+        a.remove("_Encoding");
+    } else if md.vlen_str && !a.contains_key("_Encoding") {
         a.insert("_Encoding".into(), json!("utf-8"));
     }
     a
+}
+
+/// A string's fill value as text (its bytes up to the first NUL).
+fn text_fill(fill: &[u8]) -> String {
+    let end = fill.iter().position(|&b| b == 0).unwrap_or(fill.len());
+    String::from_utf8_lossy(&fill[..end]).into_owned()
 }
 
 /// A dataset's zarr.json, or None when Zarr cannot show it ([`why_not`]).
@@ -306,6 +355,13 @@ pub fn array_json(md: &ArrayInfo) -> Option<Vec<u8>> {
     }
     let descr = md.dtype.as_ref().ok()?;
     let (t, ty, endian, fill) = match (data_type(descr), bytes_length(descr)) {
+        _ if md.text_chars().is_some() => (
+            "text",
+            json!({"name": "fixed_length_utf32",
+                   "configuration": {"length_bytes": md.zarr_itemsize()}}),
+            Some("little"),
+            json!(text_fill(md.fill_bytes)),
+        ),
         (Some((t, endian)), _) => (t, json!(t), endian, fill_value(md, t)),
         (None, Some(n)) => (
             "bytes",
@@ -682,6 +738,7 @@ mod tests {
             fill: Value::Null,
             fill_bytes: &[0; 5],
             vlen_str: true,
+            text_chars: None,
         };
         let z: Value = serde_json::from_slice(&array_json(&md).unwrap()).unwrap();
         assert_eq!(z["data_type"]["name"], "null_terminated_bytes");
@@ -689,9 +746,46 @@ mod tests {
         assert_eq!(z["fill_value"], "AAAAAAA=");
         assert_eq!(z["attributes"]["_Encoding"], "utf-8");
         assert_eq!(z["codecs"], json!([{"name": "bytes"}]));
+        // UTF-8 throughout: NumPy unicode, as netCDF readers give them
+        let text = ArrayInfo {
+            text_chars: Some(4),
+            ..md
+        };
+        let z: Value = serde_json::from_slice(&array_json(&text).unwrap()).unwrap();
+        assert_eq!(z["data_type"]["name"], "fixed_length_utf32");
+        assert_eq!(z["data_type"]["configuration"]["length_bytes"], 16);
+        assert_eq!(z["fill_value"], "");
+        assert!(z["attributes"].get("_Encoding").is_none());
+        assert_eq!(
+            z["codecs"],
+            json!([{"name": "bytes", "configuration": {"endian": "little"}}])
+        );
+        assert_eq!(text.zarr_itemsize(), 16);
+        let wide = [1u64 << 30];
+        let huge = ArrayInfo {
+            tile_shape: &wide,
+            ..text
+        };
+        assert_eq!(
+            huge.text_chars(),
+            None,
+            "chunks over the cap keep the bytes form"
+        );
         let g: Value = serde_json::from_slice(&group_json(&attrs, Some(Map::new()))).unwrap();
         assert_eq!(g["consolidated_metadata"]["kind"], "inline");
         assert_eq!(g["attributes"]["scale_factor"], json!(0.01));
+    }
+
+    #[test]
+    fn utf32_transcodes_nul_padded_text() {
+        let src = b"ab\0\0d\xc3\xa9\0\xff\0\0\0";
+        let out = utf32(src, 4, 2);
+        let want: Vec<u8> = ['a', 'b', 'd', '\u{e9}', '\u{fffd}', '\0']
+            .iter()
+            .flat_map(|&c| u32::from(c).to_le_bytes())
+            .collect();
+        assert_eq!(out, want);
+        assert!(utf32(b"", 0, 3).is_empty());
     }
 
     #[test]

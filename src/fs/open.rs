@@ -208,19 +208,27 @@ pub fn open_node(
         ) => {
             let md = cx.zarr_model(&f, path)?;
             let es = md.itemsize() as usize;
+            // strings shown as unicode are transcoded, a chunk at a time
+            let text = |b: Vec<u8>| match md.zarr_text_chars() {
+                Some(c) => crate::zarr::utf32(&b, es, c as usize),
+                None => b,
+            };
             let Some(sel) = cx.zarr_chunk(idx, &md)? else {
                 // past the dataset's end along a netCDF unlimited dimension
                 let none = vec![0; idx.len()];
                 let b = crate::zarr::pad(&[], &none, &md.tile_shape, es, &md.fill);
-                return Ok((OpenFile::Bytes(Arc::new(b)), None));
+                return Ok((OpenFile::Bytes(Arc::new(text(b))), None));
             };
             caller.may_read_sources(&md, &f.abs, &cx.ns.root)?;
-            if crate::zarr::is_edge(&md.shape, &md.tile_shape, idx) {
+            let edge = crate::zarr::is_edge(&md.shape, &md.tile_shape, idx);
+            if edge || md.zarr_text_chars().is_some() {
                 let n = sel.num_elements().saturating_mul(md.itemsize());
                 let clipped = read_selection(&md, &sel, 0, n, &cx.cache)?;
-                let es = md.itemsize() as usize;
-                let b = crate::zarr::pad(&clipped, &sel.counts(), &md.tile_shape, es, &md.fill);
-                (OpenFile::Bytes(Arc::new(b)), None)
+                let b = match edge {
+                    true => crate::zarr::pad(&clipped, &sel.counts(), &md.tile_shape, es, &md.fill),
+                    false => clipped,
+                };
+                (OpenFile::Bytes(Arc::new(text(b))), None)
             } else {
                 let v = f.ident;
                 let h = OpenFile::View {

@@ -29,6 +29,7 @@ fn info<'a>(path: &'a str, pm: &'a PendingMeta) -> ArrayInfo<'a> {
         fill: pm.fill_value.clone(),
         fill_bytes: &[],
         vlen_str: false,
+        text_chars: None,
     }
 }
 

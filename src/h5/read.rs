@@ -203,9 +203,35 @@ fn read_vstr(
 /// full read, when its model is built); larger ones are not served.
 pub const MAX_VSTR_ELEMENTS: u64 = 1 << 24;
 
-/// The longest string of a variable-length string dataset of `shape`, in bytes
-/// (at least 1: numpy has no `S0`), read in blocks of at most 2^20 strings.
-pub fn vstr_width(dset: hid_t, ftype: &Hid, shape: &[u64]) -> Result<u64> {
+/// The longest string of a variable-length string dataset: in bytes (at least 1: numpy
+/// has no `S0`), and in characters when every string is valid UTF-8 (None otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VStrWidth {
+    pub bytes: u64,
+    pub chars: Option<u64>,
+}
+
+impl VStrWidth {
+    fn new() -> Self {
+        VStrWidth {
+            bytes: 1,
+            chars: Some(1),
+        }
+    }
+
+    /// Takes one string into account.
+    pub fn add(&mut self, s: &[u8]) {
+        self.bytes = self.bytes.max(s.len() as u64);
+        self.chars = match (self.chars, std::str::from_utf8(s)) {
+            (Some(c), Ok(t)) => Some(c.max(t.chars().count() as u64)),
+            _ => None,
+        };
+    }
+}
+
+/// The longest string of a variable-length string dataset of `shape` ([`VStrWidth`]),
+/// read in blocks of at most 2^20 strings.
+pub fn vstr_width(dset: hid_t, ftype: &Hid, shape: &[u64]) -> Result<VStrWidth> {
     let total = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
     if total.is_none_or(|t| t > MAX_VSTR_ELEMENTS) {
         return Err(Error::new(
@@ -216,11 +242,9 @@ pub fn vstr_width(dset: hid_t, ftype: &Hid, shape: &[u64]) -> Result<u64> {
             ),
         ));
     }
-    let mut width = 1u64;
+    let mut width = VStrWidth::new();
     if shape.is_empty() {
-        read_vstr(dset, ftype, &[], &[], &[], |_, s| {
-            width = width.max(s.len() as u64)
-        })?;
+        read_vstr(dset, ftype, &[], &[], &[], |_, s| width.add(s))?;
         return Ok(width);
     }
     if shape.contains(&0) {
@@ -235,9 +259,7 @@ pub fn vstr_width(dset: hid_t, ftype: &Hid, shape: &[u64]) -> Result<u64> {
         start[0] = r;
         let mut count = shape.to_vec();
         count[0] = k;
-        read_vstr(dset, ftype, &start, &count, &count, |_, s| {
-            width = width.max(s.len() as u64)
-        })?;
+        read_vstr(dset, ftype, &start, &count, &count, |_, s| width.add(s))?;
         r += k;
     }
     Ok(width)
@@ -401,4 +423,32 @@ pub fn ref_name(loc: hid_t, r: &[u8]) -> Option<String> {
             name
         }
     })
+}
+
+#[cfg(test)]
+mod vstr_tests {
+    use super::VStrWidth;
+
+    #[test]
+    fn width_counts_bytes_and_characters() {
+        let mut w = VStrWidth::new();
+        for s in ["a", "bb", "", "d\u{e9}"] {
+            w.add(s.as_bytes());
+        }
+        assert_eq!(
+            w,
+            VStrWidth {
+                bytes: 3,
+                chars: Some(2)
+            }
+        );
+        w.add(b"\xff\xfe");
+        assert_eq!(
+            w,
+            VStrWidth {
+                bytes: 3,
+                chars: None
+            }
+        );
+    }
 }

@@ -39,8 +39,10 @@ pub enum Ty {
     },
     /// A fixed-length string of `size` bytes as stored (`pad` is the stored padding).
     Str { size: u64, pad: StrPad, utf8: bool },
-    /// A variable-length string: served as fixed-width `|S<n>`, NUL padded.
-    VStr { utf8: bool },
+    /// A variable-length string: served as fixed-width `|S<n>`, NUL padded. `chars` is
+    /// the longest string in characters once measured, when all are valid UTF-8 (the
+    /// Zarr view then shows them as NumPy unicode, as netCDF readers do).
+    VStr { utf8: bool, chars: Option<u64> },
     /// A compound: numpy fields (name, byte offset, type) and the element size.
     Compound {
         size: u64,
@@ -331,7 +333,7 @@ pub(super) fn describe(id: hid_t, depth: usize) -> std::result::Result<Ty, Strin
             H5T_class_t::H5T_STRING => {
                 let utf8 = h5t::H5Tget_cset(id) == h5t::H5T_cset_t::H5T_CSET_UTF8;
                 if h5t::H5Tis_variable_str(id) > 0 {
-                    return Ok(Ty::VStr { utf8 });
+                    return Ok(Ty::VStr { utf8, chars: None });
                 }
                 let pad = match h5t::H5Tget_strpad(id) {
                     h5t::H5T_str_t::H5T_STR_NULLTERM => StrPad::NullTerm,

@@ -354,7 +354,7 @@ impl Probe {
         // string, measured once per model (that is, per version of the file).
         if vstr && matches!(self.dtype, DType::Numeric { .. }) {
             self.dtype = match h5::vstr_width(self.ds.id(), &self.ftype, &self.shape) {
-                Ok(w) if w > MAX_VSTR_WIDTH => DType::Unsupported {
+                Ok(h5::VStrWidth { bytes: w, .. }) if w > MAX_VSTR_WIDTH => DType::Unsupported {
                     reason: format!(
                         "variable-length strings whose longest is {w} bytes: served fixed \
                          width, every string would take that much; read them with h5py"
@@ -362,9 +362,12 @@ impl Probe {
                     itemsize: 0,
                 },
                 Ok(w) => DType::Numeric {
-                    descr: format!("|S{w}"),
-                    itemsize: w,
-                    ty: ty.clone(),
+                    descr: format!("|S{}", w.bytes),
+                    itemsize: w.bytes,
+                    ty: Some(Arc::new(h5::Ty::VStr {
+                        utf8: matches!(ty.as_deref(), Some(h5::Ty::VStr { utf8: true, .. })),
+                        chars: w.chars,
+                    })),
                 },
                 Err(e) => DType::Unsupported {
                     reason: e.message,

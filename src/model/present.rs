@@ -27,10 +27,13 @@ impl DatasetModel {
                 .unwrap_or_else(|| descr.clone())),
             DType::Unsupported { reason, .. } => Err(reason.clone()),
         };
-        let vlen_str = matches!(
-            &self.dtype,
-            DType::Numeric { ty: Some(t), .. } if matches!(**t, h5::Ty::VStr { .. })
-        );
+        let (vlen_str, text_chars) = match &self.dtype {
+            DType::Numeric { ty: Some(t), .. } => match **t {
+                h5::Ty::VStr { chars, .. } => (true, chars),
+                _ => (false, None),
+            },
+            _ => (false, None),
+        };
         crate::zarr::ArrayInfo {
             name: &self.name,
             shape: &self.zarr_shape,
@@ -41,7 +44,19 @@ impl DatasetModel {
             fill: self.fill_json(),
             fill_bytes: &self.fill,
             vlen_str,
+            text_chars,
         }
+    }
+
+    /// The size of one element in the Zarr view's chunk files (4 bytes a character for
+    /// strings shown as unicode).
+    pub fn zarr_itemsize(&self) -> u64 {
+        self.zarr_info().zarr_itemsize()
+    }
+
+    /// Characters per element of strings the Zarr view shows as unicode.
+    pub fn zarr_text_chars(&self) -> Option<u64> {
+        self.zarr_info().text_chars()
     }
 
     /// Why the Zarr view leaves this dataset out, or None when it shows it.
@@ -201,7 +216,7 @@ fn type_meta(ty: &h5::Ty, m: &mut serde_json::Map<String, Value>) {
                 }),
             );
         }
-        h5::Ty::VStr { utf8 } => {
+        h5::Ty::VStr { utf8, .. } => {
             m.insert(
                 "string".into(),
                 json!({

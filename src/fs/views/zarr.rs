@@ -104,7 +104,7 @@ pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
         (Node::In(_, NodeKind::ZarrChunk { idx }), Resolved::Dataset { file: f }) => {
             let md = cx.zarr_model(f, path)?;
             cx.zarr_chunk(idx, &md)?;
-            let size = crate::zarr::chunk_bytes(&md.tile_shape, md.itemsize());
+            let size = crate::zarr::chunk_bytes(&md.tile_shape, md.zarr_itemsize());
             Ok(committed(
                 file_attr(ino, Kind::File, size, &f.meta, true),
                 f,
