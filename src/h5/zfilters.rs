@@ -147,8 +147,9 @@ fn register_all() -> Vec<i32> {
     let mut out = Vec::new();
     for f in codecs::decoders() {
         let id = f.id();
-        // libhdf5 reserves ids below 256 for its own filters (H5Zregister refuses them).
-        if id < 256 {
+        // libhdf5 reserves ids below 256 for its own filters (H5Zregister refuses them);
+        // SZIP, the one of them it may lack, is registered below.
+        if id < 256 && id != codecs::SZIP {
             continue;
         }
         // SAFETY: plain library call; it may search HDF5_PLUGIN_PATH and push onto the
@@ -180,7 +181,7 @@ fn register_all() -> Vec<i32> {
         let cls = hdf5_sys::h5z::H5Z_class2_t {
             version: hdf5_sys::h5z::H5Z_CLASS_T_VERS as _,
             id,
-            encoder_present: 1,
+            encoder_present: c_uint::from(id != codecs::SZIP),
             decoder_present: 1,
             // Leaked: libhdf5 keeps the pointer for the life of the process.
             name: name.into_raw(),
@@ -188,8 +189,12 @@ fn register_all() -> Vec<i32> {
             set_local: None,
             filter: Some(cb),
         };
-        // SAFETY: `cls` is a valid class; libhdf5 copies the struct (H5Z_register).
-        let r = unsafe { hdf5_sys::h5z::H5Zregister((&cls as *const _ as *const c_void).cast()) };
+        let r = if id < 256 {
+            register_predefined(&cls)
+        } else {
+            // SAFETY: `cls` is a valid class; libhdf5 copies the struct (H5Z_register).
+            unsafe { hdf5_sys::h5z::H5Zregister((&cls as *const _ as *const c_void).cast()) }
+        };
         if r < 0 {
             let stack = super::error_stack();
             tracing::warn!(filter = f.name(), id, %stack, "H5Zregister failed: libhdf5 cannot decode this filter");
@@ -199,6 +204,29 @@ fn register_all() -> Vec<i32> {
     }
     tracing::debug!(ids = ?out, "built-in decoders registered with libhdf5");
     out
+}
+
+/// Registers a decoder under one of libhdf5's own ids (SZIP, when the libhdf5 linked
+/// has none). Without it libhdf5 silently skips the filter on read, since SZIP is
+/// stored as optional (`H5Pset_szip`): a virtual dataset over SZIP sources read as the
+/// compressed bytes, garbage. The public `H5Zregister` refuses ids below 256, so the
+/// statically linked libhdf5's own registration routine is called, which the public
+/// one calls after its check (HDF5 2.2, src/H5Z.c).
+#[cfg(feature = "static-hdf5")]
+fn register_predefined(cls: &hdf5_sys::h5z::H5Z_class2_t) -> hdf5_sys::h5::herr_t {
+    extern "C" {
+        fn H5Z_register(cls: *const hdf5_sys::h5z::H5Z_class2_t) -> hdf5_sys::h5::herr_t;
+    }
+    // SAFETY: the library is open (H5Zfilter_avail above opened it) and its lock is
+    // held (`register` runs under `sync`); `cls` is a valid class, copied by libhdf5.
+    unsafe { H5Z_register(cls) }
+}
+
+/// A system libhdf5's own registration routine is not part of its interface: there
+/// SZIP comes with the library or is a plugin's.
+#[cfg(not(feature = "static-hdf5"))]
+fn register_predefined(_cls: &hdf5_sys::h5z::H5Z_class2_t) -> hdf5_sys::h5::herr_t {
+    -1
 }
 
 type FilterFn = unsafe extern "C" fn(
@@ -220,6 +248,7 @@ fn callback(id: i32) -> Option<FilterFn> {
         codecs::ZSTD => filter_cb::<{ codecs::ZSTD }>,
         codecs::BZIP2 => filter_cb::<{ codecs::BZIP2 }>,
         codecs::BLOSC2 => filter_cb::<{ codecs::BLOSC2 }>,
+        codecs::SZIP => filter_cb::<{ codecs::SZIP }>,
         _ => return None,
     })
 }

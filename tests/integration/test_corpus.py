@@ -248,6 +248,10 @@ def _vds_irregular(path):
         f.create_dataset("a", data=a, chunks=(8, 10), **hdf5plugin.Blosc(cname="lz4"))
         f.create_dataset("b", data=b, chunks=(8, 5), **hdf5plugin.Zstd())
         f.create_dataset("s", data=s, chunks=(16,), **hdf5plugin.LZ4())
+        # SZIP is stored as an optional filter: a libhdf5 without it skipped it and
+        # served the compressed bytes (garbage, no error) for a virtual dataset over it
+        f.create_dataset("z", data=np.arange(400, dtype="<i4").reshape(40, 10) * 3 - 7,
+                         chunks=(8, 5), compression="szip")
     with h5py.File(path, "w") as f:
         f.create_dataset("c", data=a * 2, chunks=(5, 5), **hdf5plugin.Bitshuffle())
         f.create_dataset("d", data=s, chunks=(10,), compression="lzf")
@@ -266,6 +270,9 @@ def _vds_irregular(path):
         lay[0::2] = h5py.VirtualSource(src, "s", shape=(80,))
         lay[1::2] = h5py.VirtualSource(".", "d", shape=(80,))
         f.create_virtual_dataset("strings", lay)
+        lay = h5py.VirtualLayout(shape=(20, 10), dtype="<i4")
+        lay[:] = h5py.VirtualSource(src, "z", shape=(40, 10))[1::2, :]
+        f.create_virtual_dataset("szip_strided", lay)
 
 
 GENERATORS = {
