@@ -133,7 +133,14 @@ impl Fs {
         let end = req.file_offset + req.length;
         while pos < end {
             let n = (end - pos).min(WINDOW);
+            let t = std::time::Instant::now();
             let (b, extents) = model.plan(&sel, pos, n)?;
+            tracing::debug!(
+                bytes = n,
+                extents = extents.len(),
+                plan_ms = t.elapsed().as_secs_f64() * 1e3,
+                "READ_TO_GPU window planned"
+            );
             // Extent offsets are relative to `b`; shift them to file offsets.
             let shifted: Vec<_> = extents
                 .into_iter()
