@@ -736,23 +736,70 @@ impl Gpu {
                         // bytes that no copy is reading any more (synchronized above).
                         let host =
                             unsafe { std::slice::from_raw_parts_mut(bufs[k] as *mut u8, p.n) };
-                        p.assemble(host, cache)?;
-                        t_asm += t.elapsed();
-                        // SAFETY: p.at..p.at+p.n lies inside the window, which maps to
-                        // buf_offset.. of the registered buffer; host stays untouched until
-                        // the event below completes.
-                        unsafe {
-                            cu_ok(
-                                cu::cuMemcpyHtoDAsync_v2(
-                                    m.base + buf_offset + (p.at - w0),
-                                    host.as_ptr().cast(),
-                                    p.n,
-                                    stream,
-                                ),
-                                "cuMemcpyHtoDAsync",
-                            )?;
-                            cu_ok(cu::cuEventRecord(events[k], stream), "cuEventRecord")?;
+                        let dev = m.base + buf_offset + (p.at - w0);
+                        match p.blocks() {
+                            // Rows of cells: each cell's rows copied in one run, scattered
+                            // by the copy engine.
+                            Some(blocks) => {
+                                stage::pack_blocks(&blocks, host, cache)?;
+                                t_asm += t.elapsed();
+                                let mut pos = 0usize;
+                                for b in &blocks {
+                                    let copy = cu::CUDA_MEMCPY2D {
+                                        srcXInBytes: 0,
+                                        srcY: 0,
+                                        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+                                        srcHost: host[pos..].as_ptr().cast(),
+                                        srcDevice: 0,
+                                        srcArray: std::ptr::null_mut(),
+                                        srcPitch: b.width as usize,
+                                        dstXInBytes: 0,
+                                        dstY: 0,
+                                        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                                        dstHost: std::ptr::null_mut(),
+                                        dstDevice: dev + b.dst,
+                                        dstArray: std::ptr::null_mut(),
+                                        dstPitch: b.pitch as usize,
+                                        WidthInBytes: b.width as usize,
+                                        Height: b.rows as usize,
+                                    };
+                                    // SAFETY: the block's rows lie inside the piece
+                                    // (`blocks` is built from its disjoint extents), so
+                                    // inside the window that maps to buf_offset.. of the
+                                    // registered buffer; its packed bytes lie at
+                                    // host[pos..pos + width * rows], untouched until the
+                                    // event below completes.
+                                    cu_ok(
+                                        unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) },
+                                        "cuMemcpy2DAsync",
+                                    )?;
+                                    pos += b.bytes() as usize;
+                                }
+                            }
+                            None => {
+                                p.assemble(host, cache)?;
+                                t_asm += t.elapsed();
+                                // SAFETY: p.at..p.at+p.n lies inside the window, which maps
+                                // to buf_offset.. of the registered buffer; host stays
+                                // untouched until the event below completes.
+                                cu_ok(
+                                    unsafe {
+                                        cu::cuMemcpyHtoDAsync_v2(
+                                            dev,
+                                            host.as_ptr().cast(),
+                                            p.n,
+                                            stream,
+                                        )
+                                    },
+                                    "cuMemcpyHtoDAsync",
+                                )?;
+                            }
                         }
+                        // SAFETY: the stream and event are live.
+                        cu_ok(
+                            unsafe { cu::cuEventRecord(events[k], stream) },
+                            "cuEventRecord",
+                        )?;
                         staged += p.n as u64;
                     }
                 }
