@@ -1,5 +1,5 @@
 //! Decoders that call well-known C libraries, linked statically: c-blosc2 for the Blosc2
-//! filter (32026) and libaec for SZIP (filter 4). The pure-Rust decoders are in
+//! filter (32026), libaec for SZIP (filter 4) and libdeflate for deflate (filter 1). The pure-Rust decoders are in
 //! the other files of codecs/; this module only adapts the C entry points to its `Failure` contract:
 //! every output is bounded by the chunk's decoded size, checked before anything is
 //! written, and a C error becomes `Failure::Corrupt` naming what the library said.
@@ -306,4 +306,71 @@ pub fn szip_filter(input: &[u8], cd: &[u32], cap: usize) -> Out {
         ));
     }
     Ok(out)
+}
+
+thread_local! {
+    /// This thread's libdeflate decompressor (a few KiB, reused by every chunk).
+    static INFLATER: Inflater = Inflater::new();
+}
+
+/// A libdeflate decompressor owned by one thread.
+struct Inflater(*mut libdeflate_sys::libdeflate_decompressor);
+
+impl Inflater {
+    fn new() -> Self {
+        // SAFETY: plain allocation; null (out of memory) is checked by the caller.
+        Inflater(unsafe { libdeflate_sys::libdeflate_alloc_decompressor() })
+    }
+}
+
+impl Drop for Inflater {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by libdeflate_alloc_decompressor, freed once.
+            unsafe { libdeflate_sys::libdeflate_free_decompressor(self.0) }
+        }
+    }
+}
+
+/// Inflates the zlib stream at the start of `input` (what HDF5's deflate filter writes;
+/// bytes after the stream are ignored, as zlib's `inflate` ignores them) into at most
+/// `cap` bytes, its Adler-32 checked. A stream that needs more than `cap` is refused
+/// without writing past it (no deflate bomb costs more than one chunk). libdeflate
+/// inflated a 1 MiB chunk of shuffled float32 1.8x as fast as miniz_oxide (dev VM,
+/// 2026-11-28), which bounded gzip reads on every route.
+pub fn zlib_inflate(input: &[u8], cap: usize) -> Out {
+    INFLATER.with(|d| {
+        if d.0.is_null() {
+            return Err(Failure::Refused("libdeflate: out of memory".into()));
+        }
+        let mut out = vec![0u8; cap];
+        let (mut used, mut made) = (0usize, 0usize);
+        // SAFETY: `d` is this thread's decompressor, used by nothing else during the call;
+        // the input and output slices are valid for their lengths; libdeflate writes at
+        // most `cap` bytes into `out` and stores the counts.
+        let r = unsafe {
+            libdeflate_sys::libdeflate_zlib_decompress_ex(
+                d.0,
+                input.as_ptr().cast(),
+                input.len(),
+                out.as_mut_ptr().cast(),
+                cap,
+                &mut used,
+                &mut made,
+            )
+        };
+        match r {
+            libdeflate_sys::libdeflate_result_LIBDEFLATE_SUCCESS if made <= cap => {
+                out.truncate(made);
+                Ok(out)
+            }
+            libdeflate_sys::libdeflate_result_LIBDEFLATE_INSUFFICIENT_SPACE => {
+                Err(Failure::Refused(format!(
+                    "its deflate stream inflates beyond the chunk's decoded size of {cap} \
+                     bytes (corrupt or crafted file)"
+                )))
+            }
+            _ => corrupt("deflate stream is corrupt (libdeflate: bad data or checksum)"),
+        }
+    })
 }

@@ -1,8 +1,7 @@
 //! HDF5's own filters: deflate (1), shuffle (2) and Fletcher-32 (3).
 
 use super::shuffle::unshuffle_into;
-use super::{corrupt, Failure, Out};
-use std::io::Read;
+use super::{corrupt, Out};
 
 /// HDF5's Fletcher-32 checksum (H5_checksum_fletcher32).
 pub fn fletcher32(data: &[u8]) -> u32 {
@@ -35,22 +34,10 @@ pub fn unshuffle(data: &[u8], es: usize) -> Vec<u8> {
     out
 }
 
-/// Inflates `input` into at most `cap` bytes; a stream inflating beyond `cap` is
-/// refused after `cap + 1` bytes, so a deflate bomb never costs more than one chunk.
+/// Inflates `input` into at most `cap` bytes ([`super::c::zlib_inflate`]); a stream
+/// inflating beyond `cap` is refused, so a deflate bomb never costs more than one chunk.
 pub(super) fn inflate_bounded(input: &[u8], cap: usize) -> Out {
-    let mut out = Vec::with_capacity(cap.saturating_add(1));
-    let limit = (cap as u64).saturating_add(1);
-    match flate2::read::ZlibDecoder::new(input)
-        .take(limit)
-        .read_to_end(&mut out)
-    {
-        Ok(_) if out.len() > cap => Err(Failure::Refused(format!(
-            "its deflate stream inflates beyond the chunk's decoded size of {cap} bytes \
-             (corrupt or crafted file)"
-        ))),
-        Ok(_) => Ok(out),
-        Err(e) => corrupt(format!("deflate stream is corrupt: {e}")),
-    }
+    super::c::zlib_inflate(input, cap)
 }
 
 /// Checks and strips the Fletcher-32 checksum that ends `buf` (either byte order, as

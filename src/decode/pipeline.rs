@@ -127,6 +127,34 @@ mod tests {
         ));
     }
 
+    /// What zlib's `inflate` does with HDF5 deflate chunks, libdeflate does too: bytes
+    /// after the stream are ignored, a wrong Adler-32 or a cut stream is corrupt.
+    #[test]
+    fn deflate_trailing_bytes_checksum_and_cut_streams() {
+        let data: Vec<u8> = (0..50_000u32).map(|v| (v % 251) as u8).collect();
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
+        enc.write_all(&data).unwrap();
+        let z = enc.finish().unwrap();
+        let mut padded = z.clone();
+        padded.extend_from_slice(&[0xAB; 37]);
+        assert_eq!(
+            decode_chunk(padded, &[filter(1)], 0, 1, data.len()),
+            Ok(data.clone())
+        );
+        let mut sum = z.clone();
+        let n = sum.len();
+        sum[n - 2] ^= 0x40; // inside the Adler-32
+        assert!(matches!(
+            decode_chunk(sum, &[filter(1)], 0, 1, data.len()),
+            Err(Failure::Corrupt(_))
+        ));
+        let cut = z[..z.len() / 2].to_vec();
+        assert!(matches!(
+            decode_chunk(cut, &[filter(1)], 0, 1, data.len()),
+            Err(Failure::Corrupt(_))
+        ));
+    }
+
     fn filter(id: i32) -> FilterInfo {
         FilterInfo {
             id,
