@@ -5,6 +5,7 @@
 
 pub mod framing;
 mod identcache;
+pub mod nvcomp;
 mod stage;
 
 use identcache::IdentCache;
