@@ -42,6 +42,21 @@ pub trait CellSource: Send + Sync {
     fn describe(&self, index: u64) -> String {
         format!("cell {index} of source {}", self.uid())
     }
+    /// Where cell `index` is stored when it is one chunk a GPU decoder may take instead
+    /// (READ_TO_GPU): None for every other source, and for chunks never written or whose
+    /// place the file's index gives wrong.
+    fn stored(&self, _index: u64) -> Option<Stored> {
+        None
+    }
+}
+
+/// A stored chunk: `size` bytes at `addr` of `file`, through the filters `filters`
+/// (ids, in the order they were applied when written; those its mask skipped left out).
+pub struct Stored {
+    pub file: Arc<BackingFile>,
+    pub addr: u64,
+    pub size: u64,
+    pub filters: Vec<i32>,
 }
 
 /// One decoded cell of a [`CellSource`].

@@ -6,6 +6,7 @@
 pub mod framing;
 mod identcache;
 pub mod nvcomp;
+mod pieces;
 mod stage;
 
 use identcache::IdentCache;
@@ -311,6 +312,8 @@ pub struct Gpu {
     /// Set once `preload` has loaded CUDA and made every device's context.
     preloaded: std::sync::atomic::AtomicBool,
     state: OnceLock<std::result::Result<Loaded, String>>,
+    /// nvCOMP, loaded at the first compressed READ_TO_GPU (`H5TILEFS_NVCOMP=off`: never).
+    nvcomp: OnceLock<Option<nvcomp::Nvcomp>>,
 }
 
 impl Gpu {
@@ -327,10 +330,16 @@ impl Gpu {
                 .clamp(1, io_threads.max(1)),
             preloaded: std::sync::atomic::AtomicBool::new(false),
             state: OnceLock::new(),
+            nvcomp: OnceLock::new(),
         }
     }
 
     /// Loads CUDA (and cuFile) on first use; ENODEV when off or absent.
+    /// nvCOMP for GPU decoding, or None (the host decoders serve).
+    fn nvcomp(&self) -> Option<&nvcomp::Nvcomp> {
+        self.nvcomp.get_or_init(nvcomp::for_daemon).as_ref()
+    }
+
     fn loaded(&self) -> Result<&Loaded> {
         if self.mode == GpuMode::Off {
             return Err(no_dev("GPU support is off (--gpu off)"));
@@ -643,6 +652,8 @@ impl Gpu {
                 )?;
             }
             let mut used = [false; 2];
+            // device memory for chunks decoded on the GPU, kept for the transfer
+            let mut scratch = pieces::Scratch::default();
             let mut turn = 0usize;
             // cuFile handles of this transfer, one lookup (and revalidation) per backing
             // file; each Arc keeps its handle registered until the transfer ends.
@@ -709,6 +720,17 @@ impl Gpu {
                         direct += t - s;
                     }
                     stage::Step::Piece(p) => {
+                        let dev = m.base + buf_offset + (p.at - w0);
+                        let blocks = p.blocks();
+                        if let (Some(nv), Some(b)) = (self.nvcomp(), &blocks) {
+                            let t = std::time::Instant::now();
+                            let done = pieces::nvcomp_piece(nv, b, dev, stream, &mut scratch)?;
+                            t_warm += t.elapsed();
+                            if done {
+                                staged += p.n as u64;
+                                continue;
+                            }
+                        }
                         let k = turn % 2;
                         turn += 1;
                         if used[k] {
@@ -737,45 +759,16 @@ impl Gpu {
                         // bytes that no copy is reading any more (synchronized above).
                         let host =
                             unsafe { std::slice::from_raw_parts_mut(bufs[k] as *mut u8, p.n) };
-                        let dev = m.base + buf_offset + (p.at - w0);
-                        match p.blocks() {
+                        match blocks {
                             // Rows of cells: each cell's rows copied in one run, scattered
                             // by the copy engine.
                             Some(blocks) => {
                                 stage::pack_blocks(&blocks, host, cache)?;
                                 t_asm += t.elapsed();
-                                let mut pos = 0usize;
-                                for b in &blocks {
-                                    let copy = cu::CUDA_MEMCPY2D {
-                                        srcXInBytes: 0,
-                                        srcY: 0,
-                                        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_HOST,
-                                        srcHost: host[pos..].as_ptr().cast(),
-                                        srcDevice: 0,
-                                        srcArray: std::ptr::null_mut(),
-                                        srcPitch: b.width as usize,
-                                        dstXInBytes: 0,
-                                        dstY: 0,
-                                        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                                        dstHost: std::ptr::null_mut(),
-                                        dstDevice: dev + b.dst,
-                                        dstArray: std::ptr::null_mut(),
-                                        dstPitch: b.pitch as usize,
-                                        WidthInBytes: b.width as usize,
-                                        Height: b.rows as usize,
-                                    };
-                                    // SAFETY: the block's rows lie inside the piece
-                                    // (`blocks` is built from its disjoint extents), so
-                                    // inside the window that maps to buf_offset.. of the
-                                    // registered buffer; its packed bytes lie at
-                                    // host[pos..pos + width * rows], untouched until the
-                                    // event below completes.
-                                    cu_ok(
-                                        unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) },
-                                        "cuMemcpy2DAsync",
-                                    )?;
-                                    pos += b.bytes() as usize;
-                                }
+                                // SAFETY: host stays untouched until the event below
+                                // completes; the piece lies inside the window, which maps
+                                // to buf_offset.. of the registered buffer.
+                                unsafe { pieces::scatter_packed(&blocks, host, dev, stream)? };
                             }
                             None => {
                                 p.assemble(host, cache)?;

@@ -285,6 +285,24 @@ impl CellSource for ChunkStore {
         self.what(index)
     }
 
+    fn stored(&self, index: u64) -> Option<crate::extent::Stored> {
+        let loc = self.loc(index).ok()??;
+        self.check_stored(index, &loc).ok()?;
+        let filters = self
+            .filters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i >= 32 || loc.filter_mask & (1 << i) == 0)
+            .map(|(_, f)| f.id)
+            .collect();
+        Some(crate::extent::Stored {
+            file: self.file.clone(),
+            addr: loc.addr,
+            size: loc.size,
+            filters,
+        })
+    }
+
     fn load(&self, index: u64) -> Result<Vec<u8>> {
         if !self.filters.is_empty() {
             fault::check(index);

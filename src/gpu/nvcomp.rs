@@ -108,6 +108,28 @@ fn candidates() -> Vec<PathBuf> {
     out
 }
 
+/// nvCOMP for the daemon's GPU decoding, or None (the host decoders serve); which, and
+/// why, is logged. Opt-in for now: only with `H5TILEFS_NVCOMP` set to the library (or
+/// its directory). Its first version ran at 0.95 GB/s where the host route ran at 3.86
+/// (H200, 2026-11-28: a device allocation and a synchronous copy per piece), so it is
+/// not taken merely because a `libnvcomp.so.6` is on the loader's path.
+pub(super) fn for_daemon() -> Option<Nvcomp> {
+    match std::env::var("H5TILEFS_NVCOMP") {
+        Ok(v) if !v.is_empty() && v != "off" => {}
+        _ => return None,
+    }
+    match Nvcomp::load() {
+        Ok(n) => {
+            tracing::info!(path = %n.path, version = n.version, "nvCOMP loaded: LZ4 chunks decode on the GPU");
+            Some(n)
+        }
+        Err(why) => {
+            tracing::info!(%why, "no GPU decoding: compressed chunks decode on the host");
+            None
+        }
+    }
+}
+
 impl Nvcomp {
     /// Loads nvCOMP, or says why not (every place tried).
     pub fn load() -> Result<Nvcomp, String> {
@@ -183,14 +205,49 @@ impl Nvcomp {
     }
 
     /// Decodes raw LZ4 blocks (`(block, decoded size)`) in one batch on the current
-    /// context's device and returns their bytes: the building block of the daemon's GPU
-    /// route (HDF5 LZ4 chunks taken apart by `framing::lz4`). Device memory is taken and
-    /// given back here; sizes come from nvCOMP's own queries. A block nvCOMP cannot
-    /// decode (corrupt, or not its size) fails the batch, naming it.
+    /// context's device and returns their bytes (for checks: the daemon decodes into
+    /// device memory with [`Self::lz4_into`]).
     pub fn lz4_blocks(&self, blocks: &[(&[u8], usize)]) -> Result<Vec<Vec<u8>>, String> {
-        let n = blocks.len();
-        if n == 0 {
-            return Ok(Vec::new());
+        let mut mem = DeviceMem::default();
+        let total: usize = blocks.iter().map(|(_, m)| m.div_ceil(16) * 16).sum();
+        let base = mem.alloc(total.max(1))?;
+        let mut items = Vec::with_capacity(blocks.len());
+        let mut at = 0u64;
+        for (b, m) in blocks {
+            items.push(Item {
+                src: b,
+                dst: base + at,
+                len: *m,
+                raw: false,
+            });
+            at += (m.div_ceil(16) * 16) as u64;
+        }
+        self.lz4_into(&mut Arena::default(), &items, std::ptr::null_mut())?;
+        items
+            .iter()
+            .map(|it| {
+                let mut v = vec![0u8; it.len];
+                dtoh(&mut v, it.dst)?;
+                Ok(v)
+            })
+            .collect()
+    }
+
+    /// Writes `items` into device memory in one batch on `stream` and waits for it: LZ4
+    /// blocks decoded by nvCOMP (outputs 16-byte aligned, what nvCOMP 6 asks of LZ4), raw
+    /// ones copied. Every input goes up in one copy into `arena`, the batch's tables in
+    /// another (`arena` keeps its device memory between calls: a device allocation and
+    /// free per piece cost more than the decode). A block that does not decode to its
+    /// size (corrupt) fails the batch, naming it: LZ4 is the codec whose corrupt input
+    /// nvCOMP 6 answers with a status rather than undefined behaviour.
+    pub(super) fn lz4_into(
+        &self,
+        arena: &mut Arena,
+        items: &[Item],
+        stream: cu::CUstream,
+    ) -> Result<(), String> {
+        if items.is_empty() {
+            return Ok(());
         }
         let mut al = Alignments::default();
         // SAFETY: out-pointer to a struct of the header's layout.
@@ -198,94 +255,153 @@ impl Nvcomp {
         if s != SUCCESS {
             return Err(format!("nvCOMP LZ4 alignments: {}", self.why(s)));
         }
-        let up = |x: usize, a: usize| x.div_ceil(a.max(1)) * a.max(1);
-        let (mut ins, mut outs) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut in_total, mut out_total, mut max_out) = (0usize, 0usize, 0usize);
-        for (b, m) in blocks {
-            in_total = up(in_total, al.input);
-            ins.push(in_total);
-            in_total += b.len();
-            out_total = up(out_total, al.output);
-            outs.push(out_total);
-            out_total += m;
-            max_out = max_out.max(*m);
+        if let Some((k, _)) = items
+            .iter()
+            .enumerate()
+            .find(|(_, it)| !it.raw && it.dst % al.output.max(1) as u64 != 0)
+        {
+            return Err(format!(
+                "LZ4 batch: output {k} is not {}-byte aligned",
+                al.output
+            ));
         }
+        let up = |x: usize, a: usize| x.div_ceil(a.max(1)) * a.max(1);
+        // All inputs, each at an aligned offset, in one host image.
+        let mut offs = Vec::with_capacity(items.len());
+        let mut in_total = 0usize;
+        for it in items {
+            in_total = up(in_total, al.input.max(8));
+            offs.push(in_total);
+            in_total += it.src.len();
+        }
+        let mut image = vec![0u8; in_total];
+        for (it, &o) in items.iter().zip(&offs) {
+            image[o..o + it.src.len()].copy_from_slice(it.src);
+        }
+        let d_in = arena.get(0, in_total.max(1))?;
+        htod(d_in, &image)?;
+        for (it, &o) in items.iter().zip(&offs).filter(|(it, _)| it.raw) {
+            // SAFETY: both ranges are device memory of at least it.len bytes (the
+            // arena's image, the caller's output); ordered on the stream.
+            cu_ok(unsafe { cu::cuMemcpyDtoDAsync_v2(it.dst, d_in + o as u64, it.len, stream) })?;
+        }
+        let lz: Vec<(&Item, usize)> = items
+            .iter()
+            .zip(offs.iter().copied())
+            .filter(|(it, _)| !it.raw)
+            .collect();
+        let n = lz.len();
+        if n == 0 {
+            // SAFETY: the caller's live stream (or the default stream).
+            return cu_ok(unsafe { cu::cuStreamSynchronize(stream) });
+        }
+        // The tables: input pointers, output pointers, input sizes, output sizes, then
+        // room for the decoded sizes and the statuses nvCOMP writes.
+        let mut table: Vec<u64> = Vec::with_capacity(6 * n);
+        table.extend(lz.iter().map(|(_, o)| d_in + *o as u64));
+        table.extend(lz.iter().map(|(it, _)| it.dst));
+        table.extend(lz.iter().map(|(it, _)| it.src.len() as u64));
+        table.extend(lz.iter().map(|(it, _)| it.len as u64));
+        let d_table = arena.get(1, 6 * n * 8)?;
+        // SAFETY: u64s viewed as bytes.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(table.as_ptr().cast::<u8>(), table.len() * 8) };
+        htod(d_table, bytes)?;
+        let at = |k: u64| d_table + k * n as u64 * 8;
+        let max_out = lz.iter().map(|(it, _)| it.len).max().unwrap_or(0);
+        let out_total: usize = lz.iter().map(|(it, _)| it.len).sum();
         let mut temp = 0usize;
-        // SAFETY: out-pointer; a null stream is the legacy default stream.
-        let s = unsafe {
-            (self.lz4_temp_size)(
-                n,
-                max_out,
-                LZ4_DEFAULT,
-                &mut temp,
-                out_total,
-                std::ptr::null_mut(),
-            )
-        };
+        // SAFETY: out-pointer; the stream is the caller's (or the default stream).
+        let s =
+            unsafe { (self.lz4_temp_size)(n, max_out, LZ4_DEFAULT, &mut temp, out_total, stream) };
         if s != SUCCESS {
             return Err(format!("nvCOMP LZ4 temp size: {}", self.why(s)));
         }
-        let mut mem = DeviceMem::default();
-        let d_in = mem.alloc(in_total.max(1))?;
-        let d_out = mem.alloc(out_total.max(1))?;
-        let d_temp = mem.alloc(up(temp.max(1), al.temp))?;
-        let in_ptrs: Vec<u64> = ins.iter().map(|&o| d_in + o as u64).collect();
-        let out_ptrs: Vec<u64> = outs.iter().map(|&o| d_out + o as u64).collect();
-        let in_sizes: Vec<usize> = blocks.iter().map(|(b, _)| b.len()).collect();
-        let out_sizes: Vec<usize> = blocks.iter().map(|(_, m)| *m).collect();
-        let d_in_ptrs = mem.upload(&in_ptrs)?;
-        let d_out_ptrs = mem.upload(&out_ptrs)?;
-        let d_in_sizes = mem.upload(&in_sizes)?;
-        let d_out_sizes = mem.upload(&out_sizes)?;
-        let d_actual = mem.alloc(n * 8)?;
-        let d_status = mem.alloc(n * 4)?;
-        for ((b, _), &o) in blocks.iter().zip(&ins) {
-            htod(d_in + o as u64, b)?;
-        }
-        // SAFETY: every pointer is a device allocation above, sized for `n` entries or
-        // for the blocks at their aligned offsets; the call is synchronized below.
+        let d_temp = arena.get(2, up(temp.max(1), al.temp))?;
+        // SAFETY: the tables hold `n` entries each at the offsets `at` gives, in device
+        // memory of the arena; the inputs lie in the arena's image; the outputs are the
+        // caller's; the call is synchronized below, before the arena is reused.
         let s = unsafe {
             (self.lz4_decompress)(
-                d_in_ptrs as *const *const c_void,
-                d_in_sizes as *const usize,
-                d_out_sizes as *const usize,
-                d_actual as *mut usize,
+                at(0) as *const *const c_void,
+                at(2) as *const usize,
+                at(3) as *const usize,
+                at(4) as *mut usize,
                 n,
                 d_temp as *mut c_void,
                 temp,
-                d_out_ptrs as *const *mut c_void,
+                at(1) as *const *mut c_void,
                 LZ4_DEFAULT,
-                d_status as *mut Status,
-                std::ptr::null_mut(),
+                at(5) as *mut Status,
+                stream,
             )
         };
+        // SAFETY: the stream is live (the caller's) or the default stream.
+        let synced = cu_ok(unsafe { cu::cuStreamSynchronize(stream) });
         if s != SUCCESS {
             return Err(format!("nvCOMP LZ4 decompress: {}", self.why(s)));
         }
-        // SAFETY: the legacy default stream of the current context.
-        cu_ok(unsafe { cu::cuStreamSynchronize(std::ptr::null_mut()) })?;
-        let mut status = vec![0i32; n];
-        let mut actual = vec![0usize; n];
-        dtoh(&mut status, d_status)?;
-        dtoh(&mut actual, d_actual)?;
-        let mut out = Vec::with_capacity(n);
-        for (k, ((st, got), (&o, &m))) in status
-            .iter()
-            .zip(&actual)
-            .zip(outs.iter().zip(&out_sizes))
-            .enumerate()
-        {
-            if *st != SUCCESS || *got != m {
+        synced?;
+        let mut tail = vec![0u64; 2 * n];
+        dtoh(&mut tail, at(4))?;
+        for (k, (it, _)) in lz.iter().enumerate() {
+            let got = tail[k];
+            let st = (tail[n + k / 2] >> (32 * (k % 2))) as u32 as i32;
+            if st != SUCCESS || got != it.len as u64 {
                 return Err(format!(
-                    "LZ4 block {k} of the batch: {} ({got} of {m} bytes)",
-                    self.why(*st)
+                    "LZ4 block {k} of the batch: {} ({got} of {} bytes)",
+                    self.why(st),
+                    it.len
                 ));
             }
-            let mut v = vec![0u8; m];
-            dtoh(&mut v, d_out + o as u64)?;
-            out.push(v);
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+/// One entry of an LZ4 batch: `src` becomes `len` bytes at device address `dst`,
+/// decoded, or copied when `raw`.
+pub(super) struct Item<'a> {
+    pub src: &'a [u8],
+    pub dst: u64,
+    pub len: usize,
+    pub raw: bool,
+}
+
+/// Device memory of LZ4 batches, grown as needed and kept between calls.
+#[derive(Default)]
+pub(super) struct Arena {
+    bufs: [(u64, usize); 3],
+}
+
+impl Arena {
+    fn get(&mut self, i: usize, n: usize) -> Result<u64, String> {
+        let (p, len) = self.bufs[i];
+        if len >= n {
+            return Ok(p);
+        }
+        if p != 0 {
+            // SAFETY: allocated below; no batch is in flight (each call synchronizes).
+            unsafe { cu::cuMemFree_v2(p) };
+            self.bufs[i] = (0, 0);
+        }
+        let n = n.div_ceil(1 << 20) << 20;
+        let mut q = 0u64;
+        // SAFETY: allocates in the current context; freed in Drop or when grown.
+        cu_ok(unsafe { cu::cuMemAlloc_v2(&mut q, n) })?;
+        self.bufs[i] = (q, n);
+        Ok(q)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for &(p, _) in &self.bufs {
+            if p != 0 {
+                // SAFETY: allocated by cuMemAlloc, freed once; callers synchronize.
+                unsafe { cu::cuMemFree_v2(p) };
+            }
+        }
     }
 }
 
@@ -316,16 +432,6 @@ impl DeviceMem {
         // SAFETY: allocates in the current context; freed in Drop.
         cu_ok(unsafe { cu::cuMemAlloc_v2(&mut p, n) })?;
         self.0.push(p);
-        Ok(p)
-    }
-
-    fn upload<T: Copy>(&mut self, v: &[T]) -> Result<u64, String> {
-        let p = self.alloc(std::mem::size_of_val(v).max(1))?;
-        // SAFETY: p holds size_of_val(v) bytes; T is plain data (integers).
-        let bytes = unsafe {
-            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
-        };
-        htod(p, bytes)?;
         Ok(p)
     }
 }

@@ -34,7 +34,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "src", "python"))
+sys.path.insert(0, HERE)
 from h5tilefs.gpu import registered  # noqa: E402
+from gpubench import best, mount, smooth, umount  # noqa: E402
 
 FILTERS = {
     "gzip+shuffle": dict(compression="gzip", compression_opts=4, shuffle=True),
@@ -43,42 +45,6 @@ FILTERS = {
     "blosc-lz4": dict(**hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)),
     "bitshuffle-lz4": dict(**hdf5plugin.Bitshuffle(cname="lz4")),
 }
-
-
-def smooth(n):
-    i = np.arange(n, dtype=np.float32)
-    a = np.empty((n, n), np.float32)
-    for r in range(0, n, 1024):
-        a[r:r + 1024] = np.sin(i[r:r + 1024, None] / 97.0) * np.cos(i[None, :] / 131.0) * 100.0
-    return np.round(a, 2)
-
-
-def best(fn, reps):
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        cp.cuda.Device().synchronize()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
-
-
-def mount(bin_, backing, mnt, log):
-    os.makedirs(mnt, exist_ok=True)
-    r = subprocess.run([bin_, "mount", backing, mnt, "--gpu", "preload", "--log-file", log],
-                       capture_output=True, text=True)
-    end = time.time() + 10
-    while not os.path.ismount(mnt) and time.time() < end:
-        time.sleep(0.05)
-    if r.returncode != 0 or not os.path.ismount(mnt):
-        tail = open(log, errors="replace").read()[-2000:] if os.path.exists(log) else ""
-        raise RuntimeError(f"mount failed (rc {r.returncode}): {r.stderr.strip()}\n{tail}")
-    # CUDA loads in the background; the untimed first read of each side waits for it.
-    time.sleep(2)
-
-
-def umount(bin_, mnt):
-    subprocess.run([bin_, "umount", mnt], check=False)
 
 
 def read8(path, host):

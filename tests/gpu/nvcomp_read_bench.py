@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""READ_TO_GPU of LZ4-compressed chunks decoded by nvCOMP on the GPU, against the host
+decoders, in one run (device machine; no hdf5plugin needed).
+
+    H5TILEFS_NVCOMP_LIB=.../nvidia/libnvcomp/lib64 \\
+        python tests/gpu/nvcomp_read_bench.py --bin BIN --dir /tmp --gib 1
+
+The file is made through the mount itself: a pending dataset declared with
+`"layout": "chunked", "compression": "lz4"` (HDF5 LZ4 filter 32004, 512 x 512 chunks of
+1 MiB), its `data` written, committed. Then two daemons over the same backing directory:
+`gpu`, with nvCOMP (`H5TILEFS_NVCOMP` = the library's directory), and `host`, with
+`H5TILEFS_NVCOMP=off`. Each reads the dataset's `data` into one registered CuPy buffer
+(page cache warm, best of --reps) and every byte is compared with the array written.
+Also timed: `read()` of `data` through the mount + `cupy.asarray`, and a partial read
+(an odd offset and length). Prints a table and writes --out/nvcomp_read_bench.json.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import cupy as cp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "src", "python"))
+sys.path.insert(0, HERE)
+from gpubench import best, mount, smooth, umount  # noqa: E402
+from h5tilefs.gpu import registered  # noqa: E402
+
+
+def make(bin_, root, x, log):
+    backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    mount(bin_, backing, mnt, log)
+    try:
+        d = os.path.join(mnt, "lz4.h5", "x")
+        os.makedirs(d)
+        meta = {"shape": list(x.shape), "dtype": "<f4", "tile_shape": [512, 512],
+                "layout": "chunked", "compression": "lz4"}
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        band = 512 * x.shape[1] * 4
+        with open(os.path.join(d, "data"), "r+b", buffering=0) as f:
+            for r in range(0, x.shape[0], 512):
+                f.seek(r * x.shape[1] * 4)
+                f.write(x[r:r + 512].tobytes())
+        assert band > 0
+        with open(os.path.join(mnt, "lz4.h5", ".commit"), "w") as f:
+            f.write("commit\n")
+        with open(os.path.join(mnt, "lz4.h5", ".status")) as f:
+            st = json.load(f)["last_commit"]
+        assert st.get("ok"), st
+    finally:
+        umount(bin_, mnt)
+    return backing, mnt
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
+    n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512
+    # whole numbers: LZ4 finds repeats (smooth()'s two decimals it stores nearly raw,
+    # which would time the copies of raw blocks rather than nvCOMP)
+    x = np.round(smooth(n))
+    root = tempfile.mkdtemp(prefix="nvcb-", dir=a.dir)
+    rows = {}
+    try:
+        t = time.perf_counter()
+        backing, mnt = make(a.bin, root, x, os.path.join(a.out, "daemon-make.log"))
+        stored = os.path.getsize(os.path.join(backing, "lz4.h5"))
+        print(f"made {x.nbytes >> 20} MiB, stored {stored >> 20} MiB, in {time.perf_counter() - t:.1f} s",
+              flush=True)
+        gx = cp.empty(x.shape, x.dtype)
+        want = x.tobytes()
+        for which in ("gpu", "host"):
+            if which == "gpu":
+                os.environ["H5TILEFS_NVCOMP"] = lib or ""
+            else:
+                os.environ["H5TILEFS_NVCOMP"] = "off"
+            mount(a.bin, backing, mnt, os.path.join(a.out, f"daemon-{which}.log"))
+            try:
+                data = os.path.join(mnt, "lz4.h5", "x", "data")
+                r = rows.setdefault(which, {})
+                with registered(gx, mnt) as b:
+                    reply = b.read_into(data)
+                    r["reply"] = str(reply)
+                    r["seconds"] = best(lambda: b.read_into(data), a.reps)
+                    r["equal"] = bool(cp.asnumpy(gx).tobytes() == want)
+                    # a part: odd offset and length, into the buffer's start
+                    gx.fill(0)
+                    off, ln = 12_345_676, 40_000_004
+                    b.read_into(data, offset=off, length=ln)
+                    got = cp.asnumpy(gx).tobytes()[:ln]
+                    r["part_equal"] = got == want[off:off + ln]
+                    gx.fill(0)
+                r["read_copy"] = best(lambda: cp.asarray(np.fromfile(data, x.dtype).reshape(x.shape)), a.reps)
+                print(which, json.dumps(r), flush=True)
+            finally:
+                umount(a.bin, mnt)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    gb = x.nbytes / 1e9
+    print("| decoder | READ_TO_GPU GB/s | read() + copy GB/s | vs read() + copy | all bytes equal | part equal |")
+    print("|---|---|---|---|---|---|")
+    for which, r in rows.items():
+        print(f"| {which} | {gb / r['seconds']:.2f} | {gb / r['read_copy']:.2f} | "
+              f"{r['read_copy'] / r['seconds']:.2f}x | {r['equal']} | {r['part_equal']} |")
+    with open(os.path.join(a.out, "nvcomp_read_bench.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
