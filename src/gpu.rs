@@ -642,6 +642,9 @@ impl Gpu {
         )?;
         let mut bufs = [0usize; 2];
         let mut events: [cu::CUevent; 2] = [std::ptr::null_mut(); 2];
+        // Device memory for chunks decoded on the GPU, kept for the transfer and given
+        // back after the stream's last synchronization below.
+        let mut scratch = pieces::Scratch::default();
         let result = (|| -> Result<(u64, u64)> {
             for k in 0..2 {
                 bufs[k] = self.take_pinned(l)?;
@@ -652,8 +655,6 @@ impl Gpu {
                 )?;
             }
             let mut used = [false; 2];
-            // device memory for chunks decoded on the GPU, kept for the transfer
-            let mut scratch = pieces::Scratch::default();
             let mut turn = 0usize;
             // cuFile handles of this transfer, one lookup (and revalidation) per backing
             // file; each Arc keeps its handle registered until the transfer ends.

@@ -19,7 +19,8 @@ const SUCCESS: Status = 0;
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Lz4DecompressOpts {
-    /// `nvcompDecompressBackend_t`: 0 lets nvCOMP choose.
+    /// `nvcompDecompressBackend_t`: 2, the CUDA decoders (on a hardware decompression
+    /// engine corrupt input is undefined behaviour and the status always says success).
     backend: i32,
     sort_before_hw_decompress: i32,
     /// `nvcompType_t`: 0, bytes.
@@ -30,7 +31,7 @@ struct Lz4DecompressOpts {
 }
 
 const LZ4_DEFAULT: Lz4DecompressOpts = Lz4DecompressOpts {
-    backend: 0,
+    backend: 2,
     sort_before_hw_decompress: 0,
     data_type: 0,
     bitshuffle_mode: 0,

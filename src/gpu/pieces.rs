@@ -113,8 +113,15 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    fn ensure(&mut self, n: usize) -> Result<u64> {
+    /// At least `n` bytes; a smaller allocation is given back only once `stream` has
+    /// finished the copies that read it.
+    fn ensure(&mut self, n: usize, stream: cu::CUstream) -> Result<u64> {
         if self.len < n {
+            // SAFETY: the transfer's live stream.
+            cu_ok(
+                unsafe { cu::cuStreamSynchronize(stream) },
+                "cuStreamSynchronize",
+            )?;
             self.release();
             let mut p = 0u64;
             // SAFETY: allocates in the bound context; given back in release.
@@ -127,8 +134,9 @@ impl Scratch {
 
     fn release(&mut self) {
         if self.ptr != 0 {
-            // SAFETY: allocated by cuMemAlloc in this context. Callers synchronize the
-            // stream before a transfer ends, so no copy reads it any more.
+            // SAFETY: allocated by cuMemAlloc in this context; `ensure` and the transfer
+            // (which drops the scratch after its last synchronization) wait for the
+            // stream first, so no copy reads it any more.
             unsafe { cu::cuMemFree_v2(self.ptr) };
         }
         self.ptr = 0;
@@ -178,6 +186,18 @@ pub(super) fn nvcomp_piece(
         };
         slots.push(at);
     }
+    // Whole chunks are decoded for the rows the piece takes of them: not when that is
+    // far more than the piece (a few rows of many large chunks stay on the host).
+    let piece: u64 = blocks.iter().map(Block::bytes).sum();
+    if total > piece.saturating_mul(2).saturating_add(16 << 20) {
+        return Ok(false);
+    }
+    if blocks
+        .iter()
+        .any(|b| b.src.saturating_add(b.bytes()) > b.cell.source.cell_bytes())
+    {
+        return Err(Error::io("a block of rows beyond its chunk"));
+    }
     let mut stored = Vec::with_capacity(cells.len());
     for (_, c, _) in &cells {
         match c.source.stored(c.index) {
@@ -205,9 +225,9 @@ pub(super) fn nvcomp_piece(
                 })
             })
             .collect();
-        for w in workers {
-            w.join()
-                .map_err(|_| Error::io("reading stored chunks panicked"))??;
+        let done: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        for r in done {
+            r.map_err(|_| Error::io("reading stored chunks panicked"))??;
         }
         Ok(())
     })?;
@@ -223,7 +243,13 @@ pub(super) fn nvcomp_piece(
             _ => return Ok(false),
         }
     }
-    let base = scratch.ensure(total as usize)?;
+    let base = match scratch.ensure(total as usize, stream) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!(error = %e, "no device scratch for GPU decoding: host route");
+            return Ok(false);
+        }
+    };
     let mut items = Vec::new();
     let mut owner = Vec::new();
     for (i, (((_, _, at), raw), pieces)) in cells.iter().zip(&raws).zip(&framed).enumerate() {

@@ -88,9 +88,10 @@ impl Piece {
                         .collect();
                     workers.push(sc.spawn(move || crate::model::execute(&subs, mine, cache)));
                 }
-                for w in workers {
-                    w.join()
-                        .map_err(|_| crate::error::Error::io("piece assembly panicked"))??;
+                // every worker joined before the first error is returned
+                let done: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+                for r in done {
+                    r.map_err(|_| crate::error::Error::io("piece assembly panicked"))??;
                 }
                 Ok(())
             })?;
@@ -238,9 +239,9 @@ fn pack_blocks_on(
             workers.push(sc.spawn(move || pack(bs, mine)));
             first = last;
         }
-        for w in workers {
-            w.join()
-                .map_err(|_| crate::error::Error::io("block packing panicked"))??;
+        let done: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        for r in done {
+            r.map_err(|_| crate::error::Error::io("block packing panicked"))??;
         }
         Ok(())
     })

@@ -8,7 +8,8 @@
 //!   in HDF5_PLUGIN_PATH: a plugin the user installed stays the reference decoder.
 //! - Decode only: the encode direction fails with a message naming the plugin to use.
 //!   (`encoder_present` stays 1: libhdf5 refuses to create a dataset whose filter cannot
-//!   encode, even an optional one, and nothing else would tell why.)
+//!   encode, even an optional one, and nothing else would tell why; SZIP's is 0, as
+//!   libhdf5's own is without an encoder: nothing here writes SZIP.)
 //! - Bounded as the Rust path is: a filter callback is not told the chunk's decoded
 //!   size, so the read that calls H5Dread says it ([`bound_reads`], a thread-local set
 //!   around the call: libhdf5 runs the pipeline on the calling thread, under the `hdf5`
@@ -207,9 +208,9 @@ fn register_all() -> Vec<i32> {
 }
 
 /// Registers a decoder under one of libhdf5's own ids (SZIP, when the libhdf5 linked
-/// has none). Without it libhdf5 silently skips the filter on read, since SZIP is
-/// stored as optional (`H5Pset_szip`): a virtual dataset over SZIP sources read as the
-/// compressed bytes, garbage. The public `H5Zregister` refuses ids below 256, so the
+/// has none). Without it a virtual dataset over SZIP sources, which libhdf5 reads
+/// itself, was served as wrong bytes with no error (seen on 2026-11-28; test_corpus.py's
+/// `szip_strided`). The public `H5Zregister` refuses ids below 256, so the
 /// statically linked libhdf5's own registration routine is called, which the public
 /// one calls after its check (HDF5 2.2, src/H5Z.c).
 #[cfg(feature = "static-hdf5")]
