@@ -61,9 +61,11 @@ pub(super) struct Record {
 }
 
 /// A compressed chunked dataset (writer/slots.rs): its tiles are written whole and
-/// uncompressed to `staging` (in the staging area); the commit encodes chunk `k` into
-/// the slot at `base + k * slot_bytes` of the file being built and points the chunk
-/// index (the fixed array at `index`; 0: a single chunk, in the dataset's header) at it.
+/// uncompressed to `staging` (in the staging area); their writers' daemons encode them
+/// packed into regions they reserve in the file being built, the commit the rest, and
+/// the commit points the chunk index (the fixed array at `index`; 0: a single chunk,
+/// in the dataset's header) at every chunk. Records of earlier versions reserved a
+/// slot per chunk at `base + k * slot_bytes` (`slot_bytes` 0: none).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Slots {
     pub(super) staging: String,
@@ -447,10 +449,10 @@ pub(super) fn forget_base(product: &Path) {
     let _ = std::fs::remove_file(based_on(product));
 }
 
-/// A compressed dataset's slots: `n` of them, each a chunk's size rounded up to 4 KiB,
-/// reserved past libhdf5's end of the file being built; the chunk index libhdf5 made
-/// for the dataset (allocated at `a.base` and after, past `eoa_before`) found; and its
-/// staging file named.
+/// A compressed dataset's record: the chunk index libhdf5 made for the dataset
+/// (allocated at `a.base` and after, past `eoa_before`) found, and its staging file
+/// named. No room is reserved for the chunks: the writers reserve it as they encode,
+/// the commit for what it encodes.
 fn declare_slots(
     path: &Path,
     h5path: &str,
@@ -461,29 +463,20 @@ fn declare_slots(
     meta: &PendingMeta,
 ) -> Result<Slots> {
     use crate::writer::slots;
-    let align = crate::ondisk::ALIGN;
-    let slot_bytes = a
-        .chunk_bytes
-        .checked_next_multiple_of(align)
-        .ok_or_else(|| Error::invalid(format!("{h5path}: chunk too large")))?;
     let index = if n > 1 {
         let eoa = slots::end_of_file(path)?;
         slots::find_index(path, eoa_before, eoa, n, a.base)?
     } else {
         0
     };
-    let len = n
-        .checked_mul(slot_bytes)
-        .ok_or_else(|| Error::invalid(format!("{h5path}: dataset too large")))?;
-    let base = slots::reserve_tail(path, len, align)?;
     let compression = meta
         .compression
         .clone()
         .ok_or_else(|| Error::invalid(format!("{h5path}: no compression")))?;
     Ok(Slots {
         staging: format!("{}.{gen}.tiles", encode(h5path)),
-        base,
-        slot_bytes,
+        base: 0,
+        slot_bytes: 0,
         index,
         compression,
         itemsize: meta.itemsize,

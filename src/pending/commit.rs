@@ -338,7 +338,7 @@ impl Commit<'_> {
                     .unwrap_or_else(|| vec![0; m.itemsize as usize]);
                 let tiles = rec.tiles_file(&self.layout.product(file));
                 // tiles their writers encoded (pending/slots.rs), by chunk number
-                let encoded: HashMap<u64, (u64, u32)> = grid
+                let encoded: HashMap<u64, super::rangelog::Stored> = grid
                     .indices()
                     .enumerate()
                     .filter_map(|(k, idx)| {
@@ -353,6 +353,7 @@ impl Commit<'_> {
                         chunks: grid.num_tiles(),
                         rank: m.shape.len(),
                         encoded,
+                        regions: written.regions.iter().copied().collect(),
                     }),
                     (None, None) => None,
                     _ => {

@@ -113,6 +113,7 @@ pub struct PendingDataset {
 }
 
 /// The backing directory the pending state lives in.
+#[derive(Clone)]
 pub(super) struct Layout {
     pub(super) root: PathBuf,
 }

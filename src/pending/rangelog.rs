@@ -17,11 +17,19 @@
 //!   kind 2 (source):  data offset u64 | file length u64   a tile source this daemon made
 //!   kind 3 (synced):  (empty)   every byte this daemon wrote to the tile before this
 //!                     record is on stable storage (a later ranges record undoes it)
-//!   kind 4 (encoded): len u64 | mask u32   a compressed chunked dataset's tile, all
-//!                     of it written by this daemon before this record, is encoded in
-//!                     its slot (`len` bytes, filter mask `mask`), durably (a later
-//!                     ranges record undoes it; any other daemon's ranges void it)
+//!   kind 4 (encoded): len u64 | mask u32 [| at u64]   a compressed chunked dataset's
+//!                     tile, all of it written by this daemon before this record, is
+//!                     encoded, durably: `len` bytes with filter mask `mask` at `at` of
+//!                     the file being built (without `at`: in its slot, as records of
+//!                     earlier versions say) (a later ranges record undoes it; any
+//!                     other daemon's ranges void it)
+//!   kind 5 (region):  at u64 | len u64   (empty tile name) bytes of the file being
+//!                     built this daemon reserved for its encodings (pending/slots.rs);
+//!                     the commit frees what no chunk uses
 //! ```
+//!
+//! Daemons of one cluster run the same version: a reader stops at a record kind or
+//! body it does not know.
 //!
 //! Closed tiles are `fdatasync`ed in the background ([`SYNC_THREADS`] threads) and
 //! recorded as synced, so a commit, through any daemon, fsyncs only the tiles no
@@ -52,6 +60,9 @@ const KIND_RANGES: u8 = 1;
 const KIND_SOURCE: u8 = 2;
 const KIND_SYNCED: u8 = 3;
 const KIND_ENCODED: u8 = 4;
+const KIND_REGION: u8 = 5;
+/// The tile name of records that are not about a tile.
+static NO_TILE: String = String::new();
 /// Threads that fdatasync closed tiles in the background (at least; one per CPU where
 /// there are more, for the encodings of compressed datasets' tiles).
 pub(super) const SYNC_THREADS: usize = 4;
@@ -79,9 +90,23 @@ pub(super) enum Record {
     Source { tile: String, offset: u64, len: u64 },
     /// Every byte this daemon wrote to the tile before this record is durable.
     Synced { tile: String },
-    /// The tile, all of it written by this daemon before this record, is encoded in
-    /// its slot: `len` bytes with filter mask `mask`, durable.
-    Encoded { tile: String, len: u64, mask: u32 },
+    /// The tile, all of it written by this daemon before this record, is encoded,
+    /// durably.
+    Encoded { tile: String, stored: Stored },
+    /// Bytes `[at, at + len)` of the file being built reserved by this daemon for its
+    /// encodings.
+    Region { at: u64, len: u64 },
+}
+
+/// Where a writer's encoding of a tile lies in the file being built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Stored bytes.
+    pub len: u64,
+    /// libhdf5's filter mask (filters skipped).
+    pub mask: u32,
+    /// Its address; None: in the tile's slot (records of earlier versions).
+    pub at: Option<u64>,
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -110,6 +135,7 @@ impl Record {
             Record::Source { tile, .. } => (KIND_SOURCE, tile),
             Record::Synced { tile } => (KIND_SYNCED, tile),
             Record::Encoded { tile, .. } => (KIND_ENCODED, tile),
+            Record::Region { .. } => (KIND_REGION, &NO_TILE),
         };
         // tile names are "i.j.k": far below u16::MAX bytes
         let name = &tile.as_bytes()[..tile.len().min(u16::MAX as usize)];
@@ -143,10 +169,19 @@ impl Record {
                 frame(&body);
             }
             Record::Synced { .. } => frame(&[]),
-            Record::Encoded { len, mask, .. } => {
-                let mut body = Vec::with_capacity(12);
+            Record::Encoded { stored, .. } => {
+                let mut body = Vec::with_capacity(20);
+                body.extend(stored.len.to_le_bytes());
+                body.extend(stored.mask.to_le_bytes());
+                if let Some(at) = stored.at {
+                    body.extend(at.to_le_bytes());
+                }
+                frame(&body);
+            }
+            Record::Region { at, len } => {
+                let mut body = Vec::with_capacity(16);
+                body.extend(at.to_le_bytes());
                 body.extend(len.to_le_bytes());
-                body.extend(mask.to_le_bytes());
                 frame(&body);
             }
         }
@@ -174,10 +209,21 @@ impl Record {
                 len: u64_at(body, 8)?,
             }),
             KIND_SYNCED if body.is_empty() => Some(Record::Synced { tile }),
-            KIND_ENCODED if body.len() == 12 => Some(Record::Encoded {
+            KIND_ENCODED if body.len() == 12 || body.len() == 20 => Some(Record::Encoded {
                 tile,
-                len: u64_at(body, 0)?,
-                mask: u32_at(body, 8)?,
+                stored: Stored {
+                    len: u64_at(body, 0)?,
+                    mask: u32_at(body, 8)?,
+                    at: if body.len() == 20 {
+                        Some(u64_at(body, 12)?)
+                    } else {
+                        None
+                    },
+                },
+            }),
+            KIND_REGION if body.len() == 16 && tile.is_empty() => Some(Record::Region {
+                at: u64_at(body, 0)?,
+                len: u64_at(body, 8)?,
             }),
             _ => None,
         }
@@ -223,9 +269,12 @@ pub struct Written {
     pub(super) synced: std::collections::HashSet<String>,
     /// Merged over logs: tiles some daemon wrote after (or without) syncing them.
     pub unsynced: std::collections::HashSet<String>,
-    /// Tiles encoded in their slots, `(stored bytes, filter mask)`: of one log, those
-    /// with no write after the encoding; merged, those no other daemon wrote to.
-    pub encoded: HashMap<String, (u64, u32)>,
+    /// Tiles encoded by their writers: of one log, those with no write after the
+    /// encoding; merged, those no other daemon wrote to.
+    pub encoded: HashMap<String, Stored>,
+    /// Bytes of the file being built reserved for encodings, `(at, len)`, by every
+    /// daemon merged.
+    pub regions: std::collections::BTreeSet<(u64, u64)>,
     /// Merged over logs: tiles written by more than one daemon (an encoding by one of
     /// them may have missed the others' bytes: the commit encodes those itself).
     pub(super) shared: std::collections::HashSet<String>,
@@ -242,8 +291,11 @@ impl Written {
                 self.synced.remove(tile);
                 self.encoded.remove(tile);
             }
-            Record::Encoded { tile, len, mask } => {
-                self.encoded.insert(tile.clone(), (*len, *mask));
+            Record::Encoded { tile, stored } => {
+                self.encoded.insert(tile.clone(), *stored);
+            }
+            Record::Region { at, len } => {
+                self.regions.insert((*at, *len));
             }
             Record::Source { tile, offset, len } => {
                 self.sources.insert(tile.clone(), (*offset, *len));
@@ -274,6 +326,7 @@ impl Written {
         for (t, s) in &o.sources {
             self.sources.insert(t.clone(), *s);
         }
+        self.regions.extend(o.regions.iter().copied());
     }
 
     /// Adds a later batch `o` of this daemon's records to an earlier one.
@@ -297,6 +350,7 @@ impl Written {
         for t in &o.synced {
             self.synced.insert(t.clone());
         }
+        self.regions.extend(o.regions.iter().copied());
     }
 
     /// Every record needed to rebuild this state.
@@ -320,10 +374,15 @@ impl Written {
                 .iter()
                 .map(|t| Record::Synced { tile: t.clone() }),
         );
-        out.extend(self.encoded.iter().map(|(t, (len, mask))| Record::Encoded {
+        // regions before the encodings in them
+        out.extend(
+            self.regions
+                .iter()
+                .map(|&(at, len)| Record::Region { at, len }),
+        );
+        out.extend(self.encoded.iter().map(|(t, s)| Record::Encoded {
             tile: t.clone(),
-            len: *len,
-            mask: *mask,
+            stored: *s,
         }));
         out
     }
@@ -397,22 +456,31 @@ impl DatasetLog {
         st.seq += 1;
     }
 
-    /// Records `tile` as encoded in its slot (`len` bytes, filter mask `mask`) if
-    /// nothing was written to it since `epoch`; false if something was.
-    pub(super) fn mark_encoded(&self, tile: &str, epoch: u64, len: u64, mask: u32) -> bool {
+    /// Records `tile` as encoded (`stored`) if nothing was written to it since
+    /// `epoch`; false if something was.
+    pub(super) fn mark_encoded(&self, tile: &str, epoch: u64, stored: Stored) -> bool {
         let mut st = self.state.lock();
         if st.epochs.get(tile).copied().unwrap_or(0) != epoch {
             return false;
         }
         let r = Record::Encoded {
             tile: tile.to_string(),
-            len,
-            mask,
+            stored,
         };
         st.mine.apply(&r);
         st.dirty.apply(&r);
         st.seq += 1;
         true
+    }
+
+    /// Records a region of the file being built reserved for this daemon's encodings
+    /// (appended with the next flush, before any encoding recorded in it).
+    pub(super) fn add_region(&self, at: u64, len: u64) {
+        let mut st = self.state.lock();
+        let r = Record::Region { at, len };
+        st.mine.apply(&r);
+        st.dirty.apply(&r);
+        st.seq += 1;
     }
 
     /// Whether this daemon's own writes cover `[0, size)` of `tile`.
@@ -743,12 +811,33 @@ mod tests {
     fn an_encoding_holds_until_a_later_or_another_write() {
         let enc = |t: &str| Record::Encoded {
             tile: t.into(),
-            len: 77,
-            mask: 2,
+            stored: Stored {
+                len: 77,
+                mask: 2,
+                at: Some(1 << 33),
+            },
         };
         let mut bytes = Vec::new();
         enc("3.4").encode(&mut bytes);
-        assert_eq!(Record::decode_all(&bytes).0, vec![enc("3.4")]);
+        // a record of an earlier version (in its slot) and a region
+        let slot = Record::Encoded {
+            tile: "5".into(),
+            stored: Stored {
+                len: 9,
+                mask: 0,
+                at: None,
+            },
+        };
+        slot.encode(&mut bytes);
+        let region = Record::Region {
+            at: 4096,
+            len: 1 << 26,
+        };
+        region.encode(&mut bytes);
+        assert_eq!(
+            Record::decode_all(&bytes),
+            (vec![enc("3.4"), slot, region.clone()], bytes.len())
+        );
         let mut a = Written::default();
         for r in [
             ranges("0", &[(0, 8)]),
@@ -783,6 +872,21 @@ mod tests {
         merged.merge(&b);
         merged.merge(&a);
         assert_eq!(merged.encoded.keys().collect::<Vec<_>>(), ["1"]);
+        // regions, of every daemon, survive a rebuild and the merges
+        a.apply(&region);
+        b.apply(&Record::Region { at: 0, len: 8 });
+        let mut again = Written::default();
+        for r in a.records() {
+            again.apply(&r);
+        }
+        assert_eq!(again.regions, a.regions);
+        let mut merged = Written::default();
+        merged.merge(&a);
+        merged.merge(&b);
+        assert_eq!(
+            merged.regions.iter().copied().collect::<Vec<_>>(),
+            [(0, 8), (4096, 1 << 26)]
+        );
     }
 
     #[test]

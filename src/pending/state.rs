@@ -66,6 +66,9 @@ pub enum Transition {
     RemoveObject,
     /// rmdir of the file's directory.
     RemoveFile,
+    /// A writer's daemon reserves room in the file being built for its encodings of
+    /// a compressed chunked dataset (pending/slots.rs).
+    Reserve,
 }
 
 impl FileState {
@@ -103,7 +106,8 @@ impl FileState {
             (Absent, AcceptMeta) => Ok(Declared { committed }),
             (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
             (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta | RefuseMeta) => Ok(self),
-            (Absent | Committed, RefuseMeta) => Err(gone()),
+            (Absent | Committed, RefuseMeta | Reserve) => Err(gone()),
+            (Declared { .. } | Writing { .. }, Reserve) => Ok(self),
             (Declared { .. } | Writing { .. }, RemoveNode) => Ok(self),
             (Absent | Committed, RemoveNode) => Err(gone()),
             (Declared { .. } | Writing { .. }, Commit) => Ok(Committed),
@@ -270,6 +274,7 @@ mod tests {
             Commit,
             RemoveObject,
             RemoveFile,
+            Reserve,
         ];
         let enoent = Err(libc::ENOENT);
         for s in states {
@@ -283,7 +288,7 @@ mod tests {
                     (Absent, _) => enoent,
                     (Committed, Declare) => Err(libc::EEXIST),
                     (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed: true }),
-                    (Committed, RemoveNode | RefuseMeta) => enoent,
+                    (Committed, RemoveNode | RefuseMeta | Reserve) => enoent,
                     (Committed, Commit | RemoveObject) => Ok(Committed),
                     (_, RemoveFile) => Ok(Absent),
                     (_, Commit) => Ok(Committed),

@@ -374,7 +374,7 @@ impl Tiles {
                 let key = product.join(format!("{}/{tile}", l.gen));
                 let t = self.targets.get(&key).map(|t| t.clone());
                 if let (Some(t), true) = (t, s.index != 0) {
-                    self.submit_encode(ranges, &l, tile, &t, s, *cb, file_built);
+                    self.submit_encode(layout, ds, ranges, &l, tile, &t, s, *cb, file_built);
                 }
                 continue;
             }
@@ -394,11 +394,14 @@ impl Tiles {
         Ok(())
     }
 
-    /// Hands closed tile `tile` of a compressed dataset (its target `t`, chunks of `cb`
-    /// bytes) to the background threads, to be encoded into its slot (pending/slots.rs).
+    /// Hands closed tile `tile` of compressed dataset `ds` (its target `t`, chunks of
+    /// `cb` bytes) to the background threads, to be encoded into the file being built
+    /// (pending/slots.rs).
     #[allow(clippy::too_many_arguments)]
     fn submit_encode(
         &self,
+        layout: &Layout,
+        ds: &PendingDataset,
         ranges: &Ranges,
         log: &Arc<super::rangelog::DatasetLog>,
         tile: String,
@@ -407,12 +410,6 @@ impl Tiles {
         cb: u64,
         product: &Path,
     ) {
-        let Some(slot) = (t.offset / cb.max(1))
-            .checked_mul(s.slot_bytes)
-            .and_then(|o| o.checked_add(s.base))
-        else {
-            return;
-        };
         // the cached descriptor only while the path still names the file it opened
         // (a file removed and declared again is another file under the same name)
         let open = self
@@ -432,6 +429,40 @@ impl Tiles {
                 Err(_) => return,
             },
         };
+        let place = if s.slot_bytes > 0 {
+            // declared by an earlier version: into the tile's slot
+            let Some(slot) = (t.offset / cb.max(1))
+                .checked_mul(s.slot_bytes)
+                .and_then(|o| o.checked_add(s.base))
+            else {
+                return;
+            };
+            super::slots::Place::Slot(slot)
+        } else {
+            let (layout, pfile, path, held) = (
+                layout.clone(),
+                ds.file.clone(),
+                product.to_path_buf(),
+                file.clone(),
+            );
+            let reserve: super::slots::Reserve = Arc::new(move |len| {
+                super::state::transition(&layout, &pfile, super::state::Transition::Reserve, |_| {
+                    // (committed, or removed and declared again, since: the commit
+                    // encodes the tile)
+                    if !held.is_at(&path) {
+                        return Err(Error::io(format!(
+                            "{} is no longer being built",
+                            path.display()
+                        )));
+                    }
+                    crate::writer::slots::reserve_tail(&path, len, crate::ondisk::ALIGN)
+                })
+            });
+            super::slots::Place::Packed {
+                bytes: super::slots::region_bytes(s.chunks, cb),
+                reserve,
+            }
+        };
         let job = super::slots::EncodeJob {
             log: log.clone(),
             writer_id: ranges.writer_id.clone(),
@@ -441,7 +472,7 @@ impl Tiles {
             at: t.offset,
             chunk_bytes: cb,
             product: file,
-            slot,
+            place,
             compression: s.compression.clone(),
             itemsize: s.itemsize as usize,
         };

@@ -117,13 +117,18 @@ fn superblock(f: &std::fs::File, path: &Path) -> Result<Vec<u8>> {
     Ok(sb)
 }
 
-/// `path` open for reading and writing, and its checked superblock.
+/// `path` open for reading and writing, and its checked superblock, read past this
+/// node's cached page of it: another node may have moved the end of the file since
+/// (a distributed file system's client can keep the old page across opens).
 fn open_superblock(path: &Path) -> Result<(std::fs::File, Vec<u8>)> {
+    use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map_err(|e| Error::from_io(format!("opening {}", path.display()), e))?;
+    // SAFETY: the fd is owned by `f` and outlives the call; fadvise reads no memory.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 4096, libc::POSIX_FADV_DONTNEED) };
     let sb = superblock(&f, path)?;
     Ok((f, sb))
 }
@@ -156,7 +161,12 @@ pub fn end_of_file(path: &Path) -> Result<u64> {
 /// sparse, to match), so libhdf5 allocates nothing there later.
 pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
     let (f, mut sb) = open_superblock(path)?;
-    let eoa = le(&sb[SB_EOA..SB_EOA + 8]);
+    let size = f
+        .metadata()
+        .map_err(|e| Error::from_io(format!("stat {}", path.display()), e))?
+        .len();
+    // (past the file's end too: what lies there is someone's)
+    let eoa = le(&sb[SB_EOA..SB_EOA + 8]).max(size);
     let base = eoa
         .checked_next_multiple_of(align.max(1))
         .ok_or_else(|| corrupt(path, "end of file overflows"))?;
@@ -164,10 +174,6 @@ pub fn reserve_tail(path: &Path, len: u64, align: u64) -> Result<u64> {
         .checked_add(len)
         .ok_or_else(|| Error::invalid(format!("{}: slots overflow", path.display())))?;
     sb[SB_EOA..SB_EOA + 8].copy_from_slice(&end.to_le_bytes());
-    let size = f
-        .metadata()
-        .map_err(|e| Error::from_io(format!("stat {}", path.display()), e))?
-        .len();
     if size < end {
         f.set_len(end)
             .map_err(|e| Error::from_io(format!("extending {}", path.display()), e))?;
@@ -389,11 +395,12 @@ pub fn patch_index(path: &Path, index: u64, entries: &[(u64, u64, u32)]) -> Resu
         .map_err(|e| Error::from_io(format!("writing {}'s chunk index", path.display()), e))
 }
 
-/// Frees the unused tail `[at, end)` of a slot (whole 4 KiB blocks only), so the file
-/// takes the disk space of its compressed chunks.
+/// Frees the whole 4 KiB blocks of `[at, end)`, bytes no chunk uses, so the file takes
+/// the disk space of its compressed chunks (a block shared with a chunk is kept whole).
 pub fn punch(f: &std::fs::File, at: u64, end: u64) {
     use std::os::fd::AsRawFd;
     let a = at.next_multiple_of(4096);
+    let end = end / 4096 * 4096;
     if a >= end {
         return;
     }

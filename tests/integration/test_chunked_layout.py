@@ -365,6 +365,40 @@ def test_compressed_file_takes_the_space_of_its_chunks(env):
     assert used <= 1.1 * ref_used, (used, ref_used)
 
 
+def test_writer_encoded_chunks_lie_back_to_back(env):
+    """Chunks their writers' daemon encodes are packed one after another into regions
+    it reserves, not each at the start of a slot of its own: a reader of the committed
+    file reads chunk after chunk with no hole between them (with slots, a hole after
+    every chunk made every cold read a random one, 1.1-2x slower than h5py's file).
+    64 chunks of 256 KiB, written in order by one process: the commit encodes none of
+    them, and only the few region boundaries leave a gap."""
+    import time
+    m = env.mount()
+    shape, tile = (2048, 2048), (256, 256)
+    a = _smooth(shape, "<f4", 5) + np.random.default_rng(7).normal(0, 1, shape).astype("<f4")
+    d = create(m, "b.h5", "/x", shape, "<f4", tile, layout="chunked",
+               compression="gzip", shuffle=True)
+    for idx, sl in tiles_of(shape, tile):
+        write_tile(d, idx, a[sl])
+    for _ in range(400):
+        if status(m, "b.h5")["datasets"]["/x"]["encoded"] == 64:
+            break
+        time.sleep(0.05)
+    commit(m, "b.h5")
+    phases = status(m, "b.h5")["last_commit"]["result"]["phases"]
+    assert phases["encoded_by_commit"] == 0, phases
+    path = os.path.join(env.backing, "b.h5")
+    with h5py.File(path, "r") as f:
+        x = f["x"]
+        assert x[()].tobytes() == a.tobytes()
+        chunks = sorted((c.byte_offset, c.size) for c in
+                        (x.id.get_chunk_info(k) for k in range(x.id.get_num_chunks())))
+    gaps = sum(1 for (a0, n0), (a1, _) in zip(chunks, chunks[1:]) if a1 != a0 + n0)
+    stored = sum(n for _, n in chunks)
+    # regions of 2 MiB (an eighth of the data): one gap per region at most
+    assert gaps <= stored // (2 << 20) + 2, (gaps, chunks)
+
+
 @pytest.mark.parametrize("via", ["tiles", "data"])
 def test_small_compressed_chunks_are_packed_by_the_commit(env, via):
     """Chunks under 64 KiB (the default `--writer-encode-min`) are encoded by the
