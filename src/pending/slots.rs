@@ -63,16 +63,21 @@ pub(super) struct Compressed {
     pub(super) regions: Vec<(u64, u64)>,
 }
 
-/// The file being built, open for the writers' encodings: one descriptor per daemon,
-/// and one `fdatasync` for every encoding finished while the one before ran (an
-/// encoding is recorded only once its bytes are durable; a sync per tile cost more than
-/// the encoding). The thread that finds no sync running syncs and records batches
-/// until none is left; the others hand their encodings over and go on.
+/// The file being built, open for the writers' encodings: one descriptor per daemon.
+/// Encoders hand their encodings over and go on; the thread that finds no placer
+/// running becomes it, and takes every encoding finished meanwhile as one batch: it
+/// places them in chunk order (a reader then reads them in order: placed as each
+/// encoding finished, 246 of 255 chunks did not follow the one before), writes them,
+/// makes them durable with one `fdatasync` (an encoding is recorded only once its
+/// bytes are durable; a sync per tile cost more than the encoding) and records them,
+/// until none is left. Encoders wait while [`PENDING_MAX`] bytes are handed over.
 pub(super) struct SlotFile {
     pub(super) file: std::fs::File,
     pub(super) path: PathBuf,
-    /// (encodings written, waiting for a sync; a thread syncing)
-    st: parking_lot::Mutex<(Vec<Encoding>, bool)>,
+    /// Encodings waiting to be placed, written, synced and recorded.
+    st: parking_lot::Mutex<Queue>,
+    /// Signalled when the placer has finished a batch.
+    room: parking_lot::Condvar,
     /// This daemon's current region per dataset generation.
     regions: parking_lot::Mutex<HashMap<String, Region>>,
     /// Signalled when a thread's reservation of a region ends.
@@ -101,13 +106,39 @@ pub(super) enum Place {
     Packed { bytes: u64, reserve: Reserve },
 }
 
-/// An encoding written to its slot, to be recorded once durable.
+/// A writer's encoding of a tile, handed to the file's placer.
 struct Encoding {
     log: Arc<DatasetLog>,
     writer_id: String,
     tile: String,
     epoch: u64,
-    stored: Stored,
+    /// The chunk's number: a batch is placed in this order.
+    chunk: u64,
+    bytes: Vec<u8>,
+    mask: u32,
+    place: Place,
+}
+
+/// Encoded bytes handed to the placer and not yet written beyond which encoders wait.
+const PENDING_MAX: usize = 256 << 20;
+
+/// How long the placer gathers encodings into a batch after the first one arrives:
+/// tiles are closed, and their encodings end, in an order that only roughly follows
+/// the chunks' (writers interleaved, encoders racing); sorted in batches of what ended
+/// within this time, 2 writers' chunks mostly follow each other (the commit waits for
+/// the background work, so at most this much longer).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Encodings handed over, waiting for the placer.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Encoding>,
+    /// Their bytes, and those of the batch being placed.
+    bytes: usize,
+    /// When the first of `waiting` arrived.
+    since: Option<std::time::Instant>,
+    /// A thread is placing.
+    placing: bool,
 }
 
 impl SlotFile {
@@ -119,7 +150,8 @@ impl SlotFile {
         Ok(SlotFile {
             file,
             path: path.to_path_buf(),
-            st: parking_lot::Mutex::new((Vec::new(), false)),
+            st: parking_lot::Mutex::new(Queue::default()),
+            room: parking_lot::Condvar::new(),
             regions: parking_lot::Mutex::new(HashMap::new()),
             reserved: parking_lot::Condvar::new(),
         })
@@ -182,32 +214,90 @@ impl SlotFile {
         }
     }
 
-    /// Records `w` once a sync that started after its write has finished.
-    fn record_when_durable(&self, w: Encoding) {
+    /// Hands encoding `w` to the placer (this thread, if none is running).
+    fn submit(&self, w: Encoding) {
         let mut st = self.st.lock();
-        st.0.push(w);
-        if st.1 {
+        while st.placing && st.bytes > PENDING_MAX {
+            self.room.wait(&mut st);
+        }
+        st.bytes += w.bytes.len();
+        if st.waiting.is_empty() {
+            st.since = Some(std::time::Instant::now());
+        }
+        st.waiting.push(w);
+        if st.placing {
+            if st.bytes > PENDING_MAX / 2 {
+                // (the placer stops gathering)
+                self.room.notify_all();
+            }
             return;
         }
-        st.1 = true;
+        st.placing = true;
         loop {
-            let batch = std::mem::take(&mut st.0);
+            if let Some(until) = st.since.map(|t| t + GATHER) {
+                while st.bytes <= PENDING_MAX / 2
+                    && !self.room.wait_until(&mut st, until).timed_out()
+                {}
+            }
+            st.since = None;
+            let batch = std::mem::take(&mut st.waiting);
             if batch.is_empty() {
-                st.1 = false;
+                st.placing = false;
+                self.room.notify_all();
                 return;
             }
-            parking_lot::MutexGuard::unlocked(&mut st, || self.sync_and_record(batch));
+            let n: usize = batch.iter().map(|w| w.bytes.len()).sum();
+            parking_lot::MutexGuard::unlocked(&mut st, || self.place_and_record(batch));
+            st.bytes -= n;
+            self.room.notify_all();
         }
     }
 
-    fn sync_and_record(&self, batch: Vec<Encoding>) {
+    /// Places a batch in chunk order, writes it, syncs, and records what was written.
+    fn place_and_record(&self, mut batch: Vec<Encoding>) {
+        batch.sort_by(|a, b| (&a.log.gen, a.chunk).cmp(&(&b.log.gen, b.chunk)));
+        let mut written: Vec<(Encoding, Stored)> = Vec::with_capacity(batch.len());
+        for w in batch {
+            let len = w.bytes.len() as u64;
+            let at = match &w.place {
+                Place::Slot(at) => Ok(*at),
+                Place::Packed { bytes, reserve } => {
+                    self.place(&w.log.gen, len, *bytes, reserve).map(|(at, new)| {
+                        if let Some((a, l)) = new {
+                            w.log.add_region(a, l);
+                        }
+                        at
+                    })
+                }
+            };
+            let r = at.and_then(|at| {
+                self.file.write_all_at(&w.bytes, at).map_err(io(format!(
+                    "writing an encoded chunk to {}",
+                    self.path.display()
+                )))?;
+                Ok(at)
+            });
+            match r {
+                Ok(at) => {
+                    let stored = Stored {
+                        len,
+                        mask: w.mask,
+                        at: Some(at),
+                    };
+                    written.push((w, stored));
+                }
+                Err(e) => {
+                    tracing::debug!(file = %self.path.display(), tile = w.tile, error = %e, "encoded tile not written; left to the commit")
+                }
+            }
+        }
         if let Err(e) = self.file.sync_data() {
-            tracing::debug!(path = %self.path.display(), error = %e, "slots not synced; their tiles are left to the commit");
+            tracing::debug!(path = %self.path.display(), error = %e, "encoded tiles not synced; left to the commit");
             return;
         }
         let mut logs: Vec<(Arc<DatasetLog>, String)> = Vec::new();
-        for w in batch {
-            if w.log.mark_encoded(&w.tile, w.epoch, w.stored)
+        for (w, stored) in written {
+            if w.log.mark_encoded(&w.tile, w.epoch, stored)
                 && !logs.iter().any(|(l, _)| Arc::ptr_eq(l, &w.log))
             {
                 logs.push((w.log.clone(), w.writer_id.clone()));
@@ -247,42 +337,25 @@ pub(super) fn encode_closed(j: EncodeJob) {
     if !j.log.covers(&j.tile, j.size) {
         return;
     }
-    let r = (|| -> Result<Stored> {
+    let r = (|| -> Result<(Vec<u8>, u32)> {
         let cb = usize::try_from(j.chunk_bytes).map_err(|_| Error::io("chunk too large"))?;
         let mut buf = vec![0u8; cb];
         j.staging
             .file
             .read_exact_at(&mut buf, j.at)
             .map_err(io(format!("reading {}", j.staging.path.display())))?;
-        let (enc, mask) = j.compression.encode(&buf, j.itemsize);
-        let len = enc.len() as u64;
-        let at = match &j.place {
-            Place::Slot(at) => *at,
-            Place::Packed { bytes, reserve } => {
-                let (at, new) = j.product.place(&j.log.gen, len, *bytes, reserve)?;
-                if let Some((a, l)) = new {
-                    j.log.add_region(a, l);
-                }
-                at
-            }
-        };
-        j.product.file.write_all_at(&enc, at).map_err(io(format!(
-            "writing an encoded chunk to {}",
-            j.product.path.display()
-        )))?;
-        Ok(Stored {
-            len,
-            mask,
-            at: Some(at),
-        })
+        Ok(j.compression.encode(&buf, j.itemsize))
     })();
     match r {
-        Ok(stored) => j.product.record_when_durable(Encoding {
+        Ok((bytes, mask)) => j.product.submit(Encoding {
             log: j.log,
             writer_id: j.writer_id,
             tile: j.tile,
             epoch,
-            stored,
+            chunk: j.at / j.chunk_bytes.max(1),
+            bytes,
+            mask,
+            place: j.place,
         }),
         Err(e) => {
             tracing::debug!(tile = j.tile, error = %e, "tile not encoded; left to the commit")

@@ -131,6 +131,17 @@ def _extents(path):
     return out.strip().rsplit(":", 1)[-1].strip()
 
 
+def _jumps(path):
+    """Of the chunks in the order h5py reads them, how many do not start where the one
+    before ended (a read that does not follow on), and how many lie before it."""
+    with h5py.File(path, "r") as f:
+        d = f["x"].id
+        c = [d.get_chunk_info(k) for k in range(d.get_num_chunks())]
+    ends = [(a.byte_offset + a.size, b.byte_offset) for a, b in zip(c, c[1:])]
+    return (f"{sum(1 for e, b in ends if b != e)} of {len(ends)} reads jump, "
+            f"{sum(1 for e, b in ends if b < e)} back")
+
+
 def diagnose(name, procs, path, ref, backing, root):
     """Why a committed file reads slower cold than h5py's: the same file read again, and
     a sparse copy of it (same chunk offsets and holes, blocks allocated in file order)."""
@@ -141,7 +152,7 @@ def diagnose(name, procs, path, ref, backing, root):
     times = {k: [cold_read(p, root if k != "committed" else backing)[1] for _ in range(3)]
              for k, p in (("h5py", ref), ("committed", path), ("sparse copy", copy))}
     print(f"diagnose {name} {procs}: " + "; ".join(
-        f"{k} {min(v):.3f}-{max(v):.3f} s ({_extents(p)})"
+        f"{k} {min(v):.3f}-{max(v):.3f} s ({_extents(p)}, {_jumps(p)})"
         for (k, v), p in zip(times.items(), (ref, path, copy))), flush=True)
     os.unlink(copy)
 
