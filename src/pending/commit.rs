@@ -197,6 +197,7 @@ impl Commit<'_> {
     /// the error) is recorded for `.status`.
     pub(super) fn run(&self, file: &PendingFile) -> Result<Value> {
         let t0 = std::time::Instant::now();
+        self.tiles.hurry_encodings();
         self.ranges.wait_background(BACKGROUND_WAIT);
         let stage = self.layout.stage_dir(file);
         let result = transition(self.layout, file, Transition::Commit, |_| {

@@ -339,6 +339,15 @@ impl Tiles {
         drop(dropped);
     }
 
+    /// Makes every placer of encodings place what it has gathered now (a commit waits
+    /// for the background work).
+    pub(super) fn hurry_encodings(&self) {
+        let files: Vec<_> = self.slot_files.iter().map(|e| e.value().clone()).collect();
+        for f in files {
+            f.hurry();
+        }
+    }
+
     /// Closes the open sources in `committed` (a commit maps them now).
     pub(super) fn close_committed(&self, committed: &std::collections::HashSet<PathBuf>) {
         self.targets.retain(|p, _| !committed.contains(p));
