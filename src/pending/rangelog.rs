@@ -415,6 +415,8 @@ pub(super) struct LogState {
     pub(super) epochs: HashMap<String, u64>,
     /// Tiles written since they were last handed to the background sync.
     pub(super) to_sync: std::collections::HashSet<String>,
+    /// The write epoch of each tile whose encoding was last begun.
+    pub(super) encoding: HashMap<String, u64>,
 }
 
 impl DatasetLog {
@@ -470,6 +472,19 @@ impl DatasetLog {
         st.mine.apply(&r);
         st.dirty.apply(&r);
         st.seq += 1;
+        true
+    }
+
+    /// Whether to encode `tile` as of write epoch `epoch`: false when an encoding of
+    /// that epoch was begun already (a tile handed over twice, by the close and by
+    /// the flush of another handle, was encoded twice, and the first copy left a hole
+    /// between chunks).
+    pub(super) fn claim_encoding(&self, tile: &str, epoch: u64) -> bool {
+        let mut st = self.state.lock();
+        if st.encoding.get(tile) == Some(&epoch) {
+            return false;
+        }
+        st.encoding.insert(tile.to_string(), epoch);
         true
     }
 

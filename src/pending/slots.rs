@@ -128,7 +128,7 @@ const PENDING_MAX: usize = 256 << 20;
 /// only roughly follows the chunks' (writers interleaved, encoders racing); a batch is
 /// sorted by chunk, so the bigger the batch the fewer chunks a reader finds out of
 /// order (batches of what ended within 50 ms: 59-205 of 255 reads jumped), and the
-/// higher half of a full batch waits for the next one.
+/// higher half of a batch waits for the next one while encodings still come.
 const GATHER_BYTES: usize = REGION_MAX as usize;
 
 /// How long the placer waits for more encodings before it places what it has. A
@@ -146,6 +146,9 @@ struct Queue {
     last: Option<std::time::Instant>,
     /// A commit waits: the placer stops gathering until it has placed everything.
     hurry: bool,
+    /// Encodings handed over so far, and that count when the last batch was cut.
+    arrived: u64,
+    seen: u64,
     /// A thread is placing.
     placing: bool,
 }
@@ -240,6 +243,7 @@ impl SlotFile {
             self.room.wait(&mut st);
         }
         st.bytes += w.bytes.len();
+        st.arrived += 1;
         st.last = Some(std::time::Instant::now());
         st.waiting.push(w);
         if st.placing {
@@ -258,10 +262,13 @@ impl SlotFile {
                 }
                 self.room.wait_until(&mut st, until);
             }
-            let full = st.bytes >= GATHER_BYTES && !st.hurry;
+            // Unless a commit waits, or nothing came since the last batch (the writers
+            // are done), the higher half waits for the next batch.
+            let hold = !st.hurry && st.arrived != st.seen;
+            st.seen = st.arrived;
             st.last = None;
             let mut batch = std::mem::take(&mut st.waiting);
-            if full {
+            if hold {
                 // The highest chunks wait for the next batch: encodings of lower ones
                 // still to come (a slower writer's) are then placed before them.
                 batch.sort_by(|a, b| (&a.log.gen, a.chunk).cmp(&(&b.log.gen, b.chunk)));
@@ -292,14 +299,14 @@ impl SlotFile {
             let len = w.bytes.len() as u64;
             let at = match &w.place {
                 Place::Slot(at) => Ok(*at),
-                Place::Packed { bytes, reserve } => {
-                    self.place(&w.log.gen, len, *bytes, reserve).map(|(at, new)| {
+                Place::Packed { bytes, reserve } => self
+                    .place(&w.log.gen, len, *bytes, reserve)
+                    .map(|(at, new)| {
                         if let Some((a, l)) = new {
                             w.log.add_region(a, l);
                         }
                         at
-                    })
-                }
+                    }),
             };
             let r = at.and_then(|at| {
                 self.file.write_all_at(&w.bytes, at).map_err(io(format!(
@@ -365,7 +372,7 @@ pub(super) struct EncodeJob {
 /// recorded when a write came while it ran: the commit then encodes the tile.
 pub(super) fn encode_closed(j: EncodeJob) {
     let epoch = j.log.epoch(&j.tile);
-    if !j.log.covers(&j.tile, j.size) {
+    if !j.log.covers(&j.tile, j.size) || !j.log.claim_encoding(&j.tile, epoch) {
         return;
     }
     let r = (|| -> Result<(Vec<u8>, u32)> {
