@@ -78,6 +78,10 @@ pub(super) struct Slots {
     /// How many chunks the dataset has (0 in records of earlier versions: not known).
     #[serde(default)]
     pub(super) chunks: u64,
+    /// Bytes from `base` reserved for the writers' regions (0: none; records of
+    /// earlier versions have slots instead).
+    #[serde(default)]
+    pub(super) span: u64,
 }
 
 impl Record {
@@ -450,9 +454,13 @@ pub(super) fn forget_base(product: &Path) {
 }
 
 /// A compressed dataset's record: the chunk index libhdf5 made for the dataset
-/// (allocated at `a.base` and after, past `eoa_before`) found, and its staging file
-/// named. No room is reserved for the chunks: the writers reserve it as they encode,
-/// the commit for what it encodes.
+/// (allocated at `a.base` and after, past `eoa_before`) found, its staging file named,
+/// and a span of the file reserved past libhdf5's end for the writers' regions
+/// (pending/slots.rs): the dataset's uncompressed size (chunks in whole blocks), a
+/// quarter more and 8 regions, sparse.
+/// Writers claim regions inside it without changing the superblock: a superblock
+/// another node had just changed was read stale through a GlusterFS client, and its
+/// end of file, moved back, cut off a region.
 fn declare_slots(
     path: &Path,
     h5path: &str,
@@ -473,14 +481,41 @@ fn declare_slots(
         .compression
         .clone()
         .ok_or_else(|| Error::invalid(format!("{h5path}: no compression")))?;
+    let align = crate::ondisk::ALIGN;
+    let too_large = || Error::invalid(format!("{h5path}: dataset too large"));
+    // On a distributed file system's FUSE client, a slot per chunk (the chunk's size
+    // in whole blocks) as before the regions: with regions the GlusterFS two-node
+    // suite read wrong bytes and ESTALE on one node after a commit from the other
+    // (docs/namespace.md, "Compressed chunked datasets").
+    let (slot_bytes, span) = if on_fuse(path) {
+        let sb = a
+            .chunk_bytes
+            .checked_next_multiple_of(align)
+            .ok_or_else(too_large)?;
+        (sb, n.checked_mul(sb).ok_or_else(too_large)?)
+    } else {
+        // (each chunk starts a block of its own: pending/slots.rs `SlotFile::place`)
+        let region = super::slots::region_bytes(n, a.chunk_bytes);
+        let span = a
+            .chunk_bytes
+            .checked_next_multiple_of(align)
+            .and_then(|c| n.checked_mul(c))
+            .and_then(|b| b.checked_add(b / 4))
+            .and_then(|b| b.checked_add(region.checked_mul(8)?))
+            .and_then(|b| b.checked_next_multiple_of(align))
+            .ok_or_else(too_large)?;
+        (0, span)
+    };
+    let base = slots::reserve_tail(path, span, align)?;
     Ok(Slots {
         staging: format!("{}.{gen}.tiles", encode(h5path)),
-        base: 0,
-        slot_bytes: 0,
+        base,
+        slot_bytes,
         index,
         compression,
         itemsize: meta.itemsize,
         chunks: n,
+        span: if slot_bytes > 0 { 0 } else { span },
     })
 }
 

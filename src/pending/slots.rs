@@ -37,17 +37,83 @@ const STORE_BATCH: usize = 4 << 20;
 const REGION_MAX: u64 = 64 << 20;
 
 /// The bytes a daemon reserves at once for its encodings of a dataset of `chunks`
-/// chunks of `cb` bytes: an eighth of the data (a daemon writing an eighth of it
-/// reserves about once), at least a chunk, at most [`REGION_MAX`] unless a chunk is
-/// larger, in whole blocks.
+/// chunks of `cb` bytes: a 32nd of the data (the span regions are claimed from holds
+/// the data, a quarter more and 8 regions: the unused ends of 8 daemons' last regions
+/// fit even where nothing compresses), at least [`REGION_MIN`] and a chunk, at most
+/// [`REGION_MAX`] unless a chunk is larger, in whole blocks.
 pub(super) fn region_bytes(chunks: u64, cb: u64) -> u64 {
     let align = crate::ondisk::ALIGN;
-    (chunks.saturating_mul(cb) / 8)
-        .min(REGION_MAX)
-        .max(cb)
+    // (each chunk from a block of its own; a region of tiny chunks is still 1 MiB:
+    // a region claimed per chunk made 1 100 claims for 1 100 chunks of 8 bytes)
+    let acb = cb.saturating_add(align - 1) / align * align;
+    (chunks.saturating_mul(acb) / 32)
+        .clamp(REGION_MIN, REGION_MAX)
+        .max(acb)
         .saturating_add(align - 1)
         / align
         * align
+}
+
+/// Least bytes a daemon reserves at once for its encodings of one dataset.
+const REGION_MIN: u64 = 1 << 20;
+
+/// Claims `len` bytes for a writer's region from the span `[lo, hi)` reserved at the
+/// declaration: regions are numbered entries `dir/<n>` holding `at len` (decimal),
+/// created exclusively (the server decides) and never changed, each starting where
+/// the one before ends, so only the last one is read (from `hint`, the number of
+/// entries this daemon has seen: a claim reads only what is new). Called under the
+/// file's lock (the `Reserve` transition); an entry another node created that this
+/// node's client does not show yet makes the creation fail, and the entries are read
+/// again. Fails when the span is used up (the commit then encodes the rest).
+pub(super) fn claim_region(
+    dir: &Path,
+    lo: u64,
+    hi: u64,
+    len: u64,
+    hint: &AtomicU64,
+) -> Result<u64> {
+    crate::durable::create_dir_all(dir)?;
+    let align = crate::ondisk::ALIGN;
+    let read = |n: u64| -> Result<Option<u64>> {
+        let p = dir.join(n.to_string());
+        match std::fs::read_to_string(&p) {
+            Ok(t) => {
+                let mut it = t.split_whitespace().map(|x| x.parse::<u64>());
+                match (it.next(), it.next()) {
+                    (Some(Ok(at)), Some(Ok(l))) => Ok(Some(at.saturating_add(l))),
+                    _ => Err(Error::io(format!("{}: not a region entry", p.display()))),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::from_io(format!("reading {}", p.display()), e)),
+        }
+    };
+    for _ in 0..64 {
+        let mut n = hint.load(Ordering::Relaxed);
+        let mut next = match n.checked_sub(1) {
+            Some(last) => read(last)?.unwrap_or(lo),
+            None => lo,
+        };
+        while let Some(end) = read(n)? {
+            next = next.max(end);
+            n += 1;
+        }
+        hint.store(n, Ordering::Relaxed);
+        let at = next
+            .max(lo)
+            .checked_next_multiple_of(align)
+            .filter(|a| a.checked_add(len).is_some_and(|e| e <= hi))
+            .ok_or_else(|| Error::io(format!("{}: the writers' span is used up", dir.display())))?;
+        let entry = format!("{at} {len}\n");
+        if crate::durable::create_exclusive(&dir.join(n.to_string()), entry.as_bytes())? {
+            hint.store(n + 1, Ordering::Relaxed);
+            return Ok(at);
+        }
+    }
+    Err(Error::io(format!(
+        "{}: no region entry could be made",
+        dir.display()
+    )))
 }
 
 /// A compressed dataset the commit stores.
@@ -181,6 +247,14 @@ impl SlotFile {
         bytes: u64,
         reserve: &Reserve,
     ) -> Result<(u64, Option<(u64, u64)>)> {
+        // Each chunk starts a page of its own: a page holding the end of one chunk and
+        // the start of the next, written at different times, was read stale by another
+        // node through a GlusterFS client (the two-node suite). Readers still read page
+        // after page; the gap costs no block (it ends the previous chunk's last one).
+        let align = crate::ondisk::ALIGN;
+        let len = len
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| Error::io("chunk too large"))?;
         let mut r = self.regions.lock();
         loop {
             let g = r.entry(gen.to_string()).or_default();
@@ -198,7 +272,7 @@ impl SlotFile {
         }
         let size = bytes
             .max(len)
-            .checked_next_multiple_of(crate::ondisk::ALIGN)
+            .checked_next_multiple_of(align)
             .ok_or_else(|| Error::io("region too large"));
         // (no guard held: this takes the file's lock and writes the superblock)
         let got = parking_lot::MutexGuard::unlocked(&mut r, || -> Result<(u64, u64, u64)> {
@@ -257,7 +331,13 @@ impl SlotFile {
         loop {
             // gather until enough waits or nothing more comes
             while let Some(until) = st.last.map(|t| t + IDLE) {
-                if st.hurry || st.bytes >= GATHER_BYTES || std::time::Instant::now() >= until {
+                // (slots need no order: no wait for them)
+                let slots = st.waiting.iter().all(|w| matches!(w.place, Place::Slot(_)));
+                if slots
+                    || st.hurry
+                    || st.bytes >= GATHER_BYTES
+                    || std::time::Instant::now() >= until
+                {
                     break;
                 }
                 self.room.wait_until(&mut st, until);
@@ -292,7 +372,13 @@ impl SlotFile {
     }
 
     /// Places a batch in chunk order, writes it, syncs, and records what was written.
+    /// Nothing is written once the file is no longer being built (committed, or
+    /// removed) here: a late write would change the committed file.
     fn place_and_record(&self, mut batch: Vec<Encoding>) {
+        if !self.is_at(&self.path) {
+            tracing::debug!(file = %self.path.display(), "encodings dropped: the file is no longer being built");
+            return;
+        }
         batch.sort_by(|a, b| (&a.log.gen, a.chunk).cmp(&(&b.log.gen, b.chunk)));
         let mut written: Vec<(Encoding, Stored)> = Vec::with_capacity(batch.len());
         for w in batch {
@@ -687,6 +773,7 @@ mod tests {
                     compression: z.clone(),
                     itemsize: itemsize as u64,
                     chunks: n,
+                    span: 0,
                 },
                 compression: z,
                 itemsize,
@@ -767,7 +854,7 @@ mod tests {
 
     /// Writers' encodings packed into their daemons' regions (two daemons, regions
     /// reserved as they fill) and the commit's own: libhdf5 reads every chunk back, the
-    /// writers' chunks lie back to back in each region, and what no chunk uses (an
+    /// writers' chunks lie one after another in each region (each from a new block), and what no chunk uses (an
     /// encoding overtaken by a write, the regions' unused ends) is punched out.
     #[test]
     fn packed_encodings_read_back_and_unused_bytes_are_freed() {
@@ -809,7 +896,7 @@ mod tests {
         std::fs::write(&staging, (0..n).flat_map(chunk_of).collect::<Vec<u8>>()).unwrap();
         // two daemons, regions of a few encodings each: daemon k%2 writes chunk k
         // (chunks 5 and 6: left to the commit)
-        const REGION: u64 = 8 << 10;
+        const REGION: u64 = 16 << 10;
         let reserve: Reserve = {
             let p = p.clone();
             Arc::new(move |len| writer::slots::reserve_tail(&p, len, 4096))
@@ -864,6 +951,7 @@ mod tests {
                 compression: z.clone(),
                 itemsize: 4,
                 chunks: n,
+                span: 0,
             },
             compression: z,
             itemsize: 4,
@@ -886,8 +974,9 @@ mod tests {
         // daemon 0's chunks 0, 2, 4 lie back to back in its first region
         let at = |k: usize| d.chunk_info(k).unwrap().addr;
         let len = |k: usize| d.chunk_info(k).unwrap().size;
-        assert_eq!(at(2), at(0) + len(0));
-        assert_eq!(at(4), at(2) + len(2));
+        // (each at the block after the one before ends)
+        assert_eq!(at(2), (at(0) + len(0)).next_multiple_of(4096));
+        assert_eq!(at(4), (at(2) + len(2)).next_multiple_of(4096));
         // the overtaken encoding's whole blocks are holes now
         let (oa, ol) = overtaken.unwrap();
         let file = std::fs::File::open(&p).unwrap();
@@ -897,5 +986,28 @@ mod tests {
         // SAFETY: valid fd owned by `file`; lseek reads no memory.
         let h = unsafe { libc::lseek(file.as_raw_fd(), first as i64, libc::SEEK_HOLE) };
         assert_eq!(h as u64, first, "overtaken encoding punched");
+    }
+
+    /// Regions claimed from the span one after another, never overlapping, until the
+    /// span is used up; entries of another node found by the creation's failure.
+    #[test]
+    fn regions_are_claimed_one_after_another_within_the_span() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("regions.g");
+        let h = AtomicU64::new(0);
+        let a = claim_region(&d, 8192, 8192 + 40_000, 10_000, &h).unwrap();
+        assert_eq!(a, 8192);
+        let b = claim_region(&d, 8192, 8192 + 40_000, 5_000, &h).unwrap();
+        assert_eq!(b, 8192 + 12_288, "after the first, block aligned");
+        // another node's entry, written directly
+        std::fs::write(d.join("2"), format!("{} 100\n", b + 8192)).unwrap();
+        let c = claim_region(&d, 8192, 8192 + 40_000, 4_096, &AtomicU64::new(0)).unwrap();
+        assert_eq!(c, b + 12_288);
+        assert!(
+            claim_region(&d, 8192, 8192 + 40_000, 20_000, &h).is_err(),
+            "span used up"
+        );
+        std::fs::write(d.join("4"), "garbage").unwrap();
+        assert!(claim_region(&d, 8192, 8192 + 40_000, 1, &AtomicU64::new(0)).is_err());
     }
 }

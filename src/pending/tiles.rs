@@ -448,12 +448,18 @@ impl Tiles {
             };
             super::slots::Place::Slot(slot)
         } else {
+            if s.span == 0 {
+                return;
+            }
             let (layout, pfile, path, held) = (
                 layout.clone(),
                 ds.file.clone(),
                 product.to_path_buf(),
                 file.clone(),
             );
+            let (lo, hi) = (s.base, s.base.saturating_add(s.span));
+            let hint = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let regions = ds.node.join(format!("regions.{}", log.gen));
             let reserve: super::slots::Reserve = Arc::new(move |len| {
                 super::state::transition(&layout, &pfile, super::state::Transition::Reserve, |_| {
                     // (committed, or removed and declared again, since: the commit
@@ -464,7 +470,7 @@ impl Tiles {
                             path.display()
                         )));
                     }
-                    crate::writer::slots::reserve_tail(&path, len, crate::ondisk::ALIGN)
+                    super::slots::claim_region(&regions, lo, hi, len, &hint)
                 })
             });
             super::slots::Place::Packed {
