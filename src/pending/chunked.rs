@@ -495,7 +495,7 @@ fn declare_slots(
         (sb, n.checked_mul(sb).ok_or_else(too_large)?)
     } else {
         // (each chunk starts a block of its own: pending/slots.rs `SlotFile::place`)
-        let region = super::slots::region_bytes(n, a.chunk_bytes);
+        let region = super::regions::region_bytes(n, a.chunk_bytes);
         let span = a
             .chunk_bytes
             .checked_next_multiple_of(align)

@@ -29,6 +29,7 @@ mod layout;
 mod nodes;
 mod rangelog;
 mod ranges;
+mod regions;
 mod remove;
 mod slots;
 mod state;

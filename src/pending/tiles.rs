@@ -470,11 +470,11 @@ impl Tiles {
                             path.display()
                         )));
                     }
-                    super::slots::claim_region(&regions, lo, hi, len, &hint)
+                    super::regions::claim_region(&regions, lo, hi, len, &hint)
                 })
             });
             super::slots::Place::Packed {
-                bytes: super::slots::region_bytes(s.chunks, cb),
+                bytes: super::regions::region_bytes(s.chunks, cb),
                 reserve,
             }
         };

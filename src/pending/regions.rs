@@ -1,0 +1,120 @@
+//! The compressed chunked layout's regions (docs/namespace.md, "Compressed chunked
+//! datasets"): the span of the file being built that the declaration reserves for the
+//! writers' encodings, and the regions each daemon claims from it.
+
+use crate::error::{Error, Result};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Most bytes a daemon reserves at once for its encodings of one dataset: the unused
+/// end of its last region stays a hole in the middle of the committed file (it takes
+/// no disk space, only apparent size).
+pub(super) const REGION_MAX: u64 = 64 << 20;
+
+/// The bytes a daemon reserves at once for its encodings of a dataset of `chunks`
+/// chunks of `cb` bytes: a 32nd of the data (the span regions are claimed from holds
+/// the data, a quarter more and 8 regions: the unused ends of 8 daemons' last regions
+/// fit even where nothing compresses), at least [`REGION_MIN`] and a chunk, at most
+/// [`REGION_MAX`] unless a chunk is larger, in whole blocks.
+pub(super) fn region_bytes(chunks: u64, cb: u64) -> u64 {
+    let align = crate::ondisk::ALIGN;
+    // (each chunk from a block of its own; a region of tiny chunks is still 1 MiB:
+    // a region claimed per chunk made 1 100 claims for 1 100 chunks of 8 bytes)
+    let acb = cb.saturating_add(align - 1) / align * align;
+    (chunks.saturating_mul(acb) / 32)
+        .clamp(REGION_MIN, REGION_MAX)
+        .max(acb)
+        .saturating_add(align - 1)
+        / align
+        * align
+}
+
+/// Least bytes a daemon reserves at once for its encodings of one dataset.
+const REGION_MIN: u64 = 1 << 20;
+
+/// Claims `len` bytes for a writer's region from the span `[lo, hi)` reserved at the
+/// declaration: regions are numbered entries `dir/<n>` holding `at len` (decimal),
+/// created exclusively (the server decides) and never changed, each starting where
+/// the one before ends, so only the last one is read (from `hint`, the number of
+/// entries this daemon has seen: a claim reads only what is new). Called under the
+/// file's lock (the `Reserve` transition); an entry another node created that this
+/// node's client does not show yet makes the creation fail, and the entries are read
+/// again. Fails when the span is used up (the commit then encodes the rest).
+pub(super) fn claim_region(
+    dir: &Path,
+    lo: u64,
+    hi: u64,
+    len: u64,
+    hint: &AtomicU64,
+) -> Result<u64> {
+    crate::durable::create_dir_all(dir)?;
+    let align = crate::ondisk::ALIGN;
+    let read = |n: u64| -> Result<Option<u64>> {
+        let p = dir.join(n.to_string());
+        match std::fs::read_to_string(&p) {
+            Ok(t) => {
+                let mut it = t.split_whitespace().map(|x| x.parse::<u64>());
+                match (it.next(), it.next()) {
+                    (Some(Ok(at)), Some(Ok(l))) => Ok(Some(at.saturating_add(l))),
+                    _ => Err(Error::io(format!("{}: not a region entry", p.display()))),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::from_io(format!("reading {}", p.display()), e)),
+        }
+    };
+    for _ in 0..64 {
+        let mut n = hint.load(Ordering::Relaxed);
+        let mut next = match n.checked_sub(1) {
+            Some(last) => read(last)?.unwrap_or(lo),
+            None => lo,
+        };
+        while let Some(end) = read(n)? {
+            next = next.max(end);
+            n += 1;
+        }
+        hint.store(n, Ordering::Relaxed);
+        let at = next
+            .max(lo)
+            .checked_next_multiple_of(align)
+            .filter(|a| a.checked_add(len).is_some_and(|e| e <= hi))
+            .ok_or_else(|| Error::io(format!("{}: the writers' span is used up", dir.display())))?;
+        let entry = format!("{at} {len}\n");
+        if crate::durable::create_exclusive(&dir.join(n.to_string()), entry.as_bytes())? {
+            hint.store(n + 1, Ordering::Relaxed);
+            return Ok(at);
+        }
+    }
+    Err(Error::io(format!(
+        "{}: no region entry could be made",
+        dir.display()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regions claimed from the span one after another, never overlapping, until the
+    /// span is used up; entries of another node found by the creation's failure.
+    #[test]
+    fn regions_are_claimed_one_after_another_within_the_span() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("regions.g");
+        let h = AtomicU64::new(0);
+        let a = claim_region(&d, 8192, 8192 + 40_000, 10_000, &h).unwrap();
+        assert_eq!(a, 8192);
+        let b = claim_region(&d, 8192, 8192 + 40_000, 5_000, &h).unwrap();
+        assert_eq!(b, 8192 + 12_288, "after the first, block aligned");
+        // another node's entry, written directly
+        std::fs::write(d.join("2"), format!("{} 100\n", b + 8192)).unwrap();
+        let c = claim_region(&d, 8192, 8192 + 40_000, 4_096, &AtomicU64::new(0)).unwrap();
+        assert_eq!(c, b + 12_288);
+        assert!(
+            claim_region(&d, 8192, 8192 + 40_000, 20_000, &h).is_err(),
+            "span used up"
+        );
+        std::fs::write(d.join("4"), "garbage").unwrap();
+        assert!(claim_region(&d, 8192, 8192 + 40_000, 1, &AtomicU64::new(0)).is_err());
+    }
+}
