@@ -197,8 +197,11 @@ impl Commit<'_> {
     /// the error) is recorded for `.status`.
     pub(super) fn run(&self, file: &PendingFile) -> Result<Value> {
         let t0 = std::time::Instant::now();
-        self.tiles.hurry_encodings();
+        let urgent = self.tiles.hurry_encodings();
         self.ranges.wait_background(BACKGROUND_WAIT);
+        drop(urgent);
+        // (the writers' encodings still running or waiting to be placed)
+        let t_background = t0.elapsed().as_secs_f64();
         let stage = self.layout.stage_dir(file);
         let result = transition(self.layout, file, Transition::Commit, |_| {
             self.locked(file, &stage)
@@ -208,7 +211,8 @@ impl Commit<'_> {
             return result;
         }
         let v = match &result {
-            Ok(v) => json!({"ok": true, "seconds": t0.elapsed().as_secs_f64(), "result": v}),
+            Ok(v) => json!({"ok": true, "seconds": t0.elapsed().as_secs_f64(),
+                "background_s": t_background, "result": v}),
             Err(e) => {
                 json!({"ok": false, "error": e.to_string(), "seconds": t0.elapsed().as_secs_f64()})
             }

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Bytes of encoded chunks a commit thread gathers before writing them at once.
@@ -60,10 +60,13 @@ pub(super) struct SlotFile {
     st: parking_lot::Mutex<Queue>,
     /// Signalled when the placer has finished a batch.
     room: parking_lot::Condvar,
-    /// This daemon's current region per dataset generation.
+    /// This daemon's current region per dataset generation (only the placer uses it).
     regions: parking_lot::Mutex<HashMap<String, Region>>,
-    /// Signalled when a thread's reservation of a region ends.
-    reserved: parking_lot::Condvar,
+    /// Commits of this daemon waiting for its background work, shared by every file
+    /// (`Tiles::hurry_encodings`): while one waits, the placer places what it has at
+    /// once (a commit that began before the last encodings arrived waited up to two
+    /// gathering pauses: 0.23-0.36 s against 0.10-0.18 s with slots, H200).
+    urgent: Arc<AtomicUsize>,
 }
 
 /// A daemon's current region of a dataset: bytes `[next, end)` are free.
@@ -71,13 +74,14 @@ pub(super) struct SlotFile {
 struct Region {
     next: u64,
     end: u64,
-    /// A thread is reserving the next region.
-    reserving: bool,
+    /// The number of the region claimed last (regions.rs): the next claim starts its
+    /// search there, not at the first entry.
+    hint: Arc<AtomicU64>,
 }
 
-/// How a region is reserved: `len` bytes of the file being built, under its lock;
-/// returns where they start.
-pub(super) type Reserve = Arc<dyn Fn(u64) -> Result<u64> + Send + Sync>;
+/// How a region is reserved: `len` bytes of the file being built, under its lock,
+/// the search for a free entry starting at the hint; returns where they start.
+pub(super) type Reserve = Arc<dyn Fn(u64, &AtomicU64) -> Result<u64> + Send + Sync>;
 
 /// Where a writer puts its encoding of a tile.
 pub(super) enum Place {
@@ -86,6 +90,23 @@ pub(super) enum Place {
     /// Packed into this daemon's region of the dataset, reserving regions of `bytes`
     /// with `reserve` as they fill.
     Packed { bytes: u64, reserve: Reserve },
+}
+
+/// A commit waiting for the daemon's background work: placers place what they have at
+/// once until it is dropped.
+pub(super) struct Urgency<'a>(&'a AtomicUsize);
+
+impl<'a> Urgency<'a> {
+    pub(super) fn begin(n: &'a AtomicUsize) -> Urgency<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        Urgency(n)
+    }
+}
+
+impl Drop for Urgency<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A writer's encoding of a tile, handed to the file's placer.
@@ -125,8 +146,6 @@ struct Queue {
     bytes: usize,
     /// When the last of `waiting` arrived.
     last: Option<std::time::Instant>,
-    /// A commit waits: the placer stops gathering until it has placed everything.
-    hurry: bool,
     /// Encodings handed over so far, and that count when the last batch was cut.
     arrived: u64,
     seen: u64,
@@ -135,7 +154,7 @@ struct Queue {
 }
 
 impl SlotFile {
-    pub(super) fn open(path: &Path) -> Result<SlotFile> {
+    pub(super) fn open(path: &Path, urgent: Arc<AtomicUsize>) -> Result<SlotFile> {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
@@ -146,15 +165,15 @@ impl SlotFile {
             st: parking_lot::Mutex::new(Queue::default()),
             room: parking_lot::Condvar::new(),
             regions: parking_lot::Mutex::new(HashMap::new()),
-            reserved: parking_lot::Condvar::new(),
+            urgent,
         })
     }
 
     /// An address for `len` encoded bytes of dataset generation `gen`: the next bytes
     /// of this daemon's region of it, or the start of a new region of `bytes` (at
     /// least `len`) reserved with `reserve`, which is returned too, to be recorded.
-    /// One thread reserves while the others wait for its region (regions reserved at
-    /// once by several threads each kept one chunk, the rest a hole).
+    /// Only the placer calls it (one thread per file): regions reserved at once by
+    /// several threads each kept one chunk, the rest a hole.
     fn place(
         &self,
         gen: &str,
@@ -170,38 +189,27 @@ impl SlotFile {
         let len = len
             .checked_next_multiple_of(align)
             .ok_or_else(|| Error::io("chunk too large"))?;
-        let mut r = self.regions.lock();
-        loop {
+        let hint = {
+            let mut r = self.regions.lock();
             let g = r.entry(gen.to_string()).or_default();
             if g.end.saturating_sub(g.next) >= len {
                 let at = g.next;
                 g.next += len;
                 return Ok((at, None));
             }
-            if g.reserving {
-                self.reserved.wait(&mut r);
-                continue;
-            }
-            g.reserving = true;
-            break;
-        }
+            g.hint.clone()
+        };
         let size = bytes
             .max(len)
             .checked_next_multiple_of(align)
-            .ok_or_else(|| Error::io("region too large"));
-        // (no guard held: this takes the file's lock and writes the superblock)
-        let got = parking_lot::MutexGuard::unlocked(&mut r, || -> Result<(u64, u64, u64)> {
-            let size = size?;
-            let base = reserve(size)?;
-            let end = base
-                .checked_add(size)
-                .ok_or_else(|| Error::io("region past the largest offset"))?;
-            Ok((base, size, end))
-        });
+            .ok_or_else(|| Error::io("region too large"))?;
+        // (no guard held: this takes the file's lock and creates an entry)
+        let base = reserve(size, &hint)?;
+        let end = base
+            .checked_add(size)
+            .ok_or_else(|| Error::io("region past the largest offset"))?;
+        let mut r = self.regions.lock();
         let g = r.entry(gen.to_string()).or_default();
-        g.reserving = false;
-        self.reserved.notify_all();
-        let (base, size, end) = got?;
         (g.next, g.end) = (base + len, end);
         Ok((base, Some((base, size))))
     }
@@ -215,14 +223,16 @@ impl SlotFile {
         }
     }
 
-    /// Makes a running placer place what it has gathered without waiting for more (a
-    /// commit is waiting for the background work).
+    /// Wakes a placer that gathers, to see that a commit waits (`urgent`; the lock
+    /// taken first, so a placer about to wait cannot miss it).
     pub(super) fn hurry(&self) {
-        let mut st = self.st.lock();
-        if st.placing {
-            st.hurry = true;
-            self.room.notify_all();
-        }
+        let _st = self.st.lock();
+        self.room.notify_all();
+    }
+
+    /// Whether a commit of this daemon waits for its background work.
+    fn is_urgent(&self) -> bool {
+        self.urgent.load(Ordering::SeqCst) > 0
     }
 
     /// Hands encoding `w` to the placer (this thread, if none is running).
@@ -249,7 +259,7 @@ impl SlotFile {
                 // (slots need no order: no wait for them)
                 let slots = st.waiting.iter().all(|w| matches!(w.place, Place::Slot(_)));
                 if slots
-                    || st.hurry
+                    || self.is_urgent()
                     || st.bytes >= GATHER_BYTES
                     || std::time::Instant::now() >= until
                 {
@@ -259,7 +269,7 @@ impl SlotFile {
             }
             // Unless a commit waits, or nothing came since the last batch (the writers
             // are done), the higher half waits for the next batch.
-            let hold = !st.hurry && st.arrived != st.seen;
+            let hold = !self.is_urgent() && st.arrived != st.seen;
             st.seen = st.arrived;
             st.last = None;
             let mut batch = std::mem::take(&mut st.waiting);
@@ -275,7 +285,6 @@ impl SlotFile {
             }
             if batch.is_empty() {
                 st.placing = false;
-                st.hurry = false;
                 self.room.notify_all();
                 return;
             }
@@ -814,47 +823,40 @@ mod tests {
         const REGION: u64 = 16 << 10;
         let reserve: Reserve = {
             let p = p.clone();
-            Arc::new(move |len| writer::slots::reserve_tail(&p, len, 4096))
+            Arc::new(move |len, _| writer::slots::reserve_tail(&p, len, 4096))
         };
-        let daemons = [SlotFile::open(&p).unwrap(), SlotFile::open(&p).unwrap()];
+        let urgent = Arc::new(AtomicUsize::new(0));
+        let daemons = [
+            SlotFile::open(&p, urgent.clone()).unwrap(),
+            SlotFile::open(&p, urgent).unwrap(),
+        ];
         let mut known = HashMap::new();
         let mut regions = Vec::new();
-        let mut overtaken = None;
-        for k in (0..n).filter(|k| *k != 5 && *k != 6) {
-            let d = &daemons[(k % 2) as usize];
-            // (chunk 8 first as it was before a later write: stored raw, whole blocks)
-            let (enc, mask) = if k == 8 {
-                (chunk_of(k), 3)
-            } else {
-                z.encode(&chunk_of(k), 4)
-            };
-            let (at, new) = d.place("g1", enc.len() as u64, REGION, &reserve).unwrap();
+        // one encoding of chunk k placed and written by daemon d: (address, length)
+        let mut put = |d: &SlotFile, k: u64, (enc, mask): (Vec<u8>, u32)| {
+            let len = enc.len() as u64;
+            let (at, new) = d.place("g1", len, REGION, &reserve).unwrap();
             regions.extend(new);
             d.file.write_all_at(&enc, at).unwrap();
             known.insert(
                 k,
                 Stored {
-                    len: enc.len() as u64,
+                    len,
                     mask,
                     at: Some(at),
                 },
             );
+            (at, len)
+        };
+        let mut overtaken = None;
+        for k in (0..n).filter(|k| *k != 5 && *k != 6) {
+            let d = &daemons[(k % 2) as usize];
             if k == 8 {
-                // chunk 8 encoded again after a write: the first encoding is garbage
-                overtaken = Some((at, enc.len() as u64));
-                let (enc, mask) = z.encode(&chunk_of(k), 4);
-                let (at, new) = d.place("g1", enc.len() as u64, REGION, &reserve).unwrap();
-                regions.extend(new);
-                d.file.write_all_at(&enc, at).unwrap();
-                known.insert(
-                    k,
-                    Stored {
-                        len: enc.len() as u64,
-                        mask,
-                        at: Some(at),
-                    },
-                );
+                // chunk 8 first as it was before a later write (stored raw, whole
+                // blocks), then encoded again: the first encoding is garbage
+                overtaken = Some(put(d, k, (chunk_of(k), 3)));
             }
+            put(d, k, z.encode(&chunk_of(k), 4));
         }
         assert!(regions.len() >= 4, "regions filled and reserved again");
         let c = Compressed {

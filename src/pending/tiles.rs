@@ -286,6 +286,8 @@ pub(super) struct Tiles {
     records: DashMap<(PathBuf, String), super::chunked::Record>,
     /// Files being built with compressed datasets, open for the writers' encodings.
     slot_files: DashMap<PathBuf, Arc<super::slots::SlotFile>>,
+    /// Commits waiting for the background work (see `SlotFile`).
+    urgent: Arc<std::sync::atomic::AtomicUsize>,
     /// Chunks of fewer bytes are not encoded by their writers but by the commit, packed
     /// one after another (see [`commit_packs`]). 0: writers encode every chunk.
     pub(super) writer_encode_min: u64,
@@ -339,13 +341,15 @@ impl Tiles {
         drop(dropped);
     }
 
-    /// Makes every placer of encodings place what it has gathered now (a commit waits
-    /// for the background work).
-    pub(super) fn hurry_encodings(&self) {
+    /// Makes every placer of encodings place what it has, without gathering more,
+    /// until the returned guard is dropped (a commit waits for the background work).
+    pub(super) fn hurry_encodings(&self) -> super::slots::Urgency<'_> {
+        let u = super::slots::Urgency::begin(&self.urgent);
         let files: Vec<_> = self.slot_files.iter().map(|e| e.value().clone()).collect();
         for f in files {
             f.hurry();
         }
+        u
     }
 
     /// Closes the open sources in `committed` (a commit maps them now).
@@ -428,7 +432,7 @@ impl Tiles {
             .filter(|f| f.is_at(product));
         let file = match open {
             Some(f) => f,
-            None => match super::slots::SlotFile::open(product) {
+            None => match super::slots::SlotFile::open(product, self.urgent.clone()) {
                 Ok(f) => {
                     let f = Arc::new(f);
                     self.slot_files.insert(product.to_path_buf(), f.clone());
@@ -458,9 +462,8 @@ impl Tiles {
                 file.clone(),
             );
             let (lo, hi) = (s.base, s.base.saturating_add(s.span));
-            let hint = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let regions = ds.node.join(format!("regions.{}", log.gen));
-            let reserve: super::slots::Reserve = Arc::new(move |len| {
+            let reserve: super::slots::Reserve = Arc::new(move |len, hint| {
                 super::state::transition(&layout, &pfile, super::state::Transition::Reserve, |_| {
                     // (committed, or removed and declared again, since: the commit
                     // encodes the tile)
@@ -470,7 +473,7 @@ impl Tiles {
                             path.display()
                         )));
                     }
-                    super::regions::claim_region(&regions, lo, hi, len, &hint)
+                    super::regions::claim_region(&regions, lo, hi, len, hint)
                 })
             });
             super::slots::Place::Packed {

@@ -212,7 +212,7 @@ def main():
                 if args.diagnose:
                     diagnose(name, procs, path, ref, backing, root)
                 if args.phases:
-                    print(f"phases {name} {procs} {args.via}: {json.dumps(ph)}", flush=True)
+                    print(f"phases {name} {procs} {args.via}: background_s={st.get('background_s')} {json.dumps(ph)}", flush=True)
                     for line in open(os.path.join(sub, "daemon.log"), errors="replace"):
                         if "compressed chunks stored" in line:
                             print("   ", line.strip()[-220:], flush=True)
