@@ -222,6 +222,9 @@ impl Fs {
             .ok_or_else(|| Error::invalid("buffer offset overflows"))?;
         let (mut direct, mut staged) = (0u64, 0u64);
         if req.length > 0 {
+            // where a write's time goes (RUST_LOG=h5tilefs::fs::gpu=debug)
+            let t0 = std::time::Instant::now();
+            let mut t_io = std::time::Duration::ZERO;
             self.mount.pending.write_tile_with(
                 file,
                 path,
@@ -230,12 +233,21 @@ impl Fs {
                 req.file_offset,
                 req.length,
                 &mut |t, runs| {
+                    let t1 = std::time::Instant::now();
                     let (d, s) = self.gpu.dev.write_from(&mapping, base, &t.file, runs)?;
+                    t_io += t1.elapsed();
                     direct += d;
                     staged += s;
                     Ok(())
                 },
             )?;
+            tracing::debug!(
+                path,
+                bytes = req.length,
+                io_s = t_io.as_secs_f64(),
+                total_s = t0.elapsed().as_secs_f64(),
+                "WRITE_FROM_GPU"
+            );
             self.touch(file);
             // The bytes changed behind the kernel: drop what it may cache of this range
             // of the tile file, as its own write through the mount would.

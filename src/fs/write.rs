@@ -253,6 +253,8 @@ impl Fs {
             // included: the next lookup must get a new one (see InodeTable::detach).
             // One node per name, pending or committed: its dentry cannot name another.
             self.mount.inodes.detach(&node);
+            // (handles on the removed files' inodes would keep their blocks)
+            self.gpu.dev.sweep();
         }
         r
     }

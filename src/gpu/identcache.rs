@@ -50,6 +50,23 @@ impl<H, O> IdentCache<H, O> {
         self.inner.lock().map.len()
     }
 
+    /// Drops the entries whose backing file is gone (a file removed, a version
+    /// replaced): their values go once their last user is done, rather than at some
+    /// later lookup, which would pay for them.
+    pub(super) fn sweep(&self) {
+        let dropped: Vec<IdentEntry<H, O>> = {
+            let mut g = self.inner.lock();
+            let gone: Vec<_> = g
+                .map
+                .iter()
+                .filter(|(_, e)| e.owner.strong_count() == 0)
+                .map(|(k, _)| *k)
+                .collect();
+            gone.into_iter().filter_map(|k| g.map.remove(&k)).collect()
+        };
+        drop(dropped);
+    }
+
     /// The value for this version of the inode, built with `make` on a miss or when the
     /// cached one was built from another version. A remembered refusal of the same
     /// version comes back as `Err` without calling `make`.
@@ -230,5 +247,13 @@ mod tests {
         drop(gone);
         c.get(ident(2, 1, 1), &keep, make).unwrap();
         assert!(!c.inner.lock().map.contains_key(&(1, 9)));
+        // or at a sweep (a file removed through the mount)
+        let gone = Arc::new(());
+        c.get(ident(10, 1, 1), &gone, make).unwrap();
+        let before = drops.load(SeqCst);
+        drop(gone);
+        c.sweep();
+        assert!(!c.inner.lock().map.contains_key(&(1, 10)));
+        assert_eq!(drops.load(SeqCst), before + 1);
     }
 }

@@ -304,13 +304,28 @@ impl SlotFile {
             return;
         }
         batch.sort_by(|a, b| (&a.log.gen, a.chunk).cmp(&(&b.log.gen, b.chunk)));
+        // A region holds the rest of the batch's encodings of its dataset if it can:
+        // each claim is a transition of the file (its lock and a few fsyncs), and
+        // claims of a 32nd of the data each made a commit wait 0.1 s for the placer.
+        let align = crate::ondisk::ALIGN;
+        let mut rest = vec![0u64; batch.len()];
+        for i in (0..batch.len()).rev() {
+            let own = (batch[i].bytes.len() as u64).saturating_add(align - 1) / align * align;
+            let same = batch.get(i + 1).filter(|n| n.log.gen == batch[i].log.gen);
+            rest[i] = own.saturating_add(same.map_or(0, |_| rest[i + 1]));
+        }
         let mut written: Vec<(Encoding, Stored)> = Vec::with_capacity(batch.len());
-        for w in batch {
+        for (w, rest) in batch.into_iter().zip(rest) {
             let len = w.bytes.len() as u64;
             let at = match &w.place {
                 Place::Slot(at) => Ok(*at),
                 Place::Packed { bytes, reserve } => self
-                    .place(&w.log.gen, len, *bytes, reserve)
+                    .place(
+                        &w.log.gen,
+                        len,
+                        rest.min(super::regions::REGION_MAX).max(*bytes),
+                        reserve,
+                    )
                     .map(|(at, new)| {
                         if let Some((a, l)) = new {
                             w.log.add_region(a, l);

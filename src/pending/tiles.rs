@@ -341,8 +341,7 @@ impl Tiles {
         drop(dropped);
     }
 
-    /// Makes every placer of encodings place what it has, without gathering more,
-    /// until the returned guard is dropped (a commit waits for the background work).
+    /// Placers place what they have, gathering no more, until the guard is dropped.
     pub(super) fn hurry_encodings(&self) -> super::slots::Urgency<'_> {
         let u = super::slots::Urgency::begin(&self.urgent);
         let files: Vec<_> = self.slot_files.iter().map(|e| e.value().clone()).collect();

@@ -281,7 +281,8 @@ def in_threads(fns):
 
 
 METHODS = ("ioctl_virtual", "ioctl_chunked", "wfd_chunked", "host_bounce_chunked",
-           "cufile_odirect", "cufile_buffered", "cufile_one_file_odirect")
+           "cufile_odirect", "cufile_buffered", "cufile_one_file_odirect", "cufile_one_file_pieces",
+           "cufile_into_product")
 
 
 def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
@@ -305,16 +306,22 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
         n[0] += 1
         rel = f"b{n[0]}.h5"
         d = declare(mnt, rel, "x", shape, "<f4", tile, layout)
-        stats = {"direct": 0, "staged": 0}
+        stats = {"direct": 0, "staged": 0, "phases": []}
         with gpu.registered(src, mnt) as buf:
             def one(i):
                 p = os.path.join(d, "tiles", f"{i}.0")
+                t0 = time.perf_counter() - t
                 fd = os.open(p, os.O_WRONLY)
                 try:
+                    t1 = time.perf_counter() - t
                     r = buf.write_to(p, offset=0, length=tile_bytes, buf_offset=i * tile_bytes, fd=fd)
+                    t2 = time.perf_counter() - t
                     stats["direct"] += r.direct_bytes
                     stats["staged"] += r.staged_bytes
                     os.fsync(fd)
+                    t3 = time.perf_counter() - t
+                    # (seconds from the start: open, write ioctl returned, fsync returned)
+                    stats["phases"].append([i, round(t0, 3), round(t1, 3), round(t2, 3), round(t3, 3)])
                 finally:
                     os.close(fd)
             t = time.perf_counter()
@@ -387,6 +394,78 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
         os.close(fd)
         return dt
 
+    def in_process_one_file_pieces(threads=4, piece=16 << 20):
+        """As the daemon writes into the chunked layout's file: each tile in pieces of
+        16 MiB by `threads` threads, one cuFile handle, the file preallocated but the
+        allocation not synced first."""
+        p = os.path.join(plain, "one")
+        if os.path.exists(p):
+            os.unlink(p)
+        h, fd = cf.open(p, True)
+        os.posix_fallocate(fd, 0, ntiles * tile_bytes)
+
+        def one(i):
+            cuts = list(range(0, tile_bytes, piece))
+            nxt = [0]
+            lock = threading.Lock()
+
+            def worker():
+                while True:
+                    with lock:
+                        if nxt[0] >= len(cuts):
+                            return
+                        a = cuts[nxt[0]]
+                        nxt[0] += 1
+                    n = min(piece, tile_bytes - a)
+                    cf.write(h, src.data.ptr, n, i * tile_bytes + a, i * tile_bytes + a)
+            in_threads([worker for _ in range(threads)])
+            os.fsync(fd)
+        t = time.perf_counter()
+        in_threads([lambda i=i: one(i) for i in range(ntiles)])
+        dt = time.perf_counter() - t
+        cf.lib.cuFileHandleDeregister(h)
+        os.close(fd)
+        return dt
+
+    def in_process_into_product(threads=4, piece=16 << 20):
+        """The pieces of `in_process_one_file_pieces`, in-process, but into the file the
+        daemon built for a chunked dataset declared through the mount (its record gives
+        the data's base): the file, or the daemon?"""
+        import glob
+        n[0] += 1
+        rel = f"b{n[0]}.h5"
+        declare(mnt, rel, "x", shape, "<f4", tile, "chunked")
+        recs = glob.glob(os.path.join(backing, ".h5tilefs", rel, "**", "chunked"), recursive=True)
+        rec = json.load(open(recs[0]))
+        prod = glob.glob(os.path.join(backing, ".h5tilefs", rel, rec["product"]))[0]
+        base = rec["base"]
+        h, fd = cf.open(prod, True)
+
+        def one(i):
+            cuts = list(range(0, tile_bytes, piece))
+            nxt = [0]
+            lock = threading.Lock()
+
+            def worker():
+                while True:
+                    with lock:
+                        if nxt[0] >= len(cuts):
+                            return
+                        a = cuts[nxt[0]]
+                        nxt[0] += 1
+                    k = min(piece, tile_bytes - a)
+                    cf.write(h, src.data.ptr, k, base + i * tile_bytes + a, i * tile_bytes + a)
+            in_threads([worker for _ in range(threads)])
+            os.fsync(fd)
+        t = time.perf_counter()
+        in_threads([lambda i=i: one(i) for i in range(ntiles)])
+        dt = time.perf_counter() - t
+        cf.lib.cuFileHandleDeregister(h)
+        os.close(fd)
+        info["cufile_into_product"] = {"base": base, "product": prod}
+        cleanup(rel)
+        return dt
+
     def cleanup(rel):
         shutil.rmtree(os.path.join(mnt, rel), ignore_errors=True)
         subprocess.run(["sync"])
@@ -400,6 +479,10 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
                 try:
                     if name == "cufile_one_file_odirect":
                         dt = in_process_one_file(True)
+                    elif name == "cufile_one_file_pieces":
+                        dt = in_process_one_file_pieces()
+                    elif name == "cufile_into_product":
+                        dt = in_process_into_product()
                     else:
                         dt = in_process(name == "cufile_odirect")
                 except OSError as e:
@@ -423,7 +506,9 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
                 else:
                     cleanup(rel)
             rows_out[name].append(dt)
-            log(json.dumps({"rep": rep, "method": name, "s": round(dt, 4), "gbs": round(size / dt / 1e9, 3)}))
+            ph = info.get(name, {}).get("phases") if name.startswith("ioctl") else None
+            log(json.dumps({"rep": rep, "method": name, "s": round(dt, 4), "gbs": round(size / dt / 1e9, 3),
+                            **({"phases": sorted(ph)} if ph else {})}))
     best = {k: min(v) for k, v in rows_out.items() if v}
     base = min(best.get("cufile_odirect", 1e9), best.get("cufile_buffered", 1e9))
     med = {k: sorted(v)[len(v) // 2] for k, v in rows_out.items() if v}
