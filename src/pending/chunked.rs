@@ -283,6 +283,12 @@ pub(super) fn declare_locked(
     let n: u64 = meta.grid().num_tiles();
     let (base, slots) = if meta.compression.is_some() {
         let s = declare_slots(&path, &ds.path, gen, n, a, eoa_before, meta)?;
+        if s.span > 0 {
+            // made here, once, under the file's lock: made by each node's first claim,
+            // two GlusterFS clients each held a directory of that name, and both
+            // created region 0 in it (the two-node suite)
+            super::regions::make_dir(&super::regions::dir(&ds.node, gen))?;
+        }
         (0, Some(s))
     } else {
         (a.base, None)

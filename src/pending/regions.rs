@@ -29,17 +29,33 @@ pub(super) fn region_bytes(chunks: u64, cb: u64) -> u64 {
         * align
 }
 
+/// Where the regions of dataset generation `gen` of node directory `node` are claimed.
+pub(super) fn dir(node: &Path, gen: &str) -> std::path::PathBuf {
+    node.join(format!("regions.{gen}"))
+}
+
+/// Makes the regions directory, durably (at the declaration, under the file's lock).
+pub(super) fn make_dir(d: &Path) -> Result<()> {
+    crate::durable::create_dir_all(d)?;
+    crate::durable::fsync_dir(d.parent().unwrap_or(Path::new(".")))
+}
+
 /// Least bytes a daemon reserves at once for its encodings of one dataset.
 const REGION_MIN: u64 = 1 << 20;
 
 /// Claims `len` bytes for a writer's region from the span `[lo, hi)` reserved at the
-/// declaration: regions are numbered entries `dir/<n>` holding `at len` (decimal),
-/// created exclusively (the server decides) and never changed, each starting where
-/// the one before ends, so only the last one is read (from `hint`, the number of
-/// entries this daemon has seen: a claim reads only what is new). Called under the
-/// file's lock (the `Reserve` transition); an entry another node created that this
-/// node's client does not show yet makes the creation fail, and the entries are read
-/// again. Fails when the span is used up (the commit then encodes the rest).
+/// declaration: regions are numbered entries `dir/<n>` holding `at len\n` (decimal),
+/// created with O_EXCL on their own name (the server decides) and never changed, each
+/// starting where the one before ends, so only the last one is read (from `hint`, the
+/// number of entries this daemon has seen: a claim reads only what is new). Called
+/// under the file's lock (the `Reserve` transition); an entry another node created
+/// that this node's client does not show yet makes the creation fail, and the entries
+/// are read again. Not a link of a finished temporary (`durable::create_exclusive`):
+/// on GlusterFS `link` onto an existing name succeeded, so two nodes each claimed
+/// region 0 and wrote their chunks over each other's (the two-node suite, every run).
+/// An entry without its final newline is one whose claimer died writing it: it never
+/// used the region, which counts as empty. Fails when the span is used up (the commit
+/// then encodes the rest).
 pub(super) fn claim_region(
     dir: &Path,
     lo: u64,
@@ -47,11 +63,20 @@ pub(super) fn claim_region(
     len: u64,
     hint: &AtomicU64,
 ) -> Result<u64> {
-    crate::durable::create_dir_all(dir)?;
+    // (made at the declaration: a dataset declared by an earlier version has none,
+    // and its encodings are the commit's)
+    if !dir.is_dir() {
+        return Err(Error::io(format!(
+            "{}: no regions directory",
+            dir.display()
+        )));
+    }
     let align = crate::ondisk::ALIGN;
     let read = |n: u64| -> Result<Option<u64>> {
         let p = dir.join(n.to_string());
         match std::fs::read_to_string(&p) {
+            // (a claimer that died before its newline never used the region)
+            Ok(t) if !t.ends_with('\n') => Ok(Some(0)),
             Ok(t) => {
                 let mut it = t.split_whitespace().map(|x| x.parse::<u64>());
                 match (it.next(), it.next()) {
@@ -80,7 +105,7 @@ pub(super) fn claim_region(
             .filter(|a| a.checked_add(len).is_some_and(|e| e <= hi))
             .ok_or_else(|| Error::io(format!("{}: the writers' span is used up", dir.display())))?;
         let entry = format!("{at} {len}\n");
-        if crate::durable::create_exclusive(&dir.join(n.to_string()), entry.as_bytes())? {
+        if create_entry(&dir.join(n.to_string()), entry.as_bytes())? {
             hint.store(n + 1, Ordering::Relaxed);
             return Ok(at);
         }
@@ -89,6 +114,25 @@ pub(super) fn claim_region(
         "{}: no region entry could be made",
         dir.display()
     )))
+}
+
+/// Creates `path` with O_EXCL and writes `data` durably; false if it exists.
+fn create_entry(path: &Path, data: &[u8]) -> Result<bool> {
+    use std::io::Write;
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(Error::from_io(format!("creating {}", path.display()), e)),
+    };
+    f.write_all(data)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Error::from_io(format!("writing {}", path.display()), e))?;
+    crate::durable::fsync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -102,6 +146,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().join("regions.g");
         let h = AtomicU64::new(0);
+        assert!(
+            claim_region(&d, 8192, 8192 + 40_000, 10_000, &h).is_err(),
+            "no directory"
+        );
+        make_dir(&d).unwrap();
         let a = claim_region(&d, 8192, 8192 + 40_000, 10_000, &h).unwrap();
         assert_eq!(a, 8192);
         let b = claim_region(&d, 8192, 8192 + 40_000, 5_000, &h).unwrap();
@@ -114,7 +163,12 @@ mod tests {
             claim_region(&d, 8192, 8192 + 40_000, 20_000, &h).is_err(),
             "span used up"
         );
-        std::fs::write(d.join("4"), "garbage").unwrap();
+        // a claimer that died writing entry 4 (no newline): it used nothing
+        std::fs::write(d.join("4"), "90000 4").unwrap();
+        let e = claim_region(&d, 8192, 8192 + 40_000, 1, &AtomicU64::new(0)).unwrap();
+        assert_eq!(e, c + 4096);
+        assert!(d.join("5").is_file());
+        std::fs::write(d.join("6"), "garbage\n").unwrap();
         assert!(claim_region(&d, 8192, 8192 + 40_000, 1, &AtomicU64::new(0)).is_err());
     }
 }

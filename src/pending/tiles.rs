@@ -461,7 +461,7 @@ impl Tiles {
                 file.clone(),
             );
             let (lo, hi) = (s.base, s.base.saturating_add(s.span));
-            let regions = ds.node.join(format!("regions.{}", log.gen));
+            let regions = super::regions::dir(&ds.node, &log.gen);
             let reserve: super::slots::Reserve = Arc::new(move |len, hint| {
                 super::state::transition(&layout, &pfile, super::state::Transition::Reserve, |_| {
                     // (committed, or removed and declared again, since: the commit
