@@ -358,7 +358,17 @@ impl Commit<'_> {
                         chunks: grid.num_tiles(),
                         rank: m.shape.len(),
                         encoded,
-                        regions: written.regions.iter().copied().collect(),
+                        // (records of earlier versions' logs, and the entries)
+                        regions: written
+                            .regions
+                            .iter()
+                            .copied()
+                            .chain(super::regions::claimed(&super::regions::dir(
+                                &ds.node, &gen,
+                            )))
+                            .collect::<std::collections::BTreeSet<_>>()
+                            .into_iter()
+                            .collect(),
                     }),
                     (None, None) => None,
                     _ => {

@@ -94,7 +94,8 @@ pub(super) enum Record {
     /// durably.
     Encoded { tile: String, stored: Stored },
     /// Bytes `[at, at + len)` of the file being built reserved by this daemon for its
-    /// encodings.
+    /// encodings: written by the previous version only (a region's entry,
+    /// pending/regions.rs, is its record now), still read.
     Region { at: u64, len: u64 },
 }
 
@@ -486,16 +487,6 @@ impl DatasetLog {
         }
         st.encoding.insert(tile.to_string(), epoch);
         true
-    }
-
-    /// Records a region of the file being built reserved for this daemon's encodings
-    /// (appended with the next flush, before any encoding recorded in it).
-    pub(super) fn add_region(&self, at: u64, len: u64) {
-        let mut st = self.state.lock();
-        let r = Record::Region { at, len };
-        st.mine.apply(&r);
-        st.dirty.apply(&r);
-        st.seq += 1;
     }
 
     /// Whether this daemon's own writes cover `[0, size)` of `tile`.

@@ -40,6 +40,31 @@ pub(super) fn make_dir(d: &Path) -> Result<()> {
     crate::durable::fsync_dir(d.parent().unwrap_or(Path::new(".")))
 }
 
+/// Every region claimed in `dir`, `(at, len)`: the commit frees what they hold that no
+/// chunk uses, a daemon's that died before it recorded anything included. An entry
+/// without its newline (its claimer died writing it) holds nothing.
+pub(super) fn claimed(dir: &Path) -> Vec<(u64, u64)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter(|t| t.ends_with('\n'))
+        .filter_map(|t| {
+            let mut it = t.split_whitespace().map(|x| x.parse::<u64>());
+            match (it.next(), it.next()) {
+                (Some(Ok(at)), Some(Ok(len))) => Some((at, len)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// Least bytes a daemon reserves at once for its encodings of one dataset.
 const REGION_MIN: u64 = 1 << 20;
 
@@ -170,5 +195,12 @@ mod tests {
         assert!(d.join("5").is_file());
         std::fs::write(d.join("6"), "garbage\n").unwrap();
         assert!(claim_region(&d, 8192, 8192 + 40_000, 1, &AtomicU64::new(0)).is_err());
+        // the commit's view: every whole entry, the unfinished one as nothing
+        let mut all = claimed(&d);
+        all.sort();
+        assert_eq!(
+            all,
+            vec![(a, 10_000), (b, 5_000), (b + 8192, 100), (c, 4_096), (e, 1)]
+        );
     }
 }

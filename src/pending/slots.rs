@@ -7,7 +7,7 @@
 //! of the committed file then reads chunk after chunk without holes between them, as
 //! in a file h5py wrote (with a slot a chunk, a hole after every chunk made each read
 //! a random one: cold reads 1.1-2x slower). The encoding is recorded in the daemon's
-//! range log (`Encoded`, with its address; the region as `Region`) only if no write
+//! range log (`Encoded`, with its address; the region's entry is its record) only if no write
 //! to the tile was recorded while it ran. The commit ([`store`]) encodes the rest
 //! itself — tiles written by several daemons, tiles whose encoding was overtaken by a
 //! write or never ran — packed into a region of its own past the end of the file,
@@ -328,12 +328,8 @@ impl SlotFile {
                         rest.min(super::regions::REGION_MAX).max(*bytes),
                         reserve,
                     )
-                    .map(|(at, new)| {
-                        if let Some((a, l)) = new {
-                            w.log.add_region(a, l);
-                        }
-                        at
-                    }),
+                    // (the region's entry is its record: the commit reads them all)
+                    .map(|(at, _)| at),
             };
             let r = at.and_then(|at| {
                 self.file.write_all_at(&w.bytes, at).map_err(io(format!(
