@@ -165,3 +165,46 @@ fn replay_old_handles_through_a_mount() {
 /// Programs `replay_through_a_mount` runs by default, and their length.
 const REPLAY_SEEDS: u64 = 12;
 const REPLAY_OPS: usize = 60;
+
+/// A committed file that another process still holds HDF5's lock on (a child spawned
+/// while this process had it open for writing inherits the descriptor, and the lock
+/// outlives the close) reads as any other: a tile write is refused with EROFS, as the
+/// model says, not ENOENT. It was ENOENT (the core's libhdf5 open took the lock and
+/// failed, and the core remembered the file as unreadable) once in four CI runs, when
+/// `replay_through_a_mount` spawned a daemon just then.
+#[test]
+fn a_file_locked_through_an_inherited_descriptor_still_reads() {
+    use crate::drivers::Driver;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("backing");
+    std::fs::create_dir(&root).unwrap();
+    let core = harness::Core::new(&root, true);
+    let scratch = tmp.path().join("new.h5");
+    let mut child = {
+        let f = hdf5::File::create(&scratch).unwrap();
+        f.new_dataset::<f64>()
+            .chunk([3])
+            .shape([7])
+            .create("d0")
+            .unwrap()
+            .write_raw(&[1.0f64; 7])
+            .unwrap();
+        std::process::Command::new("sleep")
+            .arg("3")
+            .spawn()
+            .unwrap()
+    };
+    std::fs::rename(&scratch, root.join("f0.h5")).unwrap();
+    let p = ["f0.h5", "d0", "tiles", "2"];
+    let while_held = core.write_at(&p, 0, &[0u8; 8]);
+    let _ = child.kill();
+    let _ = child.wait();
+    core.expire();
+    let after = core.write_at(&p, 0, &[0u8; 8]);
+    assert_eq!(
+        while_held,
+        Err(libc::EROFS),
+        "while the child holds the lock"
+    );
+    assert_eq!(after, Err(libc::EROFS), "after the child is gone");
+}
