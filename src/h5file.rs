@@ -213,15 +213,7 @@ fn open_bounded(abs: &Path, mode: hdf5::file::OpenMode) -> hdf5::Result<hdf5::Fi
         max_size: MDC_MAX_BYTES,
         ..Default::default()
     };
-    // HDF5's own file lock off, whatever the environment says (the daemon also sets
-    // HDF5_USE_FILE_LOCKING=FALSE, read once by libhdf5 at start): a lock another
-    // process holds through a descriptor it inherited made the open fail, and the
-    // file read as not HDF5 (tests/refmodel `a_file_locked_through_...`).
-    b.with_fapl(|p| {
-        p.mdc_config(&mdc)
-            .chunk_cache(521, 0, 0.75)
-            .file_locking(false)
-    });
+    b.with_fapl(|p| p.mdc_config(&mdc).chunk_cache(521, 0, 0.75));
     b.open_as(abs, mode)
 }
 
