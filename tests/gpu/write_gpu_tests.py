@@ -394,6 +394,25 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
         os.close(fd)
         return dt
 
+    def tile_in_pieces(h, fd, i, base, threads, piece):
+        """Tile i of the buffer to `base + i * tile_bytes` of handle h, in pieces of
+        `piece` bytes on `threads` threads (the daemon's pattern), then fsync."""
+        cuts = list(range(0, tile_bytes, piece))
+        nxt = [0]
+        lock = threading.Lock()
+
+        def worker():
+            while True:
+                with lock:
+                    if nxt[0] >= len(cuts):
+                        return
+                    a = cuts[nxt[0]]
+                    nxt[0] += 1
+                k = min(piece, tile_bytes - a)
+                cf.write(h, src.data.ptr, k, base + i * tile_bytes + a, i * tile_bytes + a)
+        in_threads([worker for _ in range(threads)])
+        os.fsync(fd)
+
     def in_process_one_file_pieces(threads=4, piece=16 << 20):
         """As the daemon writes into the chunked layout's file: each tile in pieces of
         16 MiB by `threads` threads, one cuFile handle, the file preallocated but the
@@ -405,21 +424,7 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
         os.posix_fallocate(fd, 0, ntiles * tile_bytes)
 
         def one(i):
-            cuts = list(range(0, tile_bytes, piece))
-            nxt = [0]
-            lock = threading.Lock()
-
-            def worker():
-                while True:
-                    with lock:
-                        if nxt[0] >= len(cuts):
-                            return
-                        a = cuts[nxt[0]]
-                        nxt[0] += 1
-                    n = min(piece, tile_bytes - a)
-                    cf.write(h, src.data.ptr, n, i * tile_bytes + a, i * tile_bytes + a)
-            in_threads([worker for _ in range(threads)])
-            os.fsync(fd)
+            tile_in_pieces(h, fd, i, 0, threads, piece)
         t = time.perf_counter()
         in_threads([lambda i=i: one(i) for i in range(ntiles)])
         dt = time.perf_counter() - t
@@ -442,21 +447,7 @@ def run_bench(mnt, backing, size, ntiles, reps, methods=METHODS):
         h, fd = cf.open(prod, True)
 
         def one(i):
-            cuts = list(range(0, tile_bytes, piece))
-            nxt = [0]
-            lock = threading.Lock()
-
-            def worker():
-                while True:
-                    with lock:
-                        if nxt[0] >= len(cuts):
-                            return
-                        a = cuts[nxt[0]]
-                        nxt[0] += 1
-                    k = min(piece, tile_bytes - a)
-                    cf.write(h, src.data.ptr, k, base + i * tile_bytes + a, i * tile_bytes + a)
-            in_threads([worker for _ in range(threads)])
-            os.fsync(fd)
+            tile_in_pieces(h, fd, i, base, threads, piece)
         t = time.perf_counter()
         in_threads([lambda i=i: one(i) for i in range(ntiles)])
         dt = time.perf_counter() - t
