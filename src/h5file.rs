@@ -204,6 +204,15 @@ const MDC_KEEP_BYTES: usize = 64 << 10;
 /// [`MDC_MAX_BYTES`], and no raw-data chunk cache by default (decoded chunks live in the
 /// daemon's own cell cache, bounded by `--cache-bytes`; libhdf5's would keep up to 1 MiB
 /// more per open dataset).
+/// Whether libhdf5 failed to take its own lock of the file: a condition that passes,
+/// not a property of the file.
+fn holds_lock(e: &hdf5::Error) -> bool {
+    e.stack().is_some_and(|s| {
+        s.contains_minor(hdf5::MinorErrorCode::CantLockFile)
+            || s.iter().any(|f| f.desc().contains("unable to lock"))
+    })
+}
+
 fn open_bounded(abs: &Path, mode: hdf5::file::OpenMode) -> hdf5::Result<hdf5::File> {
     let mut b = hdf5::File::with_options();
     let mdc = hdf5::plist::file_access::MetadataCacheConfig {
@@ -346,6 +355,19 @@ impl H5File {
                         e2,
                     )
                 })?
+            }
+            Err(e) if holds_lock(&e) => {
+                return Err(Error::with_source(
+                    libc::EAGAIN,
+                    format!(
+                        "{}: another process holds libhdf5's lock of it (a writer, or a \
+                         process that inherited a writer's descriptor); it shows once the \
+                         lock is gone (HDF5_USE_FILE_LOCKING=FALSE in the environment of \
+                         the process using this core turns the lock off)",
+                        abs.display()
+                    ),
+                    e,
+                ))
             }
             Err(e) => {
                 return Err(Error::with_source(

@@ -285,6 +285,36 @@ fn tune_readahead(mnt: &Path, kb: u32) {
     }
 }
 
+/// Closes every descriptor above stderr that the caller handed on. The daemon lives
+/// for the mount's life: an inherited descriptor of an HDF5 file would keep libhdf5's
+/// `flock` of it (held per open file, not per process) until the unmount, and the
+/// caller's next open of that file for writing would fail with "unable to lock file"
+/// (a Python program that has an h5py file open and mounts with `os.system`). Nothing
+/// of ours is open yet.
+fn close_inherited_fds() {
+    // SAFETY: close_range takes plain integers and only closes descriptors of this
+    // process; none above 2 belongs to anything of ours at this point.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if rc == 0 {
+        return;
+    }
+    // Kernels before 5.9: close what /proc lists (collected first: the listing holds a
+    // descriptor of its own while it is read).
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: as above; closing the listing's own, already closed, descriptor
+        // fails with EBADF and changes nothing.
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// Everything that can be checked before forking, with messages a user can act on.
 fn preflight(args: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
     let b = &args.backing_dir;
@@ -341,6 +371,7 @@ fn init_logging(log_file: Option<&Path>, foreground: bool) {
 }
 
 fn mount(args: MountArgs) -> Result<(), String> {
+    close_inherited_fds();
     let (backing, mnt) = preflight(&args)?;
     let mut args = args;
     apply_mount_options(&mut args)?;

@@ -215,10 +215,15 @@ impl Namespace {
                         tracing::debug!(file = %abs.display(), "not an HDF5 file");
                     }
                 }
-                if self.rejected.len() >= MAX_REJECTED {
-                    self.rejected.clear();
+                // A failure that passes (a lock another process holds, out of
+                // descriptors or memory) says nothing about this version of the file:
+                // the next request tries again.
+                if !passing(e.errno) {
+                    if self.rejected.len() >= MAX_REJECTED {
+                        self.rejected.clear();
+                    }
+                    self.rejected.insert(abs.to_path_buf(), ident);
                 }
-                self.rejected.insert(abs.to_path_buf(), ident);
                 Err(e)
             }
         }
@@ -315,6 +320,14 @@ impl SourceOpener for Namespace {
             .map_err(|_| Error::not_found(format!("{} is outside the root", abs.display())))?;
         Ok(self.file(rel)?)
     }
+}
+
+/// Errnos of an open that fails for a while, not for good.
+fn passing(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EAGAIN | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EINTR
+    )
 }
 
 #[cfg(test)]

@@ -57,7 +57,23 @@ impl Mount {
         for d in [&backing, &mnt] {
             std::fs::create_dir(d).map_err(|e| format!("mkdir {}: {e}", d.display()))?;
         }
-        let out = Command::new(binary())
+        let mut cmd = Command::new(binary());
+        // The daemon closes what it inherits once it runs, but until then a descriptor
+        // of an HDF5 file this test process has open for writing would carry its lock
+        // into the child, and an in-process core's open of that file would fail.
+        // SAFETY: the closure only makes a system call, which is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3u32,
+                    u32::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                );
+                Ok(())
+            });
+        }
+        let out = cmd
             .arg("mount")
             .arg(&backing)
             .arg(&mnt)

@@ -199,3 +199,31 @@ def test_gpu_preload_mounts_without_a_gpu(tmp_path):
         assert np.fromfile(m / "a.h5" / "x" / "data", dtype="<i4").tolist() == list(range(10))
     finally:
         unmount(str(m))
+
+
+def test_mount_keeps_no_descriptor_of_its_caller(tmp_path):
+    """A program with an h5py file open that mounts through a shell (`os.system`, or
+    `subprocess` with `close_fds=False`) hands the file's descriptor to the daemon, and
+    with it libhdf5's lock of the file (a `flock`, held per open file). The daemon
+    must not keep it for the mount's life: after the program closes the file, it opens
+    it for writing again."""
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    mine = tmp_path / "mine.h5"
+    f = h5py.File(mine, "w")
+    f["x"] = np.arange(4)
+    f.flush()
+    p = subprocess.run(
+        [BIN, "mount", str(b), str(m), "--gpu", "off"],
+        capture_output=True, text=True, timeout=60, close_fds=False,
+    )
+    assert p.returncode == 0, p.stderr
+    try:
+        f.close()
+        with h5py.File(mine, "a") as again:  # "unable to lock file" while the daemon holds it
+            again["y"] = np.arange(3)
+        with h5py.File(mine, "r") as back:
+            assert back["y"][:].tolist() == [0, 1, 2]
+    finally:
+        unmount(str(m))

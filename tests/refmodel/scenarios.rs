@@ -1096,3 +1096,48 @@ fn a_write_open_fixes_the_meta() {
     assert_eq!(e.errno, libc::EBUSY, "{e}");
     assert!(e.to_string().contains("rmdir the dataset"), "{e}");
 }
+
+/// A child spawned while this process had an HDF5 file open for writing inherits the
+/// descriptor, and with it libhdf5's lock of the file (a `flock`, held per open file);
+/// the lock outlives the writer's close for as long as the child lives. The core's open
+/// fails meanwhile, and that failure must not stick: once the lock is gone the file
+/// reads as the HDF5 file it is (a tile write of its dataset answers EROFS), not as "not
+/// an HDF5 file" (ENOENT) for as long as the file is unchanged. The reference model's
+/// rare failure (seed 20261123: a mount daemon spawned by `replay_through_a_mount`).
+#[test]
+pub(crate) fn a_lock_held_by_an_inheriting_child_does_not_stick() {
+    use crate::drivers::Driver;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let backing = tmp.path().join("backing");
+    std::fs::create_dir(&backing).expect("mkdir backing");
+    let scratch = tmp.path().join("new.h5");
+    let core = Core::new(&backing, false);
+    let mut child = {
+        // libhdf5's file lock is on in this process (the daemon turns it off).
+        let f = hdf5::File::create(&scratch).expect("create h5");
+        f.new_dataset::<i32>()
+            .shape([4, 4])
+            .create("d0")
+            .expect("dataset")
+            .write_raw(&[7i32; 16])
+            .expect("write");
+        std::process::Command::new("sleep")
+            .arg("2")
+            .spawn()
+            .expect("spawn sleep")
+    };
+    std::fs::rename(&scratch, backing.join("f0.h5")).expect("rename in");
+    let tile = ["f0.h5", "d0", "tiles", "0.0"];
+    let during = core.write_at(&tile, 0, &[0; 4]);
+    assert_eq!(
+        during.map_err(ename),
+        Err(ename(libc::EAGAIN)),
+        "while the lock is held"
+    );
+    child.wait().expect("wait sleep");
+    assert_eq!(
+        core.write_at(&tile, 0, &[0; 4]).map_err(ename),
+        Err(ename(libc::EROFS)),
+        "after the lock is gone"
+    );
+}
