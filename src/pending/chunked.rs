@@ -489,11 +489,10 @@ fn declare_slots(
         .ok_or_else(|| Error::invalid(format!("{h5path}: no compression")))?;
     let align = crate::ondisk::ALIGN;
     let too_large = || Error::invalid(format!("{h5path}: dataset too large"));
-    // On a distributed file system's FUSE client, a slot per chunk (the chunk's size
-    // in whole blocks) as before the regions: with regions the GlusterFS two-node
-    // suite read wrong bytes and ESTALE on one node after a commit from the other
-    // (docs/namespace.md, "Compressed chunked datasets").
-    let (slot_bytes, span) = if on_fuse(path) {
+    // A slot per chunk (the chunk's size in whole blocks), the layout before the
+    // regions, only when the daemon's environment asks for it: a diagnostic switch to
+    // compare the two (docs/namespace.md, "Compressed chunked datasets").
+    let (slot_bytes, span) = if std::env::var_os("H5TILEFS_CHUNK_SLOTS").is_some_and(|v| v == "1") {
         let sb = a
             .chunk_bytes
             .checked_next_multiple_of(align)

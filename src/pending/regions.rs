@@ -131,6 +131,7 @@ pub(super) fn claim_region(
             .ok_or_else(|| Error::io(format!("{}: the writers' span is used up", dir.display())))?;
         let entry = format!("{at} {len}\n");
         if create_entry(&dir.join(n.to_string()), entry.as_bytes())? {
+            tracing::debug!(dir = %dir.display(), entry = n, at, len, "region claimed");
             hint.store(n + 1, Ordering::Relaxed);
             return Ok(at);
         }
