@@ -161,6 +161,8 @@ struct Loaded {
     wfiles: IdentCache<WriteHandles, BackingFile>,
     /// Pinned host staging buffers of STAGE_BYTES (addresses), reused across transfers.
     pinned: Mutex<Vec<usize>>,
+    /// Pinned images of stored chunks for nvCOMP windows, reused across transfers.
+    images: Mutex<Vec<pieces::PinnedImage>>,
 }
 
 pub struct Gpu {
@@ -247,6 +249,7 @@ impl Gpu {
                 files: IdentCache::new(MAX_CUFILE_HANDLES),
                 wfiles: IdentCache::new(MAX_CUFILE_HANDLES),
                 pinned: Mutex::new(Vec::new()),
+                images: Mutex::new(Vec::new()),
             })
         });
         st.as_ref().map_err(|e| no_dev(e.clone()))
@@ -576,7 +579,41 @@ impl Gpu {
             }
             let steps = stage::plan(&segs, window, &|i| direct_h[i].is_some(), STAGE_BYTES);
             let t_cut = t0.elapsed();
-            for step in steps {
+            // Pieces of whole cell rows, and which of them nvCOMP decoded (one batch for
+            // the whole window).
+            let blocks: Vec<Option<Vec<stage::Block>>> = steps
+                .iter()
+                .map(|s| match s {
+                    stage::Step::Piece(p) => p.blocks(),
+                    _ => None,
+                })
+                .collect();
+            let t_blocks = t0.elapsed() - t_cut;
+            let mut on_gpu = vec![false; steps.len()];
+            if let Some(nv) = self.nvcomp() {
+                let t = std::time::Instant::now();
+                let (idx, list): (Vec<usize>, Vec<(&[stage::Block], u64)>) = steps
+                    .iter()
+                    .zip(&blocks)
+                    .enumerate()
+                    .filter_map(|(i, (s, b))| match (s, b) {
+                        (stage::Step::Piece(p), Some(b)) => {
+                            Some((i, (b.as_slice(), m.base + buf_offset + (p.at - w0))))
+                        }
+                        _ => None,
+                    })
+                    .unzip();
+                if !list.is_empty() {
+                    let mut image = l.images.lock().pop().unwrap_or_default();
+                    let r = pieces::nvcomp_window(nv, &list, stream, &mut scratch, &mut image);
+                    l.images.lock().push(image);
+                    for (i, d) in idx.into_iter().zip(r?) {
+                        on_gpu[i] = d;
+                    }
+                }
+                t_warm += t.elapsed();
+            }
+            for (i, step) in steps.into_iter().enumerate() {
                 match step {
                     stage::Step::Direct { seg, s, t } => {
                         let (s0, _, e, skip) = &segs[seg];
@@ -599,16 +636,11 @@ impl Gpu {
                     }
                     stage::Step::Piece(p) => {
                         let dev = m.base + buf_offset + (p.at - w0);
-                        let blocks = p.blocks();
-                        if let (Some(nv), Some(b)) = (self.nvcomp(), &blocks) {
-                            let t = std::time::Instant::now();
-                            let done = pieces::nvcomp_piece(nv, b, dev, stream, &mut scratch)?;
-                            t_warm += t.elapsed();
-                            if done {
-                                staged += p.n as u64;
-                                continue;
-                            }
+                        if on_gpu[i] {
+                            staged += p.n as u64;
+                            continue;
                         }
+                        let blocks = blocks[i].as_deref();
                         let k = turn % 2;
                         turn += 1;
                         if used[k] {
@@ -641,12 +673,12 @@ impl Gpu {
                             // Rows of cells: each cell's rows copied in one run, scattered
                             // by the copy engine.
                             Some(blocks) => {
-                                stage::pack_blocks(&blocks, host, cache)?;
+                                stage::pack_blocks(blocks, host, cache)?;
                                 t_asm += t.elapsed();
                                 // SAFETY: host stays untouched until the event below
                                 // completes; the piece lies inside the window, which maps
                                 // to buf_offset.. of the registered buffer.
-                                unsafe { pieces::scatter_packed(&blocks, host, dev, stream)? };
+                                unsafe { pieces::scatter_packed(blocks, host, dev, stream)? };
                             }
                             None => {
                                 p.assemble(host, cache)?;
@@ -689,6 +721,7 @@ impl Gpu {
                 segments = segs.len(),
                 total_ms = t0.elapsed().as_secs_f64() * 1e3,
                 cut_ms = t_cut.as_secs_f64() * 1e3,
+                blocks_ms = t_blocks.as_secs_f64() * 1e3,
                 decode_wait_ms = t_warm.as_secs_f64() * 1e3,
                 assemble_ms = t_asm.as_secs_f64() * 1e3,
                 copy_wait_ms = t_wait.as_secs_f64() * 1e3,

@@ -127,12 +127,32 @@ impl Fs {
             validate_read(reg, owner, &req, size).map(drop)
         })?;
         // Plan and transfer window by window so a huge read holds a bounded plan.
-        const WINDOW: u64 = 256 << 20;
-        let (mut direct, mut staged) = (0, 0);
-        let mut pos = req.file_offset;
+        // (H5TILEFS_GPU_WINDOW_MIB: another size, for measurements)
+        static WINDOW: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+            std::env::var("H5TILEFS_GPU_WINDOW_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&m| (16..=4096).contains(&m))
+                .map_or(256 << 20, |m| m << 20)
+        });
+        // Windows in flight at once, each planned and transferred on a thread of its
+        // own: one window's planning then overlaps another's decoding on the GPU, whose
+        // batch takes as long for 64 chunks as for 1 024 (nvCOMP's LZ4 decodes a chunk
+        // per warp: its latency, not the GPU's throughput, bounds a batch).
+        // (H5TILEFS_GPU_WINDOWS: another count, for measurements)
+        static IN_FLIGHT: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+            std::env::var("H5TILEFS_GPU_WINDOWS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(3, |n| n.clamp(1, 8))
+        });
         let end = req.file_offset + req.length;
-        while pos < end {
-            let n = (end - pos).min(WINDOW);
+        let windows: Vec<(u64, u64)> = (req.file_offset..end)
+            .step_by(*WINDOW as usize)
+            .map(|pos| (pos, (end - pos).min(*WINDOW)))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let one = |(pos, n): (u64, u64)| -> Result<(u64, u64)> {
             let t = std::time::Instant::now();
             let (b, extents) = model.plan(&sel, pos, n)?;
             tracing::debug!(
@@ -149,16 +169,50 @@ impl Fs {
                     e
                 })
                 .collect();
-            let (d, s) = self.gpu.dev.transfer(
+            self.gpu.dev.transfer(
                 &base,
                 offset + req.buf_offset + (pos - req.file_offset),
                 &shifted,
                 (pos, pos + n),
                 &self.mount.cache,
-            )?;
+            )
+        };
+        let work = || -> Result<(u64, u64)> {
+            let (mut d, mut s) = (0, 0);
+            loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&w) = windows.get(k) else {
+                    return Ok((d, s));
+                };
+                match one(w) {
+                    Ok((a, b)) => (d, s) = (d + a, s + b),
+                    Err(e) => {
+                        // (the other threads stop at their next window)
+                        next.store(windows.len(), std::sync::atomic::Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let threads = (*IN_FLIGHT).min(windows.len()).max(1);
+        let results: Vec<Result<(u64, u64)>> = if threads == 1 {
+            vec![work()]
+        } else {
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = (1..threads).map(|_| sc.spawn(work)).collect();
+                let mut out = vec![work()];
+                out.extend(hs.into_iter().map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::io("a READ_TO_GPU window panicked")))
+                }));
+                out
+            })
+        };
+        let (mut direct, mut staged) = (0, 0);
+        for r in results {
+            let (d, s) = r?;
             direct += d;
             staged += s;
-            pos += n;
         }
         req.bytes_read = req.length;
         req.direct_bytes = direct;

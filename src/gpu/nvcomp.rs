@@ -234,28 +234,66 @@ impl Nvcomp {
             .collect()
     }
 
-    /// Writes `items` into device memory in one batch on `stream` and waits for it: LZ4
-    /// blocks decoded by nvCOMP (outputs 16-byte aligned, what nvCOMP 6 asks of LZ4), raw
-    /// ones copied. Every input goes up in one copy into `arena`, the batch's tables in
-    /// another (`arena` keeps its device memory between calls: a device allocation and
-    /// free per piece cost more than the decode). A block that does not decode to its
-    /// size (corrupt) fails the batch, naming it: LZ4 is the codec whose corrupt input
-    /// nvCOMP 6 answers with a status rather than undefined behaviour.
-    pub(super) fn lz4_into(
-        &self,
-        arena: &mut Arena,
-        items: &[Item],
-        stream: cu::CUstream,
-    ) -> Result<(), String> {
-        if items.is_empty() {
-            return Ok(());
-        }
+    /// The alignment nvCOMP's LZ4 asks of each input block's address.
+    pub(super) fn lz4_input_align(&self) -> Result<usize, String> {
+        Ok(self.lz4_align()?.input.max(1))
+    }
+
+    fn lz4_align(&self) -> Result<Alignments, String> {
         let mut al = Alignments::default();
         // SAFETY: out-pointer to a struct of the header's layout.
         let s = unsafe { (self.lz4_alignments)(LZ4_DEFAULT, &mut al) };
         if s != SUCCESS {
             return Err(format!("nvCOMP LZ4 alignments: {}", self.why(s)));
         }
+        Ok(al)
+    }
+
+    /// Writes `items` into device memory in one batch on `stream` and waits for it (see
+    /// [`Self::lz4_from_image`]); the inputs are first copied into one host image.
+    pub(super) fn lz4_into(
+        &self,
+        arena: &mut Arena,
+        items: &[Item],
+        stream: cu::CUstream,
+    ) -> Result<(), String> {
+        let align = self.lz4_input_align()?.max(8);
+        let mut image = Vec::new();
+        let mut placed = Vec::with_capacity(items.len());
+        for it in items {
+            let at = image.len().div_ceil(align) * align;
+            image.resize(at, 0);
+            image.extend_from_slice(it.src);
+            placed.push(ImageItem {
+                src: at..at + it.src.len(),
+                dst: it.dst,
+                len: it.len,
+                raw: it.raw,
+            });
+        }
+        self.lz4_from_image(arena, &image, &placed, stream)
+    }
+
+    /// Writes `items`, whose inputs lie in `image`, into device memory in one batch on
+    /// `stream` and waits for it: LZ4 blocks decoded by nvCOMP (outputs 16-byte
+    /// aligned, what nvCOMP 6 asks of LZ4), raw ones copied. The image goes up in one
+    /// copy into `arena` (asynchronous when `image` is pinned host memory), the batch's
+    /// tables in another, and the stream is synchronized once, after the decode (`arena`
+    /// keeps its device memory between calls: a device allocation and free per batch
+    /// cost more than the decode). A block that does not decode to its size (corrupt)
+    /// fails the batch, naming it: LZ4 is the codec whose corrupt input nvCOMP 6
+    /// answers with a status rather than undefined behaviour.
+    pub(super) fn lz4_from_image(
+        &self,
+        arena: &mut Arena,
+        image: &[u8],
+        items: &[ImageItem],
+        stream: cu::CUstream,
+    ) -> Result<(), String> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let al = self.lz4_align()?;
         if let Some((k, _)) = items
             .iter()
             .enumerate()
@@ -266,31 +304,29 @@ impl Nvcomp {
                 al.output
             ));
         }
+        if let Some((k, _)) = items.iter().enumerate().find(|(_, it)| {
+            it.src.end > image.len() || (!it.raw && it.src.start % al.input.max(1) != 0)
+        }) {
+            return Err(format!(
+                "LZ4 batch: input {k} is outside the image or not {}-byte aligned",
+                al.input
+            ));
+        }
         let up = |x: usize, a: usize| x.div_ceil(a.max(1)) * a.max(1);
-        // All inputs, each at an aligned offset, in one host image.
-        let mut offs = Vec::with_capacity(items.len());
-        let mut in_total = 0usize;
-        for it in items {
-            in_total = up(in_total, al.input.max(8));
-            offs.push(in_total);
-            in_total += it.src.len();
-        }
-        let mut image = vec![0u8; in_total];
-        for (it, &o) in items.iter().zip(&offs) {
-            image[o..o + it.src.len()].copy_from_slice(it.src);
-        }
-        let d_in = arena.get(0, in_total.max(1))?;
-        htod(d_in, &image)?;
-        for (it, &o) in items.iter().zip(&offs).filter(|(it, _)| it.raw) {
+        let d_in = arena.get(0, image.len().max(1))?;
+        // SAFETY: the arena's allocation holds image.len() bytes; `image` stays
+        // borrowed, untouched, until the stream is synchronized below.
+        cu_ok(unsafe {
+            cu::cuMemcpyHtoDAsync_v2(d_in, image.as_ptr().cast(), image.len(), stream)
+        })?;
+        for it in items.iter().filter(|it| it.raw) {
             // SAFETY: both ranges are device memory of at least it.len bytes (the
             // arena's image, the caller's output); ordered on the stream.
-            cu_ok(unsafe { cu::cuMemcpyDtoDAsync_v2(it.dst, d_in + o as u64, it.len, stream) })?;
+            cu_ok(unsafe {
+                cu::cuMemcpyDtoDAsync_v2(it.dst, d_in + it.src.start as u64, it.len, stream)
+            })?;
         }
-        let lz: Vec<(&Item, usize)> = items
-            .iter()
-            .zip(offs.iter().copied())
-            .filter(|(it, _)| !it.raw)
-            .collect();
+        let lz: Vec<&ImageItem> = items.iter().filter(|it| !it.raw).collect();
         let n = lz.len();
         if n == 0 {
             // SAFETY: the caller's live stream (or the default stream).
@@ -299,18 +335,22 @@ impl Nvcomp {
         // The tables: input pointers, output pointers, input sizes, output sizes, then
         // room for the decoded sizes and the statuses nvCOMP writes.
         let mut table: Vec<u64> = Vec::with_capacity(6 * n);
-        table.extend(lz.iter().map(|(_, o)| d_in + *o as u64));
-        table.extend(lz.iter().map(|(it, _)| it.dst));
-        table.extend(lz.iter().map(|(it, _)| it.src.len() as u64));
-        table.extend(lz.iter().map(|(it, _)| it.len as u64));
+        table.extend(lz.iter().map(|it| d_in + it.src.start as u64));
+        table.extend(lz.iter().map(|it| it.dst));
+        table.extend(lz.iter().map(|it| it.src.len() as u64));
+        table.extend(lz.iter().map(|it| it.len as u64));
         let d_table = arena.get(1, 6 * n * 8)?;
         // SAFETY: u64s viewed as bytes.
         let bytes =
             unsafe { std::slice::from_raw_parts(table.as_ptr().cast::<u8>(), table.len() * 8) };
-        htod(d_table, bytes)?;
+        // (pageable: the copy returns once the table is staged, so `table` may go)
+        // SAFETY: the arena's allocation holds 6 * n u64s.
+        cu_ok(unsafe {
+            cu::cuMemcpyHtoDAsync_v2(d_table, bytes.as_ptr().cast(), bytes.len(), stream)
+        })?;
         let at = |k: u64| d_table + k * n as u64 * 8;
-        let max_out = lz.iter().map(|(it, _)| it.len).max().unwrap_or(0);
-        let out_total: usize = lz.iter().map(|(it, _)| it.len).sum();
+        let max_out = lz.iter().map(|it| it.len).max().unwrap_or(0);
+        let out_total: usize = lz.iter().map(|it| it.len).sum();
         let mut temp = 0usize;
         // SAFETY: out-pointer; the stream is the caller's (or the default stream).
         let s =
@@ -345,7 +385,7 @@ impl Nvcomp {
         synced?;
         let mut tail = vec![0u64; 2 * n];
         dtoh(&mut tail, at(4))?;
-        for (k, (it, _)) in lz.iter().enumerate() {
+        for (k, it) in lz.iter().enumerate() {
             let got = tail[k];
             let st = (tail[n + k / 2] >> (32 * (k % 2))) as u32 as i32;
             if st != SUCCESS || got != it.len as u64 {
@@ -358,6 +398,15 @@ impl Nvcomp {
         }
         Ok(())
     }
+}
+
+/// One entry of a batch whose inputs lie in one host image: the image's bytes `src`
+/// become `len` bytes at device address `dst`, decoded, or copied when `raw`.
+pub(super) struct ImageItem {
+    pub src: std::ops::Range<usize>,
+    pub dst: u64,
+    pub len: usize,
+    pub raw: bool,
 }
 
 /// One entry of an LZ4 batch: `src` becomes `len` bytes at device address `dst`,
@@ -411,11 +460,6 @@ fn cu_ok(r: cu::CUresult) -> Result<(), String> {
         cu::CUresult::CUDA_SUCCESS => Ok(()),
         e => Err(format!("CUDA: {e:?}")),
     }
-}
-
-fn htod(dst: u64, src: &[u8]) -> Result<(), String> {
-    // SAFETY: dst is a device allocation with room for src (the caller's layout).
-    cu_ok(unsafe { cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
 }
 
 fn dtoh<T: Copy>(dst: &mut [T], src: u64) -> Result<(), String> {

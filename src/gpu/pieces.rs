@@ -3,7 +3,7 @@
 //! device scratch (the stored chunks decoded on the GPU). Either way one 2D copy per
 //! block scatters the rows.
 
-use super::nvcomp::{Arena, Item, Nvcomp};
+use super::nvcomp::{Arena, ImageItem, Nvcomp};
 use super::stage::Block;
 use crate::error::{Error, GpuError, Result};
 use crate::extent::{CellKey, CellRef};
@@ -150,113 +150,181 @@ impl Drop for Scratch {
     }
 }
 
+/// Pinned host memory for a window's stored chunks, kept by the daemon across
+/// transfers (pinning costs more than the copies it saves when made per request).
+#[derive(Default)]
+pub(super) struct PinnedImage {
+    ptr: usize,
+    len: usize,
+}
+
+impl PinnedImage {
+    /// At least `n` bytes, the first `keep` of them as they were.
+    fn ensure(&mut self, n: usize, keep: usize) -> Result<&mut [u8]> {
+        if self.len < n {
+            let want = n.div_ceil(1 << 20) << 20;
+            let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: allocates `want` bytes of pinned host memory in the bound context;
+            // the old allocation is copied and given back below, with no copy in flight
+            // (the caller grows the image only before queueing its upload).
+            cu_ok(
+                unsafe { cu::cuMemHostAlloc(&mut p, want, 0) },
+                "cuMemHostAlloc",
+            )?;
+            if self.ptr != 0 {
+                // SAFETY: both are live allocations of at least `keep` bytes (keep is at
+                // most the old length), and distinct.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.ptr as *const u8,
+                        p as *mut u8,
+                        keep.min(self.len),
+                    );
+                    cu::cuMemFreeHost(self.ptr as *mut std::ffi::c_void);
+                }
+            }
+            self.ptr = p as usize;
+            self.len = want;
+        }
+        // SAFETY: a live pinned allocation of `self.len` bytes owned by this value.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) })
+    }
+}
+
 /// The largest chunk decoded on the GPU (nvCOMP's LZ4 takes blocks of up to 16 MiB).
 const MAX_GPU_CHUNK: u64 = 16 << 20;
 
-/// Decodes the piece's chunks with nvCOMP and scatters their rows to device `dev`, when
-/// every block's cell is a stored chunk through the LZ4 filter (32004) alone; returns
-/// false, having queued nothing the host route would not redo, when the piece is not
-/// one nvCOMP can take (other filters, chunks never written, framings it refuses).
-/// A chunk nvCOMP cannot decode fails the request (EIO) naming file, dataset and chunk.
-pub(super) fn nvcomp_piece(
+/// A stored chunk of the window: its cell, where its decoded bytes go in the scratch,
+/// where its stored bytes go in the image.
+struct Chunk<'a> {
+    key: CellKey,
+    cell: &'a CellRef,
+    at: u64,
+    stored: crate::extent::Stored,
+    img: usize,
+}
+
+/// Decodes with nvCOMP, in one batch, the chunks of every piece of a window (`(blocks,
+/// device address)`) whose cells are all stored chunks through the LZ4 filter (32004)
+/// alone, and scatters their rows to the pieces; the stored chunks are read into
+/// pinned memory `image` and go up in one asynchronous copy, and the stream is
+/// synchronized once. Returns, per piece, whether it was done; a piece not done has
+/// nothing queued for it (other filters, chunks never written, framings refused:
+/// the host route takes it). A chunk nvCOMP cannot decode fails the request (EIO)
+/// naming file, dataset and chunk.
+pub(super) fn nvcomp_window(
     nv: &Nvcomp,
-    blocks: &[Block],
-    dev: u64,
+    pieces: &[(&[Block], u64)],
     stream: cu::CUstream,
     scratch: &mut Scratch,
-) -> Result<bool> {
-    // The piece's cells, each once, with their place in the scratch.
-    let mut cells: Vec<(CellKey, &CellRef, u64)> = Vec::new();
-    let mut slots = Vec::with_capacity(blocks.len());
-    let mut total = 0u64;
-    for b in blocks {
-        let key = b.cell.key();
-        let at = match cells.iter().find(|(k, ..)| *k == key) {
-            Some((.., at)) => *at,
-            None => {
-                let n = b.cell.source.cell_bytes();
-                if n == 0 || n > MAX_GPU_CHUNK {
-                    return Ok(false);
-                }
-                let at = total;
-                cells.push((key, &b.cell, at));
-                total += n.div_ceil(256) * 256;
-                at
+    image: &mut PinnedImage,
+) -> Result<Vec<bool>> {
+    let align = nv
+        .lz4_input_align()
+        .map_err(|e| Error::from(GpuError::Transfer(e)))?
+        .max(16);
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let (mut total, mut img_total) = (0u64, 0usize);
+    let mut done = vec![false; pieces.len()];
+    // Per piece, the scratch place of each block's cell.
+    let mut slots: Vec<Vec<u64>> = vec![Vec::new(); pieces.len()];
+    'piece: for (k, (blocks, _)) in pieces.iter().enumerate() {
+        let mut mine: Vec<(CellKey, u64)> = Vec::new();
+        let mut fresh: Vec<Chunk> = Vec::new();
+        let (mut t, mut it, mut need) = (total, img_total, 0u64);
+        let mut at_of = Vec::with_capacity(blocks.len());
+        for b in blocks.iter() {
+            let key = b.cell.key();
+            let n = b.cell.source.cell_bytes();
+            if b.src.saturating_add(b.bytes()) > n {
+                return Err(Error::io("a block of rows beyond its chunk"));
             }
-        };
-        slots.push(at);
-    }
-    // Whole chunks are decoded for the rows the piece takes of them: not when that is
-    // far more than the piece (a few rows of many large chunks stay on the host).
-    let piece: u64 = blocks.iter().map(Block::bytes).sum();
-    if total > piece.saturating_mul(2).saturating_add(16 << 20) {
-        return Ok(false);
-    }
-    if blocks
-        .iter()
-        .any(|b| b.src.saturating_add(b.bytes()) > b.cell.source.cell_bytes())
-    {
-        return Err(Error::io("a block of rows beyond its chunk"));
-    }
-    let mut stored = Vec::with_capacity(cells.len());
-    for (_, c, _) in &cells {
-        match c.source.stored(c.index) {
-            Some(s) if s.filters == [crate::codecs::LZ4] && s.size <= 2 * MAX_GPU_CHUNK => {
-                stored.push(s)
+            if let Some((_, at)) = mine.iter().find(|(k, _)| *k == key) {
+                at_of.push(*at);
+                continue;
             }
-            _ => return Ok(false),
-        }
-    }
-    // The stored chunks, read on up to 4 threads (page-cache copies of 1 MiB each).
-    let mut raws: Vec<Vec<u8>> = stored.iter().map(|s| vec![0u8; s.size as usize]).collect();
-    let per = raws.len().div_ceil(4).max(1);
-    std::thread::scope(|sc| -> Result<()> {
-        let workers: Vec<_> = raws
-            .chunks_mut(per)
-            .zip(stored.chunks(per).zip(cells.chunks(per)))
-            .map(|(rs, (ss, cs))| {
-                sc.spawn(move || -> Result<()> {
-                    for ((raw, s), (_, c, _)) in rs.iter_mut().zip(ss).zip(cs) {
-                        s.file.file.read_exact_at(raw, s.addr).map_err(|e| {
-                            Error::from_io(format!("reading {}", c.source.describe(c.index)), e)
-                        })?;
+            need += n;
+            let at = match chunks.iter().find(|c| c.key == key) {
+                Some(c) => c.at,
+                None => {
+                    if n == 0 || n > MAX_GPU_CHUNK {
+                        continue 'piece;
                     }
-                    Ok(())
-                })
-            })
-            .collect();
-        let done: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
-        for r in done {
-            r.map_err(|_| Error::io("reading stored chunks panicked"))??;
+                    let stored = match b.cell.source.stored(b.cell.index) {
+                        Some(s)
+                            if s.filters == [crate::codecs::LZ4] && s.size <= 2 * MAX_GPU_CHUNK =>
+                        {
+                            s
+                        }
+                        _ => continue 'piece,
+                    };
+                    let img = it.div_ceil(align) * align;
+                    it = img + stored.size as usize;
+                    let at = t;
+                    t += n.div_ceil(256) * 256;
+                    fresh.push(Chunk {
+                        key,
+                        cell: &b.cell,
+                        at,
+                        stored,
+                        img,
+                    });
+                    at
+                }
+            };
+            mine.push((key, at));
+            at_of.push(at);
         }
-        Ok(())
-    })?;
-    // Framings taken apart first: a chunk they refuse leaves the piece to the host,
-    // whose decoder says why.
-    let mut framed = Vec::with_capacity(raws.len());
-    for ((_, c, _), raw) in cells.iter().zip(&raws) {
-        let n = c.source.cell_bytes() as usize;
-        match super::framing::lz4(raw, n) {
-            Ok((t, pieces)) if t == n && pieces.iter().all(|p| p.raw || p.dst.start % 16 == 0) => {
-                framed.push(pieces)
-            }
-            _ => return Ok(false),
+        // Whole chunks are decoded for the rows the piece takes of them: not when that
+        // is far more than the piece (a few rows of many large chunks stay on the host).
+        let piece: u64 = blocks.iter().map(|b| b.bytes()).sum();
+        if need > piece.saturating_mul(2).saturating_add(16 << 20) {
+            continue;
         }
+        chunks.extend(fresh);
+        (total, img_total) = (t, it);
+        slots[k] = at_of;
+        done[k] = true;
     }
+    if chunks.is_empty() {
+        return Ok(done);
+    }
+    let t0 = std::time::Instant::now();
+    let buf = image.ensure(img_total, 0)?;
+    read_stored(&chunks, buf)?;
+    let t_read = t0.elapsed();
+    // Framings taken apart first: a chunk they refuse leaves the window to the host,
+    // whose decoder says why.
+    let mut items = Vec::new();
+    let mut owner = Vec::new();
+    let mut copies: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let mut end = img_total;
     let base = match scratch.ensure(total as usize, stream) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(error = %e, "no device scratch for GPU decoding: host route");
-            return Ok(false);
+            return Ok(vec![false; pieces.len()]);
         }
     };
-    let mut items = Vec::new();
-    let mut owner = Vec::new();
-    for (i, (((_, _, at), raw), pieces)) in cells.iter().zip(&raws).zip(&framed).enumerate() {
-        for p in pieces {
-            items.push(Item {
-                src: &raw[p.src.clone()],
-                dst: base + at + p.dst.start as u64,
+    for (i, c) in chunks.iter().enumerate() {
+        let n = c.cell.source.cell_bytes() as usize;
+        let raw = &buf[c.img..c.img + c.stored.size as usize];
+        let framed = match super::framing::lz4(raw, n) {
+            Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
+            _ => return Ok(vec![false; pieces.len()]),
+        };
+        for p in framed {
+            let mut src = c.img + p.src.start..c.img + p.src.end;
+            if !p.raw && src.start % align != 0 {
+                // (a block after the first of a chunk: copied to an aligned place)
+                let to = end.div_ceil(align) * align;
+                copies.push((src.start, to..to + src.len()));
+                end = to + src.len();
+                src = to..end;
+            }
+            items.push(ImageItem {
+                src,
+                dst: base + c.at + p.dst.start as u64,
                 len: p.dst.len(),
                 raw: p.raw,
             });
@@ -265,36 +333,106 @@ pub(super) fn nvcomp_piece(
             }
         }
     }
-    nv.lz4_into(&mut scratch.arena, &items, stream)
+    let buf = image.ensure(end, img_total)?;
+    for (from, to) in &copies {
+        buf.copy_within(*from..*from + to.len(), to.start);
+    }
+    let t_frame = t0.elapsed();
+    let r = nv
+        .lz4_from_image(&mut scratch.arena, &buf[..end], &items, stream)
         .map_err(|why| {
             let which = why
                 .strip_prefix("LZ4 block ")
                 .and_then(|r| r.split(' ').next())
                 .and_then(|k| k.parse::<usize>().ok())
                 .and_then(|k| owner.get(k))
-                .and_then(|&i| cells.get(i))
+                .and_then(|&i| chunks.get(i))
                 .map_or_else(
                     || "a chunk of the request".to_string(),
-                    |(_, c, _)| c.source.describe(c.index),
+                    |c| c.cell.source.describe(c.cell.index),
                 );
             tracing::warn!(chunk = %which, %why, "GPU decode failed: the request fails");
             Error::io(format!("{which}: GPU decode (nvCOMP LZ4) failed: {why}"))
-        })?;
-    for (b, at) in blocks.iter().zip(&slots) {
-        // SAFETY: the block's rows lie in its cell's slot of the scratch (decoded above,
-        // on this stream) and inside the piece at `dev`; the scratch lives until the
-        // transfer has synchronized the stream.
-        unsafe {
-            copy_rows(
-                Src::Device(base + at + b.src),
-                b.width as usize,
-                dev + b.dst,
-                b.pitch as usize,
-                b.width as usize,
-                b.rows as usize,
-                stream,
-            )?
-        };
+        });
+    let t_gpu = t0.elapsed();
+    r?;
+    for (k, (blocks, dev)) in pieces.iter().enumerate() {
+        if !done[k] {
+            continue;
+        }
+        for (b, at) in blocks.iter().zip(&slots[k]) {
+            // SAFETY: the block's rows lie in its cell's slot of the scratch (decoded
+            // above, on this stream) and inside the piece at `dev`; the scratch lives
+            // until the transfer has synchronized the stream.
+            unsafe {
+                copy_rows(
+                    Src::Device(base + at + b.src),
+                    b.width as usize,
+                    dev + b.dst,
+                    b.pitch as usize,
+                    b.width as usize,
+                    b.rows as usize,
+                    stream,
+                )?
+            };
+        }
     }
-    Ok(true)
+    tracing::debug!(
+        chunks = chunks.len(),
+        items = items.len(),
+        stored_bytes = img_total,
+        read_ms = t_read.as_secs_f64() * 1e3,
+        frame_ms = (t_frame - t_read).as_secs_f64() * 1e3,
+        gpu_ms = (t_gpu - t_frame).as_secs_f64() * 1e3,
+        scatter_ms = (t0.elapsed() - t_gpu).as_secs_f64() * 1e3,
+        "nvCOMP window"
+    );
+    Ok(done)
+}
+
+/// Reads the window's stored chunks into their places of `buf`, on up to 8 threads
+/// (page-cache copies).
+fn read_stored(chunks: &[Chunk], buf: &mut [u8]) -> Result<()> {
+    let per = chunks.len().div_ceil(8).max(1);
+    // The image cut into disjoint parts, one per group of chunks (in image order).
+    let mut parts: Vec<(&[Chunk], &mut [u8], usize)> = Vec::new();
+    let mut rest = buf;
+    let mut base = 0usize;
+    for group in chunks.chunks(per) {
+        let end = group
+            .last()
+            .map_or(base, |c| c.img + c.stored.size as usize);
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(end - base);
+        parts.push((group, head, base));
+        rest = tail;
+        base = end;
+    }
+    std::thread::scope(|sc| -> Result<()> {
+        let workers: Vec<_> = parts
+            .into_iter()
+            .map(|(group, part, base)| {
+                sc.spawn(move || -> Result<()> {
+                    for c in group {
+                        let dst = &mut part[c.img - base..c.img - base + c.stored.size as usize];
+                        c.stored
+                            .file
+                            .file
+                            .read_exact_at(dst, c.stored.addr)
+                            .map_err(|e| {
+                                Error::from_io(
+                                    format!("reading {}", c.cell.source.describe(c.cell.index)),
+                                    e,
+                                )
+                            })?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let joined: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        for r in joined {
+            r.map_err(|_| Error::io("reading stored chunks panicked"))??;
+        }
+        Ok(())
+    })
 }
