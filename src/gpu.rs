@@ -508,7 +508,7 @@ impl Gpu {
         &self,
         m: &Mapping,
         buf_offset: u64,
-        extents: &[Extent],
+        extents: Vec<Extent>,
         window: (u64, u64),
         cache: &Arc<crate::decode::CellCache>,
     ) -> Result<(u64, u64)> {
@@ -549,7 +549,8 @@ impl Gpu {
                 std::time::Duration::ZERO,
                 std::time::Duration::ZERO,
             );
-            let segs = crate::model::flatten(extents);
+            let n_extents = extents.len();
+            let segs = crate::model::flatten_owned(extents);
             // cuFile handles for the segments it reads straight into the buffer.
             let mut direct_h: Vec<Option<Arc<CuFile>>> = Vec::with_capacity(segs.len());
             for (_, _, e, _) in &segs {
@@ -717,7 +718,7 @@ impl Gpu {
             t_wait += t.elapsed();
             tracing::debug!(
                 bytes = window.1 - window.0,
-                extents = extents.len(),
+                extents = n_extents,
                 segments = segs.len(),
                 total_ms = t0.elapsed().as_secs_f64() * 1e3,
                 cut_ms = t_cut.as_secs_f64() * 1e3,

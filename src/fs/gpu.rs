@@ -133,18 +133,24 @@ impl Fs {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .filter(|&m| (16..=4096).contains(&m))
-                .map_or(256 << 20, |m| m << 20)
+                .map_or(128 << 20, |m| m << 20)
         });
         // Windows in flight at once, each planned and transferred on a thread of its
         // own: one window's planning then overlaps another's decoding on the GPU, whose
         // batch takes as long for 64 chunks as for 1 024 (nvCOMP's LZ4 decodes a chunk
-        // per warp: its latency, not the GPU's throughput, bounds a batch).
+        // per warp: its latency, not the GPU's throughput, bounds a batch). H200, 1 GiB
+        // of LZ4 in 1 MiB chunks: 256 MiB windows one at a time 4.5 GB/s, 3 at once 8.0,
+        // 6 at once 10.1, 128 MiB windows 8 at once 10.3 (4 GiB: 10.3); the host route
+        // 4.4, 6.7, 7.3 and 8.2 (docs/perf-log/2026-11-29-nvcomp-windows.md). Each window
+        // holds its plan, its decoded chunks in device memory (about the window's size)
+        // and its stored chunks in pinned memory while it is in flight.
         // (H5TILEFS_GPU_WINDOWS: another count, for measurements)
         static IN_FLIGHT: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
             std::env::var("H5TILEFS_GPU_WINDOWS")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
-                .map_or(3, |n| n.clamp(1, 8))
+                .map_or((cpus / 2).clamp(2, 8), |n| n.clamp(1, 8))
         });
         let end = req.file_offset + req.length;
         let windows: Vec<(u64, u64)> = (req.file_offset..end)
@@ -172,7 +178,7 @@ impl Fs {
             self.gpu.dev.transfer(
                 &base,
                 offset + req.buf_offset + (pos - req.file_offset),
-                &shifted,
+                shifted,
                 (pos, pos + n),
                 &self.mount.cache,
             )

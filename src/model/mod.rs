@@ -24,5 +24,5 @@ pub use dataset::{
     DatasetModel, LazySource, ModelOptions, SourceFile, SourceOpener, Storage, VBlock,
 };
 pub use exec::{execute, execute_window, read_selection, recycle};
-pub use plan::{cells_of, flatten, selection_bytes};
+pub use plan::{cells_of, flatten, flatten_owned, selection_bytes};
 pub use vds::regular_grid;

@@ -338,6 +338,28 @@ pub fn flatten(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
     flatten_overlapping(extents)
 }
 
+/// [`flatten`] of extents the caller gives up: disjoint ones are moved, not cloned (a
+/// clone of a decoded cell's extent counts a reference of its shared source: for a
+/// 256 MiB window of 2 KiB rows, 131 072 atomic increments on one counter, contended
+/// when several windows are planned at once).
+pub fn flatten_owned(extents: Vec<Extent>) -> Vec<(u64, u64, Extent, u64)> {
+    let mut order: Vec<(u64, u64, usize)> = extents
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.len > 0)
+        .map(|(i, e)| (e.dst, e.dst.saturating_add(e.len), i))
+        .collect();
+    order.sort_unstable();
+    if !order.windows(2).all(|w| w[0].1 <= w[1].0) {
+        return flatten_overlapping(&extents);
+    }
+    let mut slots: Vec<Option<Extent>> = extents.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|(s, t, i)| Some((s, t, slots.get_mut(i)?.take()?, 0)))
+        .collect()
+}
+
 /// [`flatten`] of extents that overlap: a later extent wins.
 fn flatten_overlapping(extents: &[Extent]) -> Vec<(u64, u64, Extent, u64)> {
     let mut segs: std::collections::BTreeMap<u64, (u64, usize, u64)> = Default::default();
@@ -389,6 +411,43 @@ mod tests {
             vec![0; itemsize as usize],
             Storage::Fill,
         )
+    }
+
+    /// Moving the extents gives what cloning them gives: disjoint ones out of order,
+    /// and overlapping ones (a later extent wins).
+    #[test]
+    fn flatten_owned_is_flatten() {
+        let fill = |dst: u64, len: u64, v: u8| Extent {
+            dst,
+            len,
+            src: Src::Fill {
+                pattern: std::sync::Arc::from(vec![v]),
+            },
+            src_stride: 1,
+            elem: 1,
+        };
+        let key = |v: Vec<(u64, u64, Extent, u64)>| -> Vec<(u64, u64, u8, u64)> {
+            v.into_iter()
+                .map(|(s, t, e, k)| match e.src {
+                    Src::Fill { pattern } => (s, t, pattern[0], k),
+                    _ => unreachable!(),
+                })
+                .collect()
+        };
+        let disjoint = vec![
+            fill(20, 5, 1),
+            fill(0, 10, 2),
+            fill(10, 0, 3),
+            fill(10, 10, 4),
+        ];
+        let overlapping = vec![fill(0, 10, 1), fill(5, 10, 2), fill(2, 2, 3)];
+        for ex in [disjoint, overlapping] {
+            assert_eq!(key(flatten(&ex)), key(flatten_owned(ex.clone())));
+        }
+        assert_eq!(
+            key(flatten_owned(vec![fill(20, 5, 1), fill(0, 10, 2)])),
+            vec![(0, 10, 2, 0), (20, 25, 1, 0)]
+        );
     }
 
     #[test]
