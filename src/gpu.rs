@@ -183,7 +183,7 @@ pub struct Gpu {
     preloaded: std::sync::atomic::AtomicBool,
     state: OnceLock<std::result::Result<Loaded, String>>,
     /// nvCOMP, loaded at the first compressed READ_TO_GPU (`H5TILEFS_NVCOMP=off`: never).
-    nvcomp: OnceLock<Option<nvcomp::Nvcomp>>,
+    nvcomp: OnceLock<std::result::Result<nvcomp::Nvcomp, String>>,
 }
 
 impl Gpu {
@@ -207,7 +207,7 @@ impl Gpu {
     /// Loads CUDA (and cuFile) on first use; ENODEV when off or absent.
     /// nvCOMP for GPU decoding, or None (the host decoders serve).
     fn nvcomp(&self) -> Option<&nvcomp::Nvcomp> {
-        self.nvcomp.get_or_init(nvcomp::for_daemon).as_ref()
+        self.nvcomp.get_or_init(nvcomp::for_daemon).as_ref().ok()
     }
 
     /// Lets go of the cuFile handles of backing files no longer open (see
@@ -265,7 +265,7 @@ impl Gpu {
                 } else {
                     "preload"
                 };
-                match self.state.get() {
+                let mut v = match self.state.get() {
                     None => serde_json::json!({"mode": mode, "loaded": false}),
                     Some(Ok(l)) => serde_json::json!({
                         "mode": mode,
@@ -278,8 +278,27 @@ impl Gpu {
                     Some(Err(e)) => {
                         serde_json::json!({"mode": mode, "loaded": false, "error": e})
                     }
-                }
+                };
+                v["decoders"] = self.decoders();
+                v
             }
+        }
+    }
+
+    /// Which filters READ_TO_GPU decodes on the GPU, and why no others: nvCOMP is looked
+    /// for at the first compressed READ_TO_GPU.
+    fn decoders(&self) -> serde_json::Value {
+        match self.nvcomp.get() {
+            None => serde_json::json!({
+                "gpu": [],
+                "nvcomp": "not looked for yet (at the first READ_TO_GPU of compressed data)",
+            }),
+            Some(Ok(n)) => serde_json::json!({
+                "gpu": ["lz4"],
+                "nvcomp": n.path,
+                "nvcomp_version": n.version,
+            }),
+            Some(Err(why)) => serde_json::json!({"gpu": [], "nvcomp": why}),
         }
     }
 

@@ -93,10 +93,14 @@ pub struct Nvcomp {
     lz4_decompress: Lz4Decompress,
 }
 
-/// Where to look for the library, in order.
+/// Where to look for the library, in order: `H5TILEFS_NVCOMP` (the library, or the
+/// wheel's `lib64` directory); the `nvidia-libnvcomp-cu13` / `-cu12` wheel in the
+/// Python environment the daemon was installed into (the package's `gpu` extras: the
+/// binary lies in that environment's `bin`); then the loader's path.
 fn candidates() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    if let Some(p) = std::env::var_os("H5TILEFS_NVCOMP") {
+    // (empty: as unset; an empty name would make the loader open the daemon itself)
+    if let Some(p) = std::env::var_os("H5TILEFS_NVCOMP").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if p.is_dir() {
             out.push(p.join("libnvcomp.so.6"));
@@ -104,29 +108,51 @@ fn candidates() -> Vec<PathBuf> {
             out.push(p);
         }
     }
+    if let Some(env) = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.to_path_buf()))
+    {
+        for lib in ["lib", "lib64"] {
+            let Ok(rd) = std::fs::read_dir(env.join(lib)) else {
+                continue;
+            };
+            let mut pys: Vec<PathBuf> = rd
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+                .map(|e| {
+                    e.path()
+                        .join("site-packages/nvidia/libnvcomp/lib64/libnvcomp.so.6")
+                })
+                .filter(|p| p.is_file())
+                .collect();
+            pys.sort();
+            out.extend(pys);
+        }
+    }
     out.push("libnvcomp.so.6".into());
     out.push("libnvcomp.so".into());
     out
 }
 
-/// nvCOMP for the daemon's GPU decoding, or None (the host decoders serve); which, and
-/// why, is logged. Opt-in for now: only with `H5TILEFS_NVCOMP` set to the library (or
-/// its directory). Its first version ran at 0.95 GB/s where the host route ran at 3.86
-/// (H200, 2026-11-28: a device allocation and a synchronous copy per piece), so it is
-/// not taken merely because a `libnvcomp.so.6` is on the loader's path.
-pub(super) fn for_daemon() -> Option<Nvcomp> {
-    match std::env::var("H5TILEFS_NVCOMP") {
-        Ok(v) if !v.is_empty() && v != "off" => {}
-        _ => return None,
+/// nvCOMP for the daemon's GPU decoding, or why not (the host decoders serve); which,
+/// and why, is logged and shown in the control file. `H5TILEFS_NVCOMP=off` turns it
+/// off. Taken wherever found since its route beat the host's (H200, LZ4 in 1 MiB
+/// chunks: 9.2 against 8.3 GB/s for 1 GiB, 11.0 against 6.7 for 4 GiB; its first
+/// version ran at 0.95 against 3.86, docs/perf-log/2026-11-29-nvcomp-windows.md). Only
+/// LZ4 is decoded on the GPU: nvCOMP answers corrupt LZ4 with a status, corrupt Deflate
+/// or Zstd with undefined behaviour (docs/gpu-decode.md).
+pub(super) fn for_daemon() -> Result<Nvcomp, String> {
+    if std::env::var("H5TILEFS_NVCOMP").is_ok_and(|v| v == "off") {
+        return Err("turned off (H5TILEFS_NVCOMP=off)".into());
     }
     match Nvcomp::load() {
         Ok(n) => {
             tracing::info!(path = %n.path, version = n.version, "nvCOMP loaded: LZ4 chunks decode on the GPU");
-            Some(n)
+            Ok(n)
         }
         Err(why) => {
             tracing::info!(%why, "no GPU decoding: compressed chunks decode on the host");
-            None
+            Err(why)
         }
     }
 }
@@ -134,8 +160,13 @@ pub(super) fn for_daemon() -> Option<Nvcomp> {
 impl Nvcomp {
     /// Loads nvCOMP, or says why not (every place tried).
     pub fn load() -> Result<Nvcomp, String> {
+        Self::load_from(candidates())
+    }
+
+    /// The first of `places` that holds nvCOMP 6.
+    fn load_from(places: Vec<PathBuf>) -> Result<Nvcomp, String> {
         let mut tried = Vec::new();
-        for c in candidates() {
+        for c in places {
             // SAFETY: loading a shared library runs its initializers; nvCOMP's only set
             // up its own state.
             let lib = match unsafe { libloading::Library::new(&c) } {
@@ -145,7 +176,11 @@ impl Nvcomp {
                     continue;
                 }
             };
-            return Self::from_library(lib, c.display().to_string());
+            match Self::from_library(lib, c.display().to_string()) {
+                Ok(n) => return Ok(n),
+                // (not nvCOMP 6: the next place may hold it)
+                Err(why) => tried.push(why),
+            }
         }
         Err(format!("nvCOMP not found ({})", tried.join("; ")))
     }
@@ -510,6 +545,21 @@ mod tests {
         }
         let e = Nvcomp::load().err().unwrap_or_default();
         assert!(e.contains("libnvcomp.so.6"), "{e}");
+    }
+
+    /// A library that loads but is not nvCOMP 6 does not end the search (an empty
+    /// `H5TILEFS_NVCOMP` named the daemon itself, and the wheel found next was never
+    /// tried: the device run of 2026-11-29).
+    #[test]
+    fn a_library_that_is_not_nvcomp_does_not_end_the_search() {
+        let e = match Nvcomp::load_from(vec!["libc.so.6".into(), "libnvcomp.so.6".into()]) {
+            Ok(_) => return, // a machine with nvCOMP on the loader's path
+            Err(e) => e,
+        };
+        assert!(
+            e.contains("libc.so.6") && e.contains("libnvcomp.so.6"),
+            "{e}"
+        );
     }
 
     /// On a GPU machine with nvCOMP 6 (`H5TILEFS_NVCOMP=.../nvidia/libnvcomp/lib64`):
