@@ -41,6 +41,12 @@ const STAGE_BYTES: usize = 32 << 20;
 /// twice its threads of queued cells, so this only bounds how far a plan looks).
 const STAGE_AHEAD: u64 = 64 << 20;
 
+/// Pinned images of stored chunks the daemon keeps for nvCOMP windows, and the largest
+/// one kept (LZ4 stores a 128 MiB window in about 16 MiB; an image of incompressible
+/// data, about 128 MiB, is freed after its window).
+const IMAGES_KEPT: usize = 8;
+const IMAGE_KEPT_BYTES: usize = 64 << 20;
+
 /// A verbatim run longer than this is split into pieces of this size read by several
 /// threads at once: one `cuFileRead` is one stream of I/O (in compatibility mode, one
 /// thread doing pread and copies), so a large run goes faster as parallel pieces.
@@ -626,7 +632,15 @@ impl Gpu {
                 if !list.is_empty() {
                     let mut image = l.images.lock().pop().unwrap_or_default();
                     let r = pieces::nvcomp_window(nv, &list, stream, &mut scratch, &mut image);
-                    l.images.lock().push(image);
+                    // The pool keeps a few images of moderate size: pinned memory is
+                    // the host's, held for the daemon's life.
+                    let mut pool = l.images.lock();
+                    if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
+                        pool.push(image);
+                    } else {
+                        drop(pool);
+                        image.free();
+                    }
                     for (i, d) in idx.into_iter().zip(r?) {
                         on_gpu[i] = d;
                     }

@@ -167,8 +167,10 @@ impl PinnedImage {
             // SAFETY: allocates `want` bytes of pinned host memory in the bound context;
             // the old allocation is copied and given back below, with no copy in flight
             // (the caller grows the image only before queueing its upload).
+            // (portable: pinned for every context, so a window for another device's
+            // buffer may take it from the pool)
             cu_ok(
-                unsafe { cu::cuMemHostAlloc(&mut p, want, 0) },
+                unsafe { cu::cuMemHostAlloc(&mut p, want, cu::CU_MEMHOSTALLOC_PORTABLE) },
                 "cuMemHostAlloc",
             )?;
             if self.ptr != 0 {
@@ -188,6 +190,20 @@ impl PinnedImage {
         }
         // SAFETY: a live pinned allocation of `self.len` bytes owned by this value.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) })
+    }
+
+    /// Bytes held.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Gives the memory back (with a context current, no copy from it in flight).
+    pub(super) fn free(self) {
+        if self.ptr != 0 {
+            // SAFETY: allocated by cuMemHostAlloc, freed once; the caller's window has
+            // synchronized its stream.
+            unsafe { cu::cuMemFreeHost(self.ptr as *mut std::ffi::c_void) };
+        }
     }
 }
 
