@@ -616,34 +616,33 @@ impl Gpu {
                 .collect();
             let t_blocks = t0.elapsed() - t_cut;
             let mut on_gpu = vec![false; steps.len()];
-            if let Some(nv) = self.nvcomp() {
+            let (idx, list): (Vec<usize>, Vec<(&[stage::Block], u64)>) = steps
+                .iter()
+                .zip(&blocks)
+                .enumerate()
+                .filter_map(|(i, (s, b))| match (s, b) {
+                    (stage::Step::Piece(p), Some(b)) => {
+                        Some((i, (b.as_slice(), m.base + buf_offset + (p.at - w0))))
+                    }
+                    _ => None,
+                })
+                .unzip();
+            // (nvCOMP looked for only when a window has cell rows to decode)
+            if let Some(nv) = (!list.is_empty()).then(|| self.nvcomp()).flatten() {
                 let t = std::time::Instant::now();
-                let (idx, list): (Vec<usize>, Vec<(&[stage::Block], u64)>) = steps
-                    .iter()
-                    .zip(&blocks)
-                    .enumerate()
-                    .filter_map(|(i, (s, b))| match (s, b) {
-                        (stage::Step::Piece(p), Some(b)) => {
-                            Some((i, (b.as_slice(), m.base + buf_offset + (p.at - w0))))
-                        }
-                        _ => None,
-                    })
-                    .unzip();
-                if !list.is_empty() {
-                    let mut image = l.images.lock().pop().unwrap_or_default();
-                    let r = pieces::nvcomp_window(nv, &list, stream, &mut scratch, &mut image);
-                    // The pool keeps a few images of moderate size: pinned memory is
-                    // the host's, held for the daemon's life.
-                    let mut pool = l.images.lock();
-                    if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
-                        pool.push(image);
-                    } else {
-                        drop(pool);
-                        image.free();
-                    }
-                    for (i, d) in idx.into_iter().zip(r?) {
-                        on_gpu[i] = d;
-                    }
+                let mut image = l.images.lock().pop().unwrap_or_default();
+                let r = pieces::nvcomp_window(nv, &list, stream, &mut scratch, &mut image);
+                // The pool keeps a few images of moderate size: pinned memory is
+                // the host's, held for the daemon's life.
+                let mut pool = l.images.lock();
+                if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
+                    pool.push(image);
+                } else {
+                    drop(pool);
+                    image.free();
+                }
+                for (i, d) in idx.into_iter().zip(r?) {
+                    on_gpu[i] = d;
                 }
                 t_warm += t.elapsed();
             }

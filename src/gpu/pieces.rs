@@ -63,6 +63,27 @@ unsafe fn copy_rows(
     )
 }
 
+/// Block `b`'s rows, packed back to back at `src`, to its place in the piece at `dev`.
+///
+/// # Safety
+/// As [`copy_rows`]: `src` holds the block's rows and stays untouched (or allocated)
+/// until the stream passes the copy; the block lies inside the piece at `dev`.
+unsafe fn copy_block(b: &Block, src: Src, dev: u64, stream: cu::CUstream) -> Result<()> {
+    let width = b.width as usize;
+    // SAFETY: as the caller promises.
+    unsafe {
+        copy_rows(
+            src,
+            width,
+            dev + b.dst,
+            b.pitch as usize,
+            width,
+            b.rows as usize,
+            stream,
+        )
+    }
+}
+
 enum Src {
     Host(*const std::ffi::c_void),
     Device(u64),
@@ -87,17 +108,7 @@ pub(super) unsafe fn scatter_packed(
             .ok_or_else(|| Error::io("packed blocks beyond the staging buffer"))?;
         // SAFETY: the block's packed rows lie at host[pos..pos + width * rows]; its
         // destination lies inside the piece (blocks come from its disjoint extents).
-        unsafe {
-            copy_rows(
-                Src::Host(src.as_ptr().cast()),
-                b.width as usize,
-                dev + b.dst,
-                b.pitch as usize,
-                b.width as usize,
-                b.rows as usize,
-                stream,
-            )?
-        };
+        unsafe { copy_block(b, Src::Host(src.as_ptr().cast()), dev, stream)? };
         pos += b.bytes() as usize;
     }
     Ok(())
@@ -380,17 +391,7 @@ pub(super) fn nvcomp_window(
             // SAFETY: the block's rows lie in its cell's slot of the scratch (decoded
             // above, on this stream) and inside the piece at `dev`; the scratch lives
             // until the transfer has synchronized the stream.
-            unsafe {
-                copy_rows(
-                    Src::Device(base + at + b.src),
-                    b.width as usize,
-                    dev + b.dst,
-                    b.pitch as usize,
-                    b.width as usize,
-                    b.rows as usize,
-                    stream,
-                )?
-            };
+            unsafe { copy_block(b, Src::Device(base + at + b.src), *dev, stream)? };
         }
     }
     tracing::debug!(
