@@ -7,6 +7,7 @@ pub mod framing;
 mod handles;
 mod identcache;
 pub mod nvcomp;
+mod devmem;
 mod pieces;
 mod stage;
 
@@ -168,7 +169,7 @@ struct Loaded {
     /// Pinned host staging buffers of STAGE_BYTES (addresses), reused across transfers.
     pinned: Mutex<Vec<usize>>,
     /// Pinned images of stored chunks for nvCOMP windows, reused across transfers.
-    images: Mutex<Vec<pieces::PinnedImage>>,
+    images: Mutex<Vec<devmem::PinnedImage>>,
 }
 
 pub struct Gpu {
@@ -549,7 +550,7 @@ impl Gpu {
         let mut events: [cu::CUevent; 2] = [std::ptr::null_mut(); 2];
         // Device memory for chunks decoded on the GPU, kept for the transfer and given
         // back after the stream's last synchronization below.
-        let mut scratch = pieces::Scratch::default();
+        let mut scratch = devmem::Scratch::default();
         let result = (|| -> Result<(u64, u64)> {
             for k in 0..2 {
                 bufs[k] = self.take_pinned(l)?;

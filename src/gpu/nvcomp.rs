@@ -1,6 +1,7 @@
 //! nvCOMP's batched decompressors (issue 32, docs/gpu-decode.md), loaded at run time as
 //! CUDA and cuFile are: no nvCOMP crate exists, so this is a small FFI of our own over
-//! the 6.x C API (`nvcomp/lz4.h` of the `nvidia-libnvcomp-cu13` 6.0 wheel). Where nvCOMP
+//! the 6.x C API (`nvcomp/{lz4,zstd,deflate}.h` of the `nvidia-libnvcomp-cu13` 6.0
+//! wheel: the three codecs' batched calls share their signatures). Where nvCOMP
 //! is missing, or is a 5.x whose batched calls take other arguments, nothing here
 //! loads and the host decoders serve.
 //!
@@ -15,28 +16,63 @@ use std::path::PathBuf;
 type Status = i32;
 const SUCCESS: Status = 0;
 
-/// `nvcompBatchedLZ4DecompressOpts_t` (64 bytes, passed by value).
+/// The decompression options of every codec nvCOMP 6 batches
+/// (`nvcompBatched{LZ4,Zstd,Deflate}DecompressOpts_t`): 64 bytes passed by value, the
+/// `nvcompDecompressBackend_t` first. Backend 2 is the CUDA decoders (on a hardware
+/// decompression engine corrupt input is undefined behaviour and the status always says
+/// success); every other field is zero: LZ4's sort off, bytes, no bitshuffle; Deflate's
+/// sort off; Zstd has none.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Lz4DecompressOpts {
-    /// `nvcompDecompressBackend_t`: 2, the CUDA decoders (on a hardware decompression
-    /// engine corrupt input is undefined behaviour and the status always says success).
+struct DecompressOpts {
     backend: i32,
-    sort_before_hw_decompress: i32,
-    /// `nvcompType_t`: 0, bytes.
-    data_type: i32,
-    /// `nvcompBitshuffleMode_t`: 0, none.
-    bitshuffle_mode: i32,
-    reserved: [u8; 48],
+    rest: [i32; 15],
 }
 
-const LZ4_DEFAULT: Lz4DecompressOpts = Lz4DecompressOpts {
+const CUDA_BACKEND: DecompressOpts = DecompressOpts {
     backend: 2,
-    sort_before_hw_decompress: 0,
-    data_type: 0,
-    bitshuffle_mode: 0,
-    reserved: [0; 48],
+    rest: [0; 15],
 };
+
+/// A codec nvCOMP decodes in batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Lz4,
+    Zstd,
+    Deflate,
+}
+
+impl Codec {
+    pub const ALL: [Codec; 3] = [Codec::Lz4, Codec::Zstd, Codec::Deflate];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Lz4 => "LZ4",
+            Codec::Zstd => "Zstd",
+            Codec::Deflate => "Deflate",
+        }
+    }
+
+    /// Whether nvCOMP 6 answers corrupt input with a status. Its headers call corrupt
+    /// Zstd and Deflate input undefined behaviour, so those are decoded in the decoder
+    /// process, where a fault costs one request (docs/gpu-decode.md).
+    pub fn checked(self) -> bool {
+        self == Codec::Lz4
+    }
+
+    /// The wire code of the decoder process's protocol.
+    pub fn code(self) -> u64 {
+        self as u64
+    }
+
+    pub fn from_code(c: u64) -> Option<Codec> {
+        Codec::ALL.into_iter().find(|k| k.code() == c)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// `nvcompAlignmentRequirements_t`.
 #[repr(C)]
@@ -57,16 +93,16 @@ struct Properties {
 
 type GetProperties = unsafe extern "C" fn(*mut Properties) -> Status;
 type StatusString = unsafe extern "C" fn(Status) -> *const c_char;
-type Lz4Alignments = unsafe extern "C" fn(Lz4DecompressOpts, *mut Alignments) -> Status;
-type Lz4TempSize = unsafe extern "C" fn(
+type AlignmentsFn = unsafe extern "C" fn(DecompressOpts, *mut Alignments) -> Status;
+type TempSizeFn = unsafe extern "C" fn(
     usize,
     usize,
-    Lz4DecompressOpts,
+    DecompressOpts,
     *mut usize,
     usize,
     cu::CUstream,
 ) -> Status;
-type Lz4Decompress = unsafe extern "C" fn(
+type DecompressFn = unsafe extern "C" fn(
     *const *const c_void,
     *const usize,
     *const usize,
@@ -75,7 +111,7 @@ type Lz4Decompress = unsafe extern "C" fn(
     *mut c_void,
     usize,
     *const *mut c_void,
-    Lz4DecompressOpts,
+    DecompressOpts,
     *mut Status,
     cu::CUstream,
 ) -> Status;
@@ -88,9 +124,16 @@ pub struct Nvcomp {
     /// `major * 1000 + minor * 100 + patch`.
     pub version: u32,
     status_string: StatusString,
-    lz4_alignments: Lz4Alignments,
-    lz4_temp_size: Lz4TempSize,
-    lz4_decompress: Lz4Decompress,
+    /// Per [`Codec`] (by its index): its three calls, where this nvCOMP has them.
+    fns: [Option<Fns>; 3],
+}
+
+/// One codec's batched-decompression calls (the same signatures for every codec).
+#[derive(Clone, Copy)]
+struct Fns {
+    alignments: AlignmentsFn,
+    temp_size: TempSizeFn,
+    decompress: DecompressFn,
 }
 
 /// Where to look for the library, in order: `H5TILEFS_NVCOMP` (the library, or the
@@ -209,24 +252,45 @@ impl Nvcomp {
                     p.version % 100
                 ));
             }
+            let fns_of = |c: Codec| -> Result<Fns, String> {
+                let n = c.name();
+                Ok(Fns {
+                    alignments: std::mem::transmute::<*const c_void, AlignmentsFn>(sym(
+                        format!("nvcompBatched{n}DecompressGetRequiredAlignments\0").as_bytes(),
+                    )?),
+                    temp_size: std::mem::transmute::<*const c_void, TempSizeFn>(sym(
+                        format!("nvcompBatched{n}DecompressGetTempSize\0").as_bytes(),
+                    )?),
+                    decompress: std::mem::transmute::<*const c_void, DecompressFn>(sym(
+                        format!("nvcompBatched{n}DecompressAsync\0").as_bytes(),
+                    )?),
+                })
+            };
+            // (LZ4 is required; a build without Zstd or Deflate leaves those on the host)
+            let fns = [
+                Some(fns_of(Codec::Lz4)?),
+                fns_of(Codec::Zstd).ok(),
+                fns_of(Codec::Deflate).ok(),
+            ];
             Ok(Nvcomp {
                 status_string: std::mem::transmute::<*const c_void, StatusString>(sym(
                     b"nvcompGetStatusString\0",
                 )?),
-                lz4_alignments: std::mem::transmute::<*const c_void, Lz4Alignments>(sym(
-                    b"nvcompBatchedLZ4DecompressGetRequiredAlignments\0",
-                )?),
-                lz4_temp_size: std::mem::transmute::<*const c_void, Lz4TempSize>(sym(
-                    b"nvcompBatchedLZ4DecompressGetTempSize\0",
-                )?),
-                lz4_decompress: std::mem::transmute::<*const c_void, Lz4Decompress>(sym(
-                    b"nvcompBatchedLZ4DecompressAsync\0",
-                )?),
+                fns,
                 version: p.version,
                 path,
                 _lib: lib,
             })
         }
+    }
+
+    /// Whether this nvCOMP decodes `c`.
+    pub fn has(&self, c: Codec) -> bool {
+        self.fns[c.index()].is_some()
+    }
+
+    fn fns(&self, c: Codec) -> Result<Fns, String> {
+        self.fns[c.index()].ok_or_else(|| format!("nvCOMP at {} has no {} decoder", self.path, c.name()))
     }
 
     fn why(&self, s: Status) -> String {
@@ -240,10 +304,14 @@ impl Nvcomp {
         format!("{} ({s})", t.to_string_lossy())
     }
 
-    /// Decodes raw LZ4 blocks (`(block, decoded size)`) in one batch on the current
+    /// Decodes raw blocks of `codec` (`(block, decoded size)`) in one batch on the current
     /// context's device and returns their bytes (for checks: the daemon decodes into
-    /// device memory with [`Self::lz4_into`]).
-    pub fn lz4_blocks(&self, blocks: &[(&[u8], usize)]) -> Result<Vec<Vec<u8>>, String> {
+    /// device memory with [`Self::decode_image`]).
+    pub fn decode_blocks(
+        &self,
+        codec: Codec,
+        blocks: &[(&[u8], usize)],
+    ) -> Result<Vec<Vec<u8>>, String> {
         let mut mem = DeviceMem::default();
         let total: usize = blocks.iter().map(|(_, m)| m.div_ceil(16) * 16).sum();
         let base = mem.alloc(total.max(1))?;
@@ -258,7 +326,8 @@ impl Nvcomp {
             });
             at += (m.div_ceil(16) * 16) as u64;
         }
-        self.lz4_into(&mut Arena::default(), &items, std::ptr::null_mut())?;
+        self.decode_into(codec, &mut Arena::default(), &items, std::ptr::null_mut())
+            .map_err(|e| e.to_string())?;
         items
             .iter()
             .map(|it| {
@@ -269,30 +338,31 @@ impl Nvcomp {
             .collect()
     }
 
-    /// The alignment nvCOMP's LZ4 asks of each input block's address.
-    pub(super) fn lz4_input_align(&self) -> Result<usize, String> {
-        Ok(self.lz4_align()?.input.max(1))
+    /// The alignment nvCOMP's decoder of `c` asks of each input's address.
+    pub fn input_align(&self, c: Codec) -> Result<usize, String> {
+        Ok(self.align(c)?.input.max(1))
     }
 
-    fn lz4_align(&self) -> Result<Alignments, String> {
+    fn align(&self, c: Codec) -> Result<Alignments, String> {
         let mut al = Alignments::default();
         // SAFETY: out-pointer to a struct of the header's layout.
-        let s = unsafe { (self.lz4_alignments)(LZ4_DEFAULT, &mut al) };
+        let s = unsafe { (self.fns(c)?.alignments)(CUDA_BACKEND, &mut al) };
         if s != SUCCESS {
-            return Err(format!("nvCOMP LZ4 alignments: {}", self.why(s)));
+            return Err(format!("nvCOMP {} alignments: {}", c.name(), self.why(s)));
         }
         Ok(al)
     }
 
     /// Writes `items` into device memory in one batch on `stream` and waits for it (see
-    /// [`Self::lz4_from_image`]); the inputs are first copied into one host image.
-    pub(super) fn lz4_into(
+    /// [`Self::decode_image`]); the inputs are first copied into one host image.
+    pub(super) fn decode_into(
         &self,
+        codec: Codec,
         arena: &mut Arena,
         items: &[Item],
         stream: cu::CUstream,
-    ) -> Result<(), String> {
-        let align = self.lz4_input_align()?.max(8);
+    ) -> Result<(), BatchError> {
+        let align = self.input_align(codec)?.max(8);
         let mut image = Vec::new();
         let mut placed = Vec::with_capacity(items.len());
         for it in items {
@@ -306,46 +376,47 @@ impl Nvcomp {
                 raw: it.raw,
             });
         }
-        self.lz4_from_image(arena, &image, &placed, stream)
+        self.decode_image(codec, arena, &image, &placed, stream)
     }
 
     /// Writes `items`, whose inputs lie in `image`, into device memory in one batch on
-    /// `stream` and waits for it: LZ4 blocks decoded by nvCOMP (outputs 16-byte
-    /// aligned, what nvCOMP 6 asks of LZ4), raw ones copied. The image goes up in one
+    /// `stream` and waits for it: blocks of `codec` decoded by nvCOMP (outputs aligned as
+    /// its query says: 16 bytes for LZ4), raw ones copied. The image goes up in one
     /// copy into `arena` (asynchronous when `image` is pinned host memory), the batch's
     /// tables in another, and the stream is synchronized once, after the decode (`arena`
     /// keeps its device memory between calls: a device allocation and free per batch
     /// cost more than the decode). A block that does not decode to its size (corrupt)
-    /// fails the batch, naming it: LZ4 is the codec whose corrupt input nvCOMP 6
-    /// answers with a status rather than undefined behaviour.
-    pub(super) fn lz4_from_image(
+    /// fails the batch, naming it (LZ4 is the codec whose corrupt input nvCOMP 6
+    /// answers with a status rather than undefined behaviour: [`Codec::checked`]).
+    pub(super) fn decode_image(
         &self,
+        codec: Codec,
         arena: &mut Arena,
         image: &[u8],
         items: &[ImageItem],
         stream: cu::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), BatchError> {
+        let name = codec.name();
+        let fns = self.fns(codec)?;
         if items.is_empty() {
             return Ok(());
         }
-        let al = self.lz4_align()?;
+        let al = self.align(codec)?;
         if let Some((k, _)) = items
             .iter()
             .enumerate()
             .find(|(_, it)| !it.raw && it.dst % al.output.max(1) as u64 != 0)
         {
-            return Err(format!(
-                "LZ4 batch: output {k} is not {}-byte aligned",
-                al.output
-            ));
+            return Err(format!("{name} batch: output {k} is not {}-byte aligned", al.output).into());
         }
         if let Some((k, _)) = items.iter().enumerate().find(|(_, it)| {
             it.src.end > image.len() || (!it.raw && it.src.start % al.input.max(1) != 0)
         }) {
             return Err(format!(
-                "LZ4 batch: input {k} is outside the image or not {}-byte aligned",
+                "{name} batch: input {k} is outside the image or not {}-byte aligned",
                 al.input
-            ));
+            )
+            .into());
         }
         let up = |x: usize, a: usize| x.div_ceil(a.max(1)) * a.max(1);
         let d_in = arena.get(0, image.len().max(1))?;
@@ -365,7 +436,7 @@ impl Nvcomp {
         let n = lz.len();
         if n == 0 {
             // SAFETY: the caller's live stream (or the default stream).
-            return cu_ok(unsafe { cu::cuStreamSynchronize(stream) });
+            return Ok(cu_ok(unsafe { cu::cuStreamSynchronize(stream) })?);
         }
         // The tables: input pointers, output pointers, input sizes, output sizes, then
         // room for the decoded sizes and the statuses nvCOMP writes.
@@ -389,16 +460,16 @@ impl Nvcomp {
         let mut temp = 0usize;
         // SAFETY: out-pointer; the stream is the caller's (or the default stream).
         let s =
-            unsafe { (self.lz4_temp_size)(n, max_out, LZ4_DEFAULT, &mut temp, out_total, stream) };
+            unsafe { (fns.temp_size)(n, max_out, CUDA_BACKEND, &mut temp, out_total, stream) };
         if s != SUCCESS {
-            return Err(format!("nvCOMP LZ4 temp size: {}", self.why(s)));
+            return Err(format!("nvCOMP {name} temp size: {}", self.why(s)).into());
         }
         let d_temp = arena.get(2, up(temp.max(1), al.temp))?;
         // SAFETY: the tables hold `n` entries each at the offsets `at` gives, in device
         // memory of the arena; the inputs lie in the arena's image; the outputs are the
         // caller's; the call is synchronized below, before the arena is reused.
         let s = unsafe {
-            (self.lz4_decompress)(
+            (fns.decompress)(
                 at(0) as *const *const c_void,
                 at(2) as *const usize,
                 at(3) as *const usize,
@@ -407,7 +478,7 @@ impl Nvcomp {
                 d_temp as *mut c_void,
                 temp,
                 at(1) as *const *mut c_void,
-                LZ4_DEFAULT,
+                CUDA_BACKEND,
                 at(5) as *mut Status,
                 stream,
             )
@@ -415,7 +486,7 @@ impl Nvcomp {
         // SAFETY: the stream is live (the caller's) or the default stream.
         let synced = cu_ok(unsafe { cu::cuStreamSynchronize(stream) });
         if s != SUCCESS {
-            return Err(format!("nvCOMP LZ4 decompress: {}", self.why(s)));
+            return Err(format!("nvCOMP {name} decompress: {}", self.why(s)).into());
         }
         synced?;
         let mut tail = vec![0u64; 2 * n];
@@ -424,20 +495,42 @@ impl Nvcomp {
             let got = tail[k];
             let st = (tail[n + k / 2] >> (32 * (k % 2))) as u32 as i32;
             if st != SUCCESS || got != it.len as u64 {
-                return Err(format!(
-                    "LZ4 block {k} of the batch: {} ({got} of {} bytes)",
-                    self.why(st),
-                    it.len
-                ));
+                return Err(BatchError {
+                    block: Some(k),
+                    why: format!(
+                        "{name} block {k} of the batch: {} ({got} of {} bytes)",
+                        self.why(st),
+                        it.len
+                    ),
+                });
             }
         }
         Ok(())
     }
 }
 
+/// Why a batch failed, and which of its decoded (not raw) blocks, when one is to blame.
+#[derive(Debug)]
+pub struct BatchError {
+    pub block: Option<usize>,
+    pub why: String,
+}
+
+impl From<String> for BatchError {
+    fn from(why: String) -> BatchError {
+        BatchError { block: None, why }
+    }
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
 /// One entry of a batch whose inputs lie in one host image: the image's bytes `src`
 /// become `len` bytes at device address `dst`, decoded, or copied when `raw`.
-pub(super) struct ImageItem {
+pub struct ImageItem {
     pub src: std::ops::Range<usize>,
     pub dst: u64,
     pub len: usize,
@@ -453,9 +546,10 @@ pub(super) struct Item<'a> {
     pub raw: bool,
 }
 
-/// Device memory of LZ4 batches, grown as needed and kept between calls.
+/// Device memory of batches (image, tables, temporary), grown as needed and kept
+/// between calls.
 #[derive(Default)]
-pub(super) struct Arena {
+pub struct Arena {
     bufs: [(u64, usize); 3],
 }
 
@@ -532,7 +626,7 @@ mod tests {
 
     #[test]
     fn option_structs_have_the_headers_sizes() {
-        assert_eq!(std::mem::size_of::<Lz4DecompressOpts>(), 64);
+        assert_eq!(std::mem::size_of::<DecompressOpts>(), 64);
         assert_eq!(std::mem::size_of::<Alignments>(), 24);
     }
 
@@ -603,7 +697,7 @@ mod tests {
             assert_eq!(cu::cuCtxSetCurrent(ctx), cu::CUresult::CUDA_SUCCESS);
         }
         let t = std::time::Instant::now();
-        let got = nv.lz4_blocks(&blocks).expect("batch decode");
+        let got = nv.decode_blocks(Codec::Lz4, &blocks).expect("batch decode");
         eprintln!(
             "nvCOMP {} at {}: {} LZ4 blocks, {} bytes, {:?} (with transfers)",
             nv.version,
@@ -622,7 +716,7 @@ mod tests {
         let mut broken = blocks.clone();
         broken[3] = (&bad, blocks[3].1);
         let e = nv
-            .lz4_blocks(&broken)
+            .decode_blocks(Codec::Lz4, &broken)
             .expect_err("a cut block cannot decode");
         assert!(e.contains("block 3"), "{e}");
     }
