@@ -3,13 +3,18 @@
 //! extent-map runs into them — cuFile straight from the backing file for verbatim runs,
 //! host staging plus a copy for decoded and fill runs.
 
+mod decoder;
+mod decoder_proc;
+mod devmem;
 pub mod framing;
 mod handles;
 mod identcache;
 pub mod nvcomp;
-mod devmem;
 mod pieces;
 mod stage;
+pub mod wire;
+
+pub use decoder_proc::serve as decoder_process;
 
 use handles::{
     register_cufile, register_cufile_write, CuFile, WriteHandles, DIRECT_ALIGN, MAX_CUFILE_HANDLES,
@@ -87,6 +92,8 @@ fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
 /// mapping outlives every transfer into it.
 pub struct Mapping {
     pub device: i32,
+    /// The client's IPC handle (the decoder process opens it for itself).
+    pub handle: [u8; 64],
     /// Base of the client's allocation in this process (from cuIpcOpenMemHandle).
     pub base: u64,
     pub alloc_size: u64,
@@ -109,6 +116,7 @@ impl Mapping {
     pub fn probe(alloc_size: u64, drops: Arc<std::sync::atomic::AtomicUsize>) -> Mapping {
         Mapping {
             device: 0,
+            handle: [0; 64],
             base: 0,
             alloc_size,
             release: Release::Probe(drops),
@@ -170,6 +178,8 @@ struct Loaded {
     pinned: Mutex<Vec<usize>>,
     /// Pinned images of stored chunks for nvCOMP windows, reused across transfers.
     images: Mutex<Vec<devmem::PinnedImage>>,
+    /// Images of stored chunks for the decoder process, reused across transfers.
+    shared_images: Mutex<Vec<decoder::SharedImage>>,
 }
 
 pub struct Gpu {
@@ -191,6 +201,8 @@ pub struct Gpu {
     state: OnceLock<std::result::Result<Loaded, String>>,
     /// nvCOMP, loaded at the first compressed READ_TO_GPU (`H5TILEFS_NVCOMP=off`: never).
     nvcomp: OnceLock<std::result::Result<nvcomp::Nvcomp, String>>,
+    /// The process that decodes codecs whose corrupt input is undefined behaviour.
+    decoder: decoder::Decoder,
 }
 
 impl Gpu {
@@ -208,6 +220,7 @@ impl Gpu {
             preloaded: std::sync::atomic::AtomicBool::new(false),
             state: OnceLock::new(),
             nvcomp: OnceLock::new(),
+            decoder: decoder::Decoder::default(),
         }
     }
 
@@ -257,6 +270,7 @@ impl Gpu {
                 wfiles: IdentCache::new(MAX_CUFILE_HANDLES),
                 pinned: Mutex::new(Vec::new()),
                 images: Mutex::new(Vec::new()),
+                shared_images: Mutex::new(Vec::new()),
             })
         });
         st.as_ref().map_err(|e| no_dev(e.clone()))
@@ -301,9 +315,15 @@ impl Gpu {
                 "nvcomp": "not looked for yet (at the first READ_TO_GPU of compressed data)",
             }),
             Some(Ok(n)) => serde_json::json!({
-                "gpu": ["lz4"],
+                "gpu": nvcomp::Codec::ALL
+                    .into_iter()
+                    .filter(|&c| n.has(c) && c != nvcomp::Codec::Deflate)
+                    .map(|c| c.name().to_lowercase())
+                    .collect::<Vec<_>>(),
                 "nvcomp": n.path,
                 "nvcomp_version": n.version,
+                // (zstd: in this process, where a fault costs only its batch)
+                "decoder_process": self.decoder.describe(),
             }),
             Some(Err(why)) => serde_json::json!({"gpu": [], "nvcomp": why}),
         }
@@ -395,6 +415,7 @@ impl Gpu {
         }
         Ok(Mapping {
             device,
+            handle: *handle,
             base: ptr,
             alloc_size,
             release: Release::Cuda {
@@ -629,19 +650,61 @@ impl Gpu {
                 })
                 .unzip();
             // (nvCOMP looked for only when a window has cell rows to decode)
-            if let Some(nv) = (!list.is_empty()).then(|| self.nvcomp()).flatten() {
+            let nv = (!list.is_empty()).then(|| self.nvcomp()).flatten();
+            if let Some((nv, codec)) =
+                nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)))
+            {
                 let t = std::time::Instant::now();
-                let mut image = l.images.lock().pop().unwrap_or_default();
-                let r = pieces::nvcomp_window(nv, &list, stream, &mut scratch, &mut image);
-                // The pool keeps a few images of moderate size: pinned memory is
-                // the host's, held for the daemon's life.
-                let mut pool = l.images.lock();
-                if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
-                    pool.push(image);
+                let r = if codec.checked() {
+                    let mut image = l.images.lock().pop().unwrap_or_default();
+                    let r = pieces::nvcomp_window(
+                        nv,
+                        codec,
+                        &list,
+                        pieces::Route::Here {
+                            stream,
+                            scratch: &mut scratch,
+                            image: &mut image,
+                        },
+                    );
+                    // The pool keeps a few images of moderate size: pinned memory is
+                    // the host's, held for the daemon's life.
+                    let mut pool = l.images.lock();
+                    if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
+                        pool.push(image);
+                    } else {
+                        drop(pool);
+                        image.free();
+                    }
+                    r
                 } else {
-                    drop(pool);
-                    image.free();
-                }
+                    let mut image = l.shared_images.lock().pop();
+                    let r = pieces::nvcomp_window(
+                        nv,
+                        codec,
+                        &list,
+                        pieces::Route::Process {
+                            decoder: &self.decoder,
+                            image: &mut image,
+                            client: pieces::Client {
+                                device: m.device,
+                                handle: m.handle,
+                                alloc_size: m.alloc_size,
+                                base: m.base,
+                            },
+                        },
+                    );
+                    if let Some(image) = image {
+                        let mut pool = l.shared_images.lock();
+                        if pool.len() < IMAGES_KEPT && image.len() <= IMAGE_KEPT_BYTES {
+                            pool.push(image);
+                        } else {
+                            drop(pool);
+                            self.decoder.retire(image.id);
+                        }
+                    }
+                    r
+                };
                 for (i, d) in idx.into_iter().zip(r?) {
                     on_gpu[i] = d;
                 }

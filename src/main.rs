@@ -68,6 +68,13 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         stuck_after: u64,
     },
+    /// The GPU decoder process a daemon starts for itself (docs/gpu-decode.md): serves
+    /// the daemon on descriptors 3..3+CONNS; not for users.
+    #[command(hide = true)]
+    GpuDecoder {
+        #[arg(long)]
+        conns: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -222,6 +229,10 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Commit { file, json } => ExitCode::from(filecli::commit(&file, json)),
+        Cmd::GpuDecoder { conns } => {
+            init_logging(None, true);
+            ExitCode::from(h5tilefs::gpu::decoder_process(conns.min(64)) as u8)
+        }
     }
 }
 

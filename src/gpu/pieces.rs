@@ -3,9 +3,11 @@
 //! device scratch (the stored chunks decoded on the GPU). Either way one 2D copy per
 //! block scatters the rows.
 
+use super::decoder::{Decoder, Failure, SharedImage};
 use super::devmem::{copy_rows, PinnedImage, Scratch, Src};
 use super::nvcomp::{Codec, ImageItem, Nvcomp};
 use super::stage::Block;
+use super::wire;
 use crate::error::{Error, GpuError, Result};
 use crate::extent::{CellKey, CellRef};
 use cudarc::driver::sys as cu;
@@ -69,23 +71,67 @@ struct Chunk<'a> {
     img: usize,
 }
 
-/// Decodes with nvCOMP, in one batch, the chunks of every piece of a window (`(blocks,
-/// device address)`) whose cells are all stored chunks through the LZ4 filter (32004)
-/// alone, and scatters their rows to the pieces; the stored chunks are read into
-/// pinned memory `image` and go up in one asynchronous copy, and the stream is
-/// synchronized once. Returns, per piece, whether it was done; a piece not done has
-/// nothing queued for it (other filters, chunks never written, framings refused:
-/// the host route takes it). A chunk nvCOMP cannot decode fails the request (EIO)
-/// naming file, dataset and chunk.
+/// The nvCOMP codec that decodes a chunk stored through `filters`, if one does.
+fn codec_of(filters: &[i32]) -> Option<Codec> {
+    match filters {
+        [crate::codecs::LZ4] => Some(Codec::Lz4),
+        [crate::codecs::ZSTD] => Some(Codec::Zstd),
+        _ => None,
+    }
+}
+
+/// The codec of a window's batch: that of its first stored chunk nvCOMP decodes (a
+/// window's chunks of other codecs take the host route). `None`: the host route.
+pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<Codec> {
+    pieces
+        .iter()
+        .flat_map(|(blocks, _)| blocks.iter())
+        .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?.filters))
+        .filter(|&c| nv.has(c))
+}
+
+/// The client's allocation, as the decoder process maps it.
+pub(super) struct Client {
+    pub device: i32,
+    pub handle: [u8; 64],
+    pub alloc_size: u64,
+    /// Its base in the daemon (the pieces' addresses are relative to it).
+    pub base: u64,
+}
+
+/// Where a window's batch runs.
+pub(super) enum Route<'a> {
+    /// In the daemon: codecs whose corrupt input nvCOMP answers with a status (LZ4).
+    Here {
+        stream: cu::CUstream,
+        scratch: &'a mut Scratch,
+        image: &'a mut PinnedImage,
+    },
+    /// In the decoder process (Zstd): a failure there leaves the window to the host
+    /// route, whose decoders name a corrupt chunk.
+    Process {
+        decoder: &'a Decoder,
+        image: &'a mut Option<SharedImage>,
+        client: Client,
+    },
+}
+
+/// Decodes with nvCOMP, in one batch of `codec`, the chunks of every piece of a window
+/// (`(blocks, device address)`) whose cells are all stored chunks through that codec's
+/// filter alone, and scatters their rows to the pieces; the stored chunks are read into
+/// an image that goes up in one copy, and the batch is waited for once. Returns, per
+/// piece, whether it was done; a piece not done has nothing queued for it (other
+/// filters, chunks never written, framings refused: the host route takes it). On the
+/// daemon's route a chunk nvCOMP cannot decode fails the request (EIO) naming file,
+/// dataset and chunk; a batch the decoder process fails is left to the host route.
 pub(super) fn nvcomp_window(
     nv: &Nvcomp,
+    codec: Codec,
     pieces: &[(&[Block], u64)],
-    stream: cu::CUstream,
-    scratch: &mut Scratch,
-    image: &mut PinnedImage,
+    route: Route,
 ) -> Result<Vec<bool>> {
     let align = nv
-        .input_align(Codec::Lz4)
+        .input_align(codec)
         .map_err(|e| Error::from(GpuError::Transfer(e)))?
         .max(16);
     let mut chunks: Vec<Chunk> = Vec::new();
@@ -117,7 +163,8 @@ pub(super) fn nvcomp_window(
                     }
                     let stored = match b.cell.source.stored(b.cell.index) {
                         Some(s)
-                            if s.filters == [crate::codecs::LZ4] && s.size <= 2 * MAX_GPU_CHUNK =>
+                            if codec_of(&s.filters) == Some(codec)
+                                && s.size <= 2 * MAX_GPU_CHUNK =>
                         {
                             s
                         }
@@ -155,28 +202,42 @@ pub(super) fn nvcomp_window(
         return Ok(done);
     }
     let t0 = std::time::Instant::now();
-    let buf = image.ensure(img_total, 0)?;
+    let mut route = route;
+    let buf: &mut [u8] = match &mut route {
+        Route::Here { image, .. } => image.ensure(img_total, 0)?,
+        Route::Process { image, decoder, .. } => {
+            match SharedImage::ensure(image, img_total, 0, decoder) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no image for the decoder process: host route");
+                    return Ok(vec![false; pieces.len()]);
+                }
+            }
+        }
+    };
     read_stored(&chunks, buf)?;
     let t_read = t0.elapsed();
     // Framings taken apart first: a chunk they refuse leaves the window to the host,
-    // whose decoder says why.
+    // whose decoder says why. Items' outputs are scratch offsets here.
     let mut items = Vec::new();
     let mut owner = Vec::new();
     let mut copies: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     let mut end = img_total;
-    let base = match scratch.ensure(total as usize, stream) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::debug!(error = %e, "no device scratch for GPU decoding: host route");
-            return Ok(vec![false; pieces.len()]);
-        }
-    };
     for (i, c) in chunks.iter().enumerate() {
         let n = c.cell.source.cell_bytes() as usize;
-        let raw = &buf[c.img..c.img + c.stored.size as usize];
-        let framed = match super::framing::lz4(raw, n) {
-            Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
-            _ => return Ok(vec![false; pieces.len()]),
+        let size = c.stored.size as usize;
+        let framed = match codec {
+            Codec::Lz4 => match super::framing::lz4(&buf[c.img..c.img + size], n) {
+                Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
+                _ => return Ok(vec![false; pieces.len()]),
+            },
+            // (one frame per chunk: nvCOMP checks it decodes to the chunk's size)
+            Codec::Zstd => vec![super::framing::Piece {
+                src: 0..size,
+                dst: 0..n,
+                raw: false,
+            }],
+            Codec::Deflate => return Ok(vec![false; pieces.len()]),
         };
         for p in framed {
             let mut src = c.img + p.src.start..c.img + p.src.end;
@@ -189,7 +250,7 @@ pub(super) fn nvcomp_window(
             }
             items.push(ImageItem {
                 src,
-                dst: base + c.at + p.dst.start as u64,
+                dst: c.at + p.dst.start as u64,
                 len: p.dst.len(),
                 raw: p.raw,
             });
@@ -198,39 +259,129 @@ pub(super) fn nvcomp_window(
             }
         }
     }
-    let buf = image.ensure(end, img_total)?;
-    for (from, to) in &copies {
-        buf.copy_within(*from..*from + to.len(), to.start);
-    }
-    let t_frame = t0.elapsed();
-    let r = nv
-        .decode_image(Codec::Lz4, &mut scratch.arena, &buf[..end], &items, stream)
-        .map_err(|why| {
-            let which = why
-                .block
-                .and_then(|k| owner.get(k))
-                .and_then(|&i| chunks.get(i))
-                .map_or_else(
-                    || "a chunk of the request".to_string(),
-                    |c| c.cell.source.describe(c.cell.index),
-                );
-            tracing::warn!(chunk = %which, %why, "GPU decode failed: the request fails");
-            Error::io(format!("{which}: GPU decode (nvCOMP LZ4) failed: {why}"))
-        });
-    let t_gpu = t0.elapsed();
-    r?;
-    for (k, (blocks, dev)) in pieces.iter().enumerate() {
-        if !done[k] {
-            continue;
+    let name_block = |block: Option<usize>| {
+        block
+            .and_then(|k| owner.get(k))
+            .and_then(|&i| chunks.get(i))
+            .map_or_else(
+                || "a chunk of the request".to_string(),
+                |c| c.cell.source.describe(c.cell.index),
+            )
+    };
+    let t_frame;
+    let t_gpu;
+    match route {
+        Route::Here {
+            stream,
+            scratch,
+            image,
+        } => {
+            let buf = image.ensure(end, img_total)?;
+            for (from, to) in &copies {
+                buf.copy_within(*from..*from + to.len(), to.start);
+            }
+            t_frame = t0.elapsed();
+            let base = match scratch.ensure(total as usize, stream) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no device scratch for GPU decoding: host route");
+                    return Ok(vec![false; pieces.len()]);
+                }
+            };
+            for it in &mut items {
+                it.dst += base;
+            }
+            let r = nv
+                .decode_image(codec, &mut scratch.arena, &buf[..end], &items, stream)
+                .map_err(|why| {
+                    let which = name_block(why.block);
+                    tracing::warn!(chunk = %which, %why, "GPU decode failed: the request fails");
+                    Error::io(format!(
+                        "{which}: GPU decode (nvCOMP {}) failed: {why}",
+                        codec.name()
+                    ))
+                });
+            t_gpu = t0.elapsed();
+            r?;
+            for (k, (blocks, dev)) in pieces.iter().enumerate() {
+                if !done[k] {
+                    continue;
+                }
+                for (b, at) in blocks.iter().zip(&slots[k]) {
+                    // SAFETY: the block's rows lie in its cell's slot of the scratch
+                    // (decoded above, on this stream) and inside the piece at `dev`; the
+                    // scratch lives until the transfer has synchronized the stream.
+                    unsafe { copy_block(b, Src::Device(base + at + b.src), *dev, stream)? };
+                }
+            }
         }
-        for (b, at) in blocks.iter().zip(&slots[k]) {
-            // SAFETY: the block's rows lie in its cell's slot of the scratch (decoded
-            // above, on this stream) and inside the piece at `dev`; the scratch lives
-            // until the transfer has synchronized the stream.
-            unsafe { copy_block(b, Src::Device(base + at + b.src), *dev, stream)? };
+        Route::Process {
+            decoder,
+            image,
+            client,
+        } => {
+            let Ok(buf) = SharedImage::ensure(image, end, img_total, decoder) else {
+                return Ok(vec![false; pieces.len()]);
+            };
+            for (from, to) in &copies {
+                buf.copy_within(*from..*from + to.len(), to.start);
+            }
+            t_frame = t0.elapsed();
+            let Some(img) = image.as_ref() else {
+                return Ok(vec![false; pieces.len()]);
+            };
+            let mut req = wire::Request {
+                device: client.device,
+                handle: client.handle,
+                alloc_size: client.alloc_size,
+                image_id: img.id,
+                image_len: img.len() as u64,
+                used: end as u64,
+                codec: codec.code(),
+                scratch: total,
+                retired: Vec::new(),
+                items: items
+                    .iter()
+                    .map(|it| wire::Item {
+                        src: it.src.start as u64,
+                        src_len: it.src.len() as u64,
+                        dst: it.dst,
+                        len: it.len as u64,
+                        raw: it.raw,
+                    })
+                    .collect(),
+                copies: Vec::new(),
+            };
+            for (k, (blocks, dev)) in pieces.iter().enumerate() {
+                if !done[k] {
+                    continue;
+                }
+                for (b, at) in blocks.iter().zip(&slots[k]) {
+                    req.copies.push(wire::Copy {
+                        src: at + b.src,
+                        width: b.width,
+                        rows: b.rows,
+                        pitch: b.pitch,
+                        dst: (dev - client.base) + b.dst,
+                    });
+                }
+            }
+            let r = decoder.decode(req, img);
+            t_gpu = t0.elapsed();
+            if let Err(f) = r {
+                let why = match f {
+                    Failure::Refused { block, why } => {
+                        format!("{} ({why})", name_block(block.map(|b| b as usize)))
+                    }
+                    Failure::Lost(why) | Failure::Unavailable(why) => why,
+                };
+                tracing::warn!(%why, codec = codec.name(), "GPU decoder process failed a batch: the host route decodes it");
+                return Ok(vec![false; pieces.len()]);
+            }
         }
     }
     tracing::debug!(
+        codec = codec.name(),
         chunks = chunks.len(),
         items = items.len(),
         stored_bytes = img_total,
