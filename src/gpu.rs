@@ -14,6 +14,7 @@ mod pieces;
 mod stage;
 pub mod wire;
 
+pub use decoder::spawn as spawn_decoder_process;
 pub use decoder_proc::serve as decoder_process;
 
 use handles::{

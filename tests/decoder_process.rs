@@ -4,42 +4,24 @@
 //! closed them all. (Its decoding is checked on the device: tests/gpu/.)
 
 use h5tilefs::gpu::wire::{self, Copy, Item, Reply, Request};
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The process with `n` connections, as the daemon starts it.
-fn start(n: usize) -> (std::process::Child, Vec<UnixStream>) {
-    let mut ours = Vec::new();
-    let mut theirs: Vec<OwnedFd> = Vec::new();
-    for _ in 0..n {
-        let (a, b) = UnixStream::pair().unwrap();
-        a.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        ours.push(a);
-        theirs.push(b.into());
+/// The process, started as the daemon starts it, from a process with many descriptors
+/// open (a daemon has backing files and cuFile handles open: the first version of the
+/// start-up expected fixed free descriptor numbers and failed there).
+fn start() -> (std::process::Child, Vec<UnixStream>) {
+    let busy: Vec<std::fs::File> = (0..100)
+        .map(|_| std::fs::File::open("/proc/self/exe").unwrap())
+        .collect();
+    let (child, socks) =
+        h5tilefs::gpu::spawn_decoder_process(std::path::Path::new(env!("CARGO_BIN_EXE_h5tilefs")))
+            .unwrap();
+    drop(busy);
+    for s in &socks {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     }
-    let raw: Vec<i32> = theirs.iter().map(AsRawFd::as_raw_fd).collect();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_h5tilefs"));
-    cmd.args(["gpu-decoder", "--conns", &n.to_string()]);
-    // SAFETY: only fcntl, dup2 and close_range on integers between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            let high = 100;
-            for (k, &fd) in raw.iter().enumerate() {
-                libc::fcntl(fd, libc::F_DUPFD, high + k as i32);
-            }
-            for k in 0..raw.len() as i32 {
-                libc::dup2(high + k, 3 + k);
-            }
-            libc::syscall(libc::SYS_close_range, 3 + raw.len() as u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().unwrap();
-    drop(theirs);
-    (child, ours)
+    (child, socks)
 }
 
 fn request() -> Request {
@@ -85,7 +67,8 @@ fn refused(r: Reply) -> String {
 
 #[test]
 fn bad_requests_are_refused_and_the_process_ends_with_its_daemon() {
-    let (mut child, mut conns) = start(2);
+    let (mut child, mut conns) = start();
+    conns.truncate(2);
     // A frame that is no request.
     let why = refused(ask(&mut conns[0], &[1, 2, 3]));
     assert!(why.contains("cut short"), "{why}");

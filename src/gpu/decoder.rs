@@ -128,7 +128,7 @@ impl Decoder {
                 }
                 st.spawning = true;
                 drop(st);
-                let started = spawn();
+                let started = std::env::current_exe().and_then(|exe| spawn(&exe));
                 st = self.state.lock();
                 st.spawning = false;
                 self.ready.notify_all();
@@ -200,11 +200,10 @@ impl Drop for Decoder {
     }
 }
 
-/// Starts `h5tilefs gpu-decoder` (this very binary) with [`CONNS`] socket pairs: the
+/// Starts `EXE gpu-decoder` (the daemon's own binary) with [`CONNS`] socket pairs: the
 /// child's ends become its descriptors 3.., every other descriptor of the daemon (the
-/// FUSE device among them) is closed in the child.
-fn spawn() -> std::io::Result<(Child, Vec<UnixStream>)> {
-    let exe = std::env::current_exe()?;
+/// FUSE device among them) is closed in the child. Returns the daemon's ends.
+pub fn spawn(exe: &std::path::Path) -> std::io::Result<(Child, Vec<UnixStream>)> {
     let mut ours = Vec::with_capacity(CONNS);
     let mut theirs: Vec<OwnedFd> = Vec::with_capacity(CONNS);
     for _ in 0..CONNS {
@@ -223,15 +222,17 @@ fn spawn() -> std::io::Result<(Child, Vec<UnixStream>)> {
     // close_range) on integers; `raw` is a Vec allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
-            // First above every target, so no dup2 below overwrites a source.
-            let high = 3 + CONNS as i32 + 64;
-            for (k, &fd) in raw.iter().enumerate() {
-                if libc::fcntl(fd, libc::F_DUPFD, high + k as i32) != high + k as i32 {
+            // Copies above every target first, so no dup2 below overwrites a source (the
+            // lowest free numbers there: the daemon's own descriptors may hold some).
+            let mut high = [0i32; CONNS];
+            for (h, &fd) in high.iter_mut().zip(&raw) {
+                *h = libc::fcntl(fd, libc::F_DUPFD, 3 + CONNS as i32);
+                if *h < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            for k in 0..raw.len() as i32 {
-                if libc::dup2(high + k, 3 + k) < 0 {
+            for (k, &h) in high.iter().enumerate() {
+                if libc::dup2(h, 3 + k as i32) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""READ_TO_GPU of LZ4-compressed chunks decoded by nvCOMP on the GPU, against the host
-decoders, in one run (device machine; no hdf5plugin needed).
+"""READ_TO_GPU of LZ4- or Zstd-compressed chunks decoded by nvCOMP on the GPU (Zstd in the
+daemon's decoder process), against the host decoders, in one run (device machine; no
+hdf5plugin needed). `--codec lz4` (default) or `zstd`.
 
     H5TILEFS_NVCOMP_LIB=.../nvidia/libnvcomp/lib64 \\
         python tests/gpu/nvcomp_read_bench.py --bin BIN --dir /tmp --gib 1
 
 The file is made through the mount itself: a pending dataset declared with
-`"layout": "chunked", "compression": "lz4"` (HDF5 LZ4 filter 32004, 512 x 512 chunks of
-1 MiB), its `data` written, committed. Then two daemons over the same backing directory:
+`"layout": "chunked", "compression": CODEC` (HDF5 LZ4 filter 32004 or Zstandard 32015,
+512 x 512 chunks of 1 MiB), its `data` written, committed. Then two daemons over the same backing directory:
 `gpu`, with nvCOMP (`H5TILEFS_NVCOMP` = the library's directory), and `host`, with
 `H5TILEFS_NVCOMP=off`. Each reads the dataset's `data` into one registered CuPy buffer
 (page cache warm, best of --reps) and every byte is compared with the array written.
@@ -32,16 +33,16 @@ from gpubench import best, mount, smooth, umount  # noqa: E402
 from h5tilefs.gpu import registered  # noqa: E402
 
 
-def make(bin_, root, x, log):
+def make(bin_, root, x, log, codec):
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
     os.makedirs(backing)
     os.makedirs(mnt)
     mount(bin_, backing, mnt, log)
     try:
-        d = os.path.join(mnt, "lz4.h5", "x")
+        d = os.path.join(mnt, f"{codec}.h5", "x")
         os.makedirs(d)
         meta = {"shape": list(x.shape), "dtype": "<f4", "tile_shape": [512, 512],
-                "layout": "chunked", "compression": "lz4"}
+                "layout": "chunked", "compression": codec}
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f)
         band = 512 * x.shape[1] * 4
@@ -50,9 +51,9 @@ def make(bin_, root, x, log):
                 f.seek(r * x.shape[1] * 4)
                 f.write(x[r:r + 512].tobytes())
         assert band > 0
-        with open(os.path.join(mnt, "lz4.h5", ".commit"), "w") as f:
+        with open(os.path.join(mnt, f"{codec}.h5", ".commit"), "w") as f:
             f.write("commit\n")
-        with open(os.path.join(mnt, "lz4.h5", ".status")) as f:
+        with open(os.path.join(mnt, f"{codec}.h5", ".status")) as f:
             st = json.load(f)["last_commit"]
         assert st.get("ok"), st
     finally:
@@ -67,6 +68,7 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd"])
     a = ap.parse_args()
     lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
     n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512
@@ -77,8 +79,8 @@ def main():
     rows = {}
     try:
         t = time.perf_counter()
-        backing, mnt = make(a.bin, root, x, os.path.join(a.out, "daemon-make.log"))
-        stored = os.path.getsize(os.path.join(backing, "lz4.h5"))
+        backing, mnt = make(a.bin, root, x, os.path.join(a.out, "daemon-make.log"), a.codec)
+        stored = os.path.getsize(os.path.join(backing, f"{a.codec}.h5"))
         print(f"made {x.nbytes >> 20} MiB, stored {stored >> 20} MiB, in {time.perf_counter() - t:.1f} s",
               flush=True)
         gx = cp.empty(x.shape, x.dtype)
@@ -90,7 +92,7 @@ def main():
                 os.environ["H5TILEFS_NVCOMP"] = "off"
             mount(a.bin, backing, mnt, os.path.join(a.out, f"daemon-{which}.log"))
             try:
-                data = os.path.join(mnt, "lz4.h5", "x", "data")
+                data = os.path.join(mnt, f"{a.codec}.h5", "x", "data")
                 r = rows.setdefault(which, {})
                 with registered(gx, mnt) as b:
                     reply = b.read_into(data)
@@ -105,6 +107,8 @@ def main():
                     r["part_equal"] = got == want[off:off + ln]
                     gx.fill(0)
                 r["read_copy"] = best(lambda: cp.asarray(np.fromfile(data, x.dtype).reshape(x.shape)), a.reps)
+                with open(os.path.join(mnt, ".h5tilefs")) as f:
+                    r["decoders"] = json.load(f).get("gpu", {}).get("decoders")
                 print(which, json.dumps(r), flush=True)
             finally:
                 umount(a.bin, mnt)
@@ -116,7 +120,8 @@ def main():
     for which, r in rows.items():
         print(f"| {which} | {gb / r['seconds']:.2f} | {gb / r['read_copy']:.2f} | "
               f"{r['read_copy'] / r['seconds']:.2f}x | {r['equal']} | {r['part_equal']} |")
-    with open(os.path.join(a.out, "nvcomp_read_bench.json"), "w") as f:
+    print(f"codec {a.codec}, {n} x {n} float32")
+    with open(os.path.join(a.out, f"nvcomp_read_bench_{a.codec}.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
 
