@@ -57,6 +57,9 @@ pub struct Stored {
     pub addr: u64,
     pub size: u64,
     pub filters: Vec<i32>,
+    /// The element size the shuffle filter (2) works in, where it is one of `filters`
+    /// (its first parameter, else the dataset's element size).
+    pub shuffle_es: u64,
 }
 
 /// One decoded cell of a [`CellSource`].

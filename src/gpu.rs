@@ -318,12 +318,12 @@ impl Gpu {
             Some(Ok(n)) => serde_json::json!({
                 "gpu": nvcomp::Codec::ALL
                     .into_iter()
-                    .filter(|&c| n.has(c) && c != nvcomp::Codec::Deflate)
+                    .filter(|&c| n.has(c))
                     .map(|c| c.name().to_lowercase())
                     .collect::<Vec<_>>(),
                 "nvcomp": n.path,
                 "nvcomp_version": n.version,
-                // (zstd: in this process, where a fault costs only its batch)
+                // (zstd and deflate: in this process, where a fault costs only its batch)
                 "decoder_process": self.decoder.describe(),
             }),
             Some(Err(why)) => serde_json::json!({"gpu": [], "nvcomp": why}),

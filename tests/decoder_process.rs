@@ -49,6 +49,7 @@ fn request() -> Request {
             pitch: 4096,
             dst: 0,
         }],
+        posts: vec![],
     }
 }
 
@@ -86,6 +87,17 @@ fn bad_requests_are_refused_and_the_process_ends_with_its_daemon() {
     r.codec = 99;
     let why = refused(ask(&mut conns[1], &r.encode()));
     assert!(why.contains("codec"), "{why}");
+    // An unshuffle writing outside the scratch.
+    let mut r = request();
+    r.posts = vec![wire::Post {
+        src: 0,
+        dst: (1 << 20) - 8,
+        len: 4096,
+        es: 4,
+        want: wire::NO_CHECKSUM,
+    }];
+    let why = refused(ask(&mut conns[1], &r.encode()));
+    assert!(why.contains("post 0"), "{why}");
     // A well-formed request this machine cannot serve (no GPU, no nvCOMP, a made-up
     // handle or no image descriptor): refused, not a crash.
     refused(ask(&mut conns[0], &request().encode()));

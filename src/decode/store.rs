@@ -295,11 +295,19 @@ impl CellSource for ChunkStore {
             .filter(|(i, _)| *i >= 32 || loc.filter_mask & (1 << i) == 0)
             .map(|(_, f)| f.id)
             .collect();
+        let shuffle_es = self
+            .filters
+            .iter()
+            .find(|f| f.id == crate::codecs::SHUFFLE)
+            .map_or(self.elem, |f| {
+                f.cd_values.first().map_or(self.elem, |&v| u64::from(v))
+            });
         Some(crate::extent::Stored {
             file: self.file.clone(),
             addr: loc.addr,
             size: loc.size,
             filters,
+            shuffle_es,
         })
     }
 

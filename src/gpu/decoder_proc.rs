@@ -28,6 +28,20 @@ struct Shared {
     images: parking_lot::Mutex<HashMap<u64, Arc<Image>>>,
     /// Client allocations opened from their IPC handles, while a batch uses them.
     handles: parking_lot::Mutex<HashMap<[u8; 64], Arc<Opened>>>,
+    /// Per device: the kernels of src/gpu/kernels/post.cu (Adler-32, unshuffle), or why
+    /// they did not load.
+    kernels: parking_lot::Mutex<Vec<(i32, Result<Kernels, String>)>>,
+}
+
+/// The PTX of src/gpu/kernels/post.cu (tests/gpu/build_kernels.sh), NUL-terminated.
+const POST_PTX: &str = concat!(include_str!("kernels/post.ptx"), "\0");
+
+/// Functions of the post-decode module, loaded in a device's primary context (kept for
+/// the process's life).
+#[derive(Clone, Copy)]
+struct Kernels {
+    adler32: usize,
+    unshuffle: usize,
 }
 
 /// A memfd image mapped and pinned here.
@@ -109,6 +123,7 @@ pub fn serve(conns: usize) -> i32 {
         ctxs: parking_lot::Mutex::new(Vec::new()),
         images: parking_lot::Mutex::new(HashMap::new()),
         handles: parking_lot::Mutex::new(HashMap::new()),
+        kernels: parking_lot::Mutex::new(Vec::new()),
     });
     let workers: Vec<_> = (0..conns)
         .map(|k| {
@@ -215,6 +230,10 @@ fn batch(
                 fatal: e.block.is_none(),
                 why: e.why,
             })?;
+        if !req.posts.is_empty() {
+            let k = sh.kernels(req.device).map_err(Fail::plain)?;
+            post(k, &req.posts, base, &mut scratch.arena, stream)?;
+        }
         for c in &req.copies {
             if c.rows == 0 {
                 continue;
@@ -246,7 +265,123 @@ fn batch(
     result
 }
 
+/// Runs the posts after a batch (on `stream`, which has decoded it): the Adler-32 checks,
+/// then the unshuffles; waits for them and fails naming the first chunk whose checksum
+/// differs. Scratch offsets become addresses from `base`.
+fn post(
+    k: Kernels,
+    posts: &[wire::Post],
+    base: u64,
+    arena: &mut super::nvcomp::Arena,
+    stream: cu::CUstream,
+) -> Result<(), Fail> {
+    let n = posts.len();
+    let mut table: Vec<u64> = Vec::with_capacity(5 * n);
+    for p in posts {
+        table.extend([base + p.src, base + p.dst, p.len, p.es, p.want]);
+    }
+    let got_at = 8 * table.len();
+    let mut d = arena.get(3, got_at + 4 * n).map_err(Fail::plain)?;
+    // (pageable: the copy returns once the table is staged)
+    // SAFETY: the arena's buffer holds the table and the results.
+    cu_ok(
+        unsafe { cu::cuMemcpyHtoDAsync_v2(d, table.as_ptr().cast(), got_at, stream) },
+        "cuMemcpyHtoDAsync",
+    )
+    .map_err(Fail::cuda)?;
+    let mut got_d = d + got_at as u64;
+    let launch = |f: usize, grid: (u32, u32), params: &mut [*mut std::ffi::c_void]| {
+        // SAFETY: `f` is a kernel of the loaded module whose parameters are the
+        // pointers `params` points at (a table of `n` posts of device addresses inside
+        // the scratch, checked by Request::check, and room for `n` results).
+        cu_ok(
+            unsafe {
+                cu::cuLaunchKernel(
+                    f as cu::CUfunction,
+                    grid.0,
+                    grid.1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    };
+    let mut ps = [
+        (&mut d as *mut u64).cast::<std::ffi::c_void>(),
+        (&mut got_d as *mut u64).cast::<std::ffi::c_void>(),
+    ];
+    launch(k.adler32, (n as u32, 1), &mut ps).map_err(Fail::cuda)?;
+    if posts.iter().any(|p| p.es > 0) {
+        let mut ps = [(&mut d as *mut u64).cast::<std::ffi::c_void>()];
+        launch(k.unshuffle, (64, n as u32), &mut ps).map_err(Fail::cuda)?;
+    }
+    let mut got = vec![0u32; n];
+    // SAFETY: waits for the kernels, then reads back the results written by the first.
+    unsafe {
+        cu_ok(cu::cuStreamSynchronize(stream), "cuStreamSynchronize").map_err(Fail::cuda)?;
+        cu_ok(
+            cu::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), got_d, 4 * n),
+            "cuMemcpyDtoH",
+        )
+        .map_err(Fail::cuda)?;
+    }
+    for (i, (p, g)) in posts.iter().zip(&got).enumerate() {
+        if p.want >> 32 == 0 && u64::from(*g) != p.want {
+            return Err(Fail {
+                block: Some(i as u64),
+                why: format!(
+                    "Adler-32 of the decoded bytes is {g:#010x}, the stream says {:#010x}",
+                    p.want
+                ),
+                fatal: false,
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Shared {
+    /// The post-decode kernels of `device` (its context current), loaded once.
+    fn kernels(&self, device: i32) -> Result<Kernels, String> {
+        let mut ks = self.kernels.lock();
+        if let Some((_, k)) = ks.iter().find(|(d, _)| *d == device) {
+            return k.clone();
+        }
+        let loaded = (|| -> Result<Kernels, String> {
+            let mut m: cu::CUmodule = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated PTX image; the module stays loaded for the
+            // process's life (its functions are kept).
+            let r = unsafe { cu::cuModuleLoadData(&mut m, POST_PTX.as_ptr().cast()) };
+            if r != cu::CUresult::CUDA_SUCCESS {
+                return Err(format!("loading the post-decode kernels: {r:?}"));
+            }
+            let func = |name: &std::ffi::CStr| -> Result<usize, String> {
+                let mut f: cu::CUfunction = std::ptr::null_mut();
+                // SAFETY: out-pointer; `m` is the module loaded above.
+                match unsafe { cu::cuModuleGetFunction(&mut f, m, name.as_ptr()) } {
+                    cu::CUresult::CUDA_SUCCESS => Ok(f as usize),
+                    r => Err(format!("kernel {name:?}: {r:?}")),
+                }
+            };
+            Ok(Kernels {
+                adler32: func(c"h5t_adler32")?,
+                unshuffle: func(c"h5t_unshuffle")?,
+            })
+        })();
+        if let Err(why) = &loaded {
+            tracing::warn!(%why, device, "no post-decode kernels: such batches are refused");
+        }
+        ks.push((device, loaded.clone()));
+        loaded
+    }
+
     fn bind(&self, device: i32) -> crate::error::Result<usize> {
         let ctx = {
             let mut ctxs = self.ctxs.lock();

@@ -329,6 +329,30 @@ pub fn adler32(data: &[u8]) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    /// The Adler-32 as the GPU kernel (src/gpu/kernels/post.cu) computes it, from 256
+    /// threads' strided sums: A = 1 + sum of bytes, B = len + sum of (len - i) * byte_i,
+    /// both mod 65 521, equals the running definition.
+    #[test]
+    fn adler32_from_strided_weighted_sums() {
+        for n in [0usize, 1, 255, 256, 5553, 1 << 20, (1 << 20) + 17] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7919 % 251) as u8 ^ 0xa5).collect();
+            let m = 65_521u64;
+            let (mut s_all, mut w_all) = (0u64, 0u64);
+            for t in 0..256 {
+                let (mut s, mut w) = (0u64, 0u64);
+                for i in (t..n).step_by(256) {
+                    s += u64::from(data[i]);
+                    w += (n - i) as u64 * u64::from(data[i]);
+                }
+                s_all = (s_all + s % m) % m;
+                w_all = (w_all + w % m) % m;
+            }
+            let a = (1 + s_all) % m;
+            let b = (n as u64 % m + w_all) % m;
+            assert_eq!(((b << 16) | a) as u32, adler32(&data), "n = {n}");
+        }
+    }
+
     use super::*;
     use crate::codecs::encode::{compress, Codec};
     use std::io::Read;

@@ -548,11 +548,13 @@ pub(super) struct Item<'a> {
 /// between calls.
 #[derive(Default)]
 pub struct Arena {
-    bufs: [(u64, usize); 3],
+    /// The image, the tables, the temporary memory (the batch's); then the decoder
+    /// process's tables of work after the batch.
+    bufs: [(u64, usize); 4],
 }
 
 impl Arena {
-    fn get(&mut self, i: usize, n: usize) -> Result<u64, String> {
+    pub(super) fn get(&mut self, i: usize, n: usize) -> Result<u64, String> {
         let (p, len) = self.bufs[i];
         if len >= n {
             return Ok(p);
@@ -757,6 +759,39 @@ mod tests {
         assert!(
             got.iter().zip(&chunks).all(|(g, (_, d))| g == d),
             "GPU-decoded frames differ from the host decoder's"
+        );
+    }
+
+    /// On a GPU machine with nvCOMP 6: the raw streams of HDF5 deflate chunks (zlib,
+    /// filter 1, taken apart by `framing::zlib`) decode in one nvCOMP batch to the host
+    /// decoder's bytes, whose Adler-32 the trailers hold.
+    #[test]
+    #[ignore = "needs a GPU and nvCOMP 6 (H5TILEFS_NVCOMP)"]
+    fn hdf5_deflate_chunks_decode_on_the_gpu_as_on_the_host() {
+        let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u32)
+            .map(|k| {
+                let n = (1usize << 20) - k as usize * 4096;
+                let data: Vec<u8> = (0..n / 4)
+                    .flat_map(|i| ((i / (64 + k as usize)) as f32 * 0.5).to_le_bytes())
+                    .collect();
+                (compress(&Enc::Gzip(4), &data, 4).expect("gzip"), data)
+            })
+            .collect();
+        let mut blocks = Vec::new();
+        for (c, data) in &chunks {
+            let (raw, adler) = super::super::framing::zlib(c).expect("zlib framing");
+            assert_eq!(adler, super::super::framing::adler32(data));
+            blocks.push((&c[raw], data.len()));
+        }
+        let nv = Nvcomp::load().expect("nvCOMP");
+        assert!(nv.has(Codec::Deflate), "nvCOMP without Deflate");
+        bind_device0();
+        let got = nv
+            .decode_blocks(Codec::Deflate, &blocks)
+            .expect("batch decode");
+        assert!(
+            got.iter().zip(&chunks).all(|(g, (_, d))| g == d),
+            "GPU-inflated streams differ from the host decoder's"
         );
     }
 }

@@ -69,13 +69,19 @@ struct Chunk<'a> {
     at: u64,
     stored: crate::extent::Stored,
     img: usize,
+    /// Where a shuffled chunk decodes before its unshuffle, from the end of the slots.
+    shuffled_at: Option<u64>,
 }
 
-/// The nvCOMP codec that decodes a chunk stored through `filters`, if one does.
-fn codec_of(filters: &[i32]) -> Option<Codec> {
+/// The nvCOMP codec that decodes a chunk stored through `filters`, if one does, and
+/// whether the shuffle filter ran before it (undone on the GPU after the batch).
+fn codec_of(filters: &[i32]) -> Option<(Codec, bool)> {
+    use crate::codecs::{DEFLATE, LZ4, SHUFFLE, ZSTD};
     match filters {
-        [crate::codecs::LZ4] => Some(Codec::Lz4),
-        [crate::codecs::ZSTD] => Some(Codec::Zstd),
+        [LZ4] => Some((Codec::Lz4, false)),
+        [ZSTD] => Some((Codec::Zstd, false)),
+        [DEFLATE] => Some((Codec::Deflate, false)),
+        [SHUFFLE, DEFLATE] => Some((Codec::Deflate, true)),
         _ => None,
     }
 }
@@ -87,6 +93,7 @@ pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<Co
         .iter()
         .flat_map(|(blocks, _)| blocks.iter())
         .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?.filters))
+        .map(|(c, _)| c)
         .filter(|&c| nv.has(c))
 }
 
@@ -134,15 +141,17 @@ pub(super) fn nvcomp_window(
         .input_align(codec)
         .map_err(|e| Error::from(GpuError::Transfer(e)))?
         .max(16);
+    // (a zlib stream's raw deflate starts 2 bytes in: placed so that those are aligned)
+    let lead = if codec == Codec::Deflate { 2 } else { 0 };
     let mut chunks: Vec<Chunk> = Vec::new();
-    let (mut total, mut img_total) = (0u64, 0usize);
+    let (mut total, mut img_total, mut shuffled_total) = (0u64, 0usize, 0u64);
     let mut done = vec![false; pieces.len()];
     // Per piece, the scratch place of each block's cell.
     let mut slots: Vec<Vec<u64>> = vec![Vec::new(); pieces.len()];
     'piece: for (k, (blocks, _)) in pieces.iter().enumerate() {
         let mut mine: Vec<(CellKey, u64)> = Vec::new();
         let mut fresh: Vec<Chunk> = Vec::new();
-        let (mut t, mut it, mut need) = (total, img_total, 0u64);
+        let (mut t, mut it, mut st, mut need) = (total, img_total, shuffled_total, 0u64);
         let mut at_of = Vec::with_capacity(blocks.len());
         for b in blocks.iter() {
             let key = b.cell.key();
@@ -161,25 +170,28 @@ pub(super) fn nvcomp_window(
                     if n == 0 || n > MAX_GPU_CHUNK {
                         continue 'piece;
                     }
-                    let stored = match b.cell.source.stored(b.cell.index) {
-                        Some(s)
-                            if codec_of(&s.filters) == Some(codec)
-                                && s.size <= 2 * MAX_GPU_CHUNK =>
-                        {
-                            s
-                        }
+                    let (stored, shuffled) = match b.cell.source.stored(b.cell.index) {
+                        Some(s) if s.size <= 2 * MAX_GPU_CHUNK => match codec_of(&s.filters) {
+                            Some((c, sh)) if c == codec => (s, sh),
+                            _ => continue 'piece,
+                        },
                         _ => continue 'piece,
                     };
-                    let img = it.div_ceil(align) * align;
+                    let img = (it + lead).div_ceil(align) * align - lead;
                     it = img + stored.size as usize;
                     let at = t;
                     t += n.div_ceil(256) * 256;
+                    let shuffled_at = shuffled.then(|| {
+                        st += n.div_ceil(256) * 256;
+                        st - n.div_ceil(256) * 256
+                    });
                     fresh.push(Chunk {
                         key,
                         cell: &b.cell,
                         at,
                         stored,
                         img,
+                        shuffled_at,
                     });
                     at
                 }
@@ -194,7 +206,7 @@ pub(super) fn nvcomp_window(
             continue;
         }
         chunks.extend(fresh);
-        (total, img_total) = (t, it);
+        (total, img_total, shuffled_total) = (t, it, st);
         slots[k] = at_of;
         done[k] = true;
     }
@@ -220,6 +232,7 @@ pub(super) fn nvcomp_window(
     // Framings taken apart first: a chunk they refuse leaves the window to the host,
     // whose decoder says why. Items' outputs are scratch offsets here.
     let mut items = Vec::new();
+    let mut posts = Vec::new();
     let mut owner = Vec::new();
     let mut copies: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     let mut end = img_total;
@@ -237,7 +250,34 @@ pub(super) fn nvcomp_window(
                 dst: 0..n,
                 raw: false,
             }],
-            Codec::Deflate => return Ok(vec![false; pieces.len()]),
+            // (the raw stream between the zlib header and its Adler-32, checked on the
+            // GPU against the decoded bytes; a shuffled chunk decodes after the slots
+            // and is unshuffled into its slot)
+            Codec::Deflate => match super::framing::zlib(&buf[c.img..c.img + size]) {
+                Ok((raw, adler)) => {
+                    let dec = c.shuffled_at.map_or(c.at, |s| total + s);
+                    posts.push(wire::Post {
+                        src: dec,
+                        dst: c.at,
+                        len: n as u64,
+                        es: if c.shuffled_at.is_some() {
+                            c.stored.shuffle_es
+                        } else {
+                            0
+                        },
+                        want: u64::from(adler),
+                    });
+                    items.push(ImageItem {
+                        src: c.img + raw.start..c.img + raw.end,
+                        dst: dec,
+                        len: n,
+                        raw: false,
+                    });
+                    owner.push(i);
+                    continue;
+                }
+                Err(_) => return Ok(vec![false; pieces.len()]),
+            },
         };
         for p in framed {
             let mut src = c.img + p.src.start..c.img + p.src.end;
@@ -281,6 +321,10 @@ pub(super) fn nvcomp_window(
                 buf.copy_within(*from..*from + to.len(), to.start);
             }
             t_frame = t0.elapsed();
+            if !posts.is_empty() {
+                // (unshuffles and checksums run in the decoder process only)
+                return Ok(vec![false; pieces.len()]);
+            }
             let base = match scratch.ensure(total as usize, stream) {
                 Ok(b) => b,
                 Err(e) => {
@@ -338,7 +382,7 @@ pub(super) fn nvcomp_window(
                 image_len: img.len() as u64,
                 used: end as u64,
                 codec: codec.code(),
-                scratch: total,
+                scratch: total + shuffled_total,
                 retired: Vec::new(),
                 items: items
                     .iter()
@@ -351,6 +395,7 @@ pub(super) fn nvcomp_window(
                     })
                     .collect(),
                 copies: Vec::new(),
+                posts,
             };
             for (k, (blocks, dev)) in pieces.iter().enumerate() {
                 if !done[k] {

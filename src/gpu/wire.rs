@@ -49,6 +49,22 @@ impl Copy {
     }
 }
 
+/// Work after the batch, per decoded chunk of a filter pipeline: the Adler-32 of the
+/// `len` decoded bytes at scratch offset `src` checked against `want` (none when bit 32
+/// is set), then, when `es` > 0, those bytes unshuffled (HDF5's shuffle filter, `es`-byte
+/// elements) to scratch offset `dst`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Post {
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+    pub es: u64,
+    pub want: u64,
+}
+
+/// `Post::want` when there is no checksum to check.
+pub const NO_CHECKSUM: u64 = 1 << 32;
+
 /// A window's batch for the decoder process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
@@ -70,6 +86,8 @@ pub struct Request {
     pub retired: Vec<u64>,
     pub items: Vec<Item>,
     pub copies: Vec<Copy>,
+    /// One per decoded item (same order), or none.
+    pub posts: Vec<Post>,
 }
 
 /// The process's answer.
@@ -141,6 +159,12 @@ impl Request {
                 put(&mut o, w);
             }
         }
+        put(&mut o, self.posts.len() as u64);
+        for p in &self.posts {
+            for w in [p.src, p.dst, p.len, p.es, p.want] {
+                put(&mut o, w);
+            }
+        }
         o
     }
 
@@ -163,6 +187,7 @@ impl Request {
             retired: Vec::new(),
             items: Vec::new(),
             copies: Vec::new(),
+            posts: Vec::new(),
         };
         for _ in 0..w.count(1)? {
             r.retired.push(w.u64()?);
@@ -183,6 +208,15 @@ impl Request {
                 rows: w.u64()?,
                 pitch: w.u64()?,
                 dst: w.u64()?,
+            });
+        }
+        for _ in 0..w.count(5)? {
+            r.posts.push(Post {
+                src: w.u64()?,
+                dst: w.u64()?,
+                len: w.u64()?,
+                es: w.u64()?,
+                want: w.u64()?,
             });
         }
         if !w.0.is_empty() {
@@ -220,6 +254,20 @@ impl Request {
                 return Err(format!(
                     "copy {k} lies outside the scratch or the allocation"
                 ));
+            }
+        }
+        let decoded = self.items.iter().filter(|it| !it.raw).count();
+        // (one grid row per post: CUDA's grid height is at most 65 535)
+        if !self.posts.is_empty() && (self.posts.len() != decoded || decoded > 65_535) {
+            return Err("posts do not match the decoded items".into());
+        }
+        for (k, p) in self.posts.iter().enumerate() {
+            let inside = |at: u64| at.checked_add(p.len).is_some_and(|e| e <= self.scratch);
+            let ok = inside(p.src)
+                && (p.es == 0 || (inside(p.dst) && p.es <= 1 << 16))
+                && p.len <= 1 << 26;
+            if !ok {
+                return Err(format!("post {k} lies outside the scratch"));
             }
         }
         Ok(())
@@ -380,6 +428,13 @@ mod tests {
                 pitch: 8192,
                 dst: 4096,
             }],
+            posts: vec![Post {
+                src: 0,
+                dst: 2 << 20,
+                len: 1 << 20,
+                es: 4,
+                want: 0x1234_5678,
+            }],
         }
     }
 
@@ -435,6 +490,12 @@ mod tests {
         assert!(r.check().is_err());
         let mut r = sample();
         r.used = 5 << 20;
+        assert!(r.check().is_err());
+        let mut r = sample();
+        r.posts[0].dst = 7 << 20 | 1;
+        assert!(r.check().is_err());
+        let mut r = sample();
+        r.posts.push(r.posts[0].clone());
         assert!(r.check().is_err());
     }
 

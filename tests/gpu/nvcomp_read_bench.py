@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """READ_TO_GPU of LZ4- or Zstd-compressed chunks decoded by nvCOMP on the GPU (Zstd in the
 daemon's decoder process), against the host decoders, in one run (device machine; no
-hdf5plugin needed). `--codec lz4` (default) or `zstd`.
+hdf5plugin needed). `--codec lz4` (default), `zstd`, `gzip` or `gzip-shuffle` (level 1,
+decoded by nvCOMP's Deflate in the decoder process; Adler-32 and unshuffle on the GPU).
 
     H5TILEFS_NVCOMP_LIB=.../nvidia/libnvcomp/lib64 \\
         python tests/gpu/nvcomp_read_bench.py --bin BIN --dir /tmp --gib 1
@@ -33,6 +34,15 @@ from gpubench import best, mount, smooth, umount  # noqa: E402
 from h5tilefs.gpu import registered  # noqa: E402
 
 
+def meta_for(codec):
+    """meta.json settings of a `--codec` choice (h5py's names)."""
+    if codec == "gzip-shuffle":
+        return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+    if codec == "gzip":
+        return {"compression": "gzip", "compression_opts": 1}
+    return {"compression": codec}
+
+
 def make(bin_, root, x, log, codec):
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
     os.makedirs(backing)
@@ -42,7 +52,7 @@ def make(bin_, root, x, log, codec):
         d = os.path.join(mnt, f"{codec}.h5", "x")
         os.makedirs(d)
         meta = {"shape": list(x.shape), "dtype": "<f4", "tile_shape": [512, 512],
-                "layout": "chunked", "compression": codec}
+                "layout": "chunked", **meta_for(codec)}
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f)
         band = 512 * x.shape[1] * 4
@@ -68,7 +78,7 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd"])
+    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle"])
     a = ap.parse_args()
     lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
     n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512
