@@ -652,11 +652,11 @@ impl Gpu {
                 .unzip();
             // (nvCOMP looked for only when a window has cell rows to decode)
             let nv = (!list.is_empty()).then(|| self.nvcomp()).flatten();
-            if let Some((nv, codec)) =
+            if let Some((nv, (codec, in_process))) =
                 nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)))
             {
                 let t = std::time::Instant::now();
-                let r = if codec.checked() {
+                let r = if !in_process {
                     let mut image = l.images.lock().pop().unwrap_or_default();
                     let r = pieces::nvcomp_window(
                         nv,

@@ -335,7 +335,7 @@ fn post(
     for (i, (p, g)) in posts.iter().zip(&got).enumerate() {
         if p.want >> 32 == 0 && u64::from(*g) != p.want {
             return Err(Fail {
-                block: Some(i as u64),
+                block: Some(wire::POST_BLOCK | i as u64),
                 why: format!(
                     "Adler-32 of the decoded bytes is {g:#010x}, the stream says {:#010x}",
                     p.want

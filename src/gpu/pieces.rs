@@ -5,6 +5,7 @@
 
 use super::decoder::{Decoder, Failure, SharedImage};
 use super::devmem::{copy_rows, PinnedImage, Scratch, Src};
+use super::framing::Unshuffle;
 use super::nvcomp::{Codec, ImageItem, Nvcomp};
 use super::stage::Block;
 use super::wire;
@@ -69,32 +70,50 @@ struct Chunk<'a> {
     at: u64,
     stored: crate::extent::Stored,
     img: usize,
+    kind: Kind,
     /// Where a shuffled chunk decodes before its unshuffle, from the end of the slots.
     shuffled_at: Option<u64>,
 }
 
+/// How a chunk's pipeline maps onto a batch: what runs after nvCOMP's codec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Nothing: the codec's output is the chunk.
+    Plain,
+    /// HDF5's shuffle filter ran before deflate: undone by a kernel.
+    Shuffled,
+    /// A Blosc chunk: its LZ4 streams decode into staging, then each block is
+    /// unshuffled (or copied) by a kernel.
+    Blosc,
+}
+
 /// The nvCOMP codec that decodes a chunk stored through `filters`, if one does, and
-/// whether the shuffle filter ran before it (undone on the GPU after the batch).
-fn codec_of(filters: &[i32]) -> Option<(Codec, bool)> {
-    use crate::codecs::{DEFLATE, LZ4, SHUFFLE, ZSTD};
+/// what runs after it. (Blosc chunks are taken for LZ4, hdf5plugin's default; a chunk
+/// of another Blosc codec leaves its window to the host.)
+fn codec_of(filters: &[i32]) -> Option<(Codec, Kind)> {
+    use crate::codecs::{BLOSC, DEFLATE, LZ4, SHUFFLE, ZSTD};
     match filters {
-        [LZ4] => Some((Codec::Lz4, false)),
-        [ZSTD] => Some((Codec::Zstd, false)),
-        [DEFLATE] => Some((Codec::Deflate, false)),
-        [SHUFFLE, DEFLATE] => Some((Codec::Deflate, true)),
+        [LZ4] => Some((Codec::Lz4, Kind::Plain)),
+        [ZSTD] => Some((Codec::Zstd, Kind::Plain)),
+        [DEFLATE] => Some((Codec::Deflate, Kind::Plain)),
+        [SHUFFLE, DEFLATE] => Some((Codec::Deflate, Kind::Shuffled)),
+        [BLOSC] => Some((Codec::Lz4, Kind::Blosc)),
         _ => None,
     }
 }
 
 /// The codec of a window's batch: that of its first stored chunk nvCOMP decodes (a
-/// window's chunks of other codecs take the host route). `None`: the host route.
-pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<Codec> {
+/// window's chunks of other codecs take the host route), and whether the batch runs in
+/// the decoder process: codecs whose corrupt input is undefined behaviour do, and so do
+/// pipelines with work after the codec (the kernels are the process's). `None`: the
+/// host route.
+pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<(Codec, bool)> {
     pieces
         .iter()
         .flat_map(|(blocks, _)| blocks.iter())
         .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?.filters))
-        .map(|(c, _)| c)
-        .filter(|&c| nv.has(c))
+        .filter(|&(c, _)| nv.has(c))
+        .map(|(c, k)| (c, !c.checked() || k != Kind::Plain))
 }
 
 /// The client's allocation, as the decoder process maps it.
@@ -143,6 +162,7 @@ pub(super) fn nvcomp_window(
         .max(16);
     // (a zlib stream's raw deflate starts 2 bytes in: placed so that those are aligned)
     let lead = if codec == Codec::Deflate { 2 } else { 0 };
+    let in_process = matches!(route, Route::Process { .. });
     let mut chunks: Vec<Chunk> = Vec::new();
     let (mut total, mut img_total, mut shuffled_total) = (0u64, 0usize, 0u64);
     let mut done = vec![false; pieces.len()];
@@ -170,9 +190,11 @@ pub(super) fn nvcomp_window(
                     if n == 0 || n > MAX_GPU_CHUNK {
                         continue 'piece;
                     }
-                    let (stored, shuffled) = match b.cell.source.stored(b.cell.index) {
+                    let (stored, kind) = match b.cell.source.stored(b.cell.index) {
                         Some(s) if s.size <= 2 * MAX_GPU_CHUNK => match codec_of(&s.filters) {
-                            Some((c, sh)) if c == codec => (s, sh),
+                            Some((c, k)) if c == codec && (in_process || k == Kind::Plain) => {
+                                (s, k)
+                            }
                             _ => continue 'piece,
                         },
                         _ => continue 'piece,
@@ -181,7 +203,7 @@ pub(super) fn nvcomp_window(
                     it = img + stored.size as usize;
                     let at = t;
                     t += n.div_ceil(256) * 256;
-                    let shuffled_at = shuffled.then(|| {
+                    let shuffled_at = (kind != Kind::Plain).then(|| {
                         st += n.div_ceil(256) * 256;
                         st - n.div_ceil(256) * 256
                     });
@@ -191,6 +213,7 @@ pub(super) fn nvcomp_window(
                         at,
                         stored,
                         img,
+                        kind,
                         shuffled_at,
                     });
                     at
@@ -233,19 +256,57 @@ pub(super) fn nvcomp_window(
     // whose decoder says why. Items' outputs are scratch offsets here.
     let mut items = Vec::new();
     let mut posts = Vec::new();
+    // Per decoded item and per post, the chunk it belongs to.
     let mut owner = Vec::new();
+    let mut post_owner = Vec::new();
     let mut copies: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     let mut end = img_total;
     for (i, c) in chunks.iter().enumerate() {
         let n = c.cell.source.cell_bytes() as usize;
         let size = c.stored.size as usize;
-        let framed = match codec {
-            Codec::Lz4 => match super::framing::lz4(&buf[c.img..c.img + size], n) {
+        let framed = match (codec, c.kind) {
+            (_, Kind::Blosc) => match super::framing::blosc(&buf[c.img..c.img + size], n) {
+                // (LZ4 streams, output blocks 16-byte aligned as nvCOMP's LZ4 asks, no
+                // bit unshuffle: the rest stays on the host)
+                Ok(b)
+                    if b.total == n
+                        && b.codec == 1
+                        && b.streams.iter().all(|p| p.raw || p.dst.start % 16 == 0)
+                        && b.blocks
+                            .iter()
+                            .all(|(_, u)| !matches!(u, Unshuffle::Bits { .. })) =>
+                {
+                    let dec = total + c.shuffled_at.unwrap_or(0);
+                    for (r, u) in &b.blocks {
+                        posts.push(wire::Post {
+                            src: dec + r.start as u64,
+                            dst: c.at + r.start as u64,
+                            len: r.len() as u64,
+                            es: match u {
+                                Unshuffle::Bytes { typesize } => *typesize as u64,
+                                _ => 1,
+                            },
+                            want: wire::NO_CHECKSUM,
+                        });
+                        post_owner.push(i);
+                    }
+                    b.streams
+                        .into_iter()
+                        .map(|p| super::framing::Piece {
+                            dst: p.dst.start + (dec - c.at) as usize
+                                ..p.dst.end + (dec - c.at) as usize,
+                            ..p
+                        })
+                        .collect()
+                }
+                _ => return Ok(vec![false; pieces.len()]),
+            },
+            (Codec::Lz4, _) => match super::framing::lz4(&buf[c.img..c.img + size], n) {
                 Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
                 _ => return Ok(vec![false; pieces.len()]),
             },
             // (one frame per chunk: nvCOMP checks it decodes to the chunk's size)
-            Codec::Zstd => vec![super::framing::Piece {
+            (Codec::Zstd, _) => vec![super::framing::Piece {
                 src: 0..size,
                 dst: 0..n,
                 raw: false,
@@ -253,7 +314,7 @@ pub(super) fn nvcomp_window(
             // (the raw stream between the zlib header and its Adler-32, checked on the
             // GPU against the decoded bytes; a shuffled chunk decodes after the slots
             // and is unshuffled into its slot)
-            Codec::Deflate => match super::framing::zlib(&buf[c.img..c.img + size]) {
+            (Codec::Deflate, _) => match super::framing::zlib(&buf[c.img..c.img + size]) {
                 Ok((raw, adler)) => {
                     let dec = c.shuffled_at.map_or(c.at, |s| total + s);
                     posts.push(wire::Post {
@@ -267,6 +328,7 @@ pub(super) fn nvcomp_window(
                         },
                         want: u64::from(adler),
                     });
+                    post_owner.push(i);
                     items.push(ImageItem {
                         src: c.img + raw.start..c.img + raw.end,
                         dst: dec,
@@ -416,7 +478,17 @@ pub(super) fn nvcomp_window(
             if let Err(f) = r {
                 let why = match f {
                     Failure::Refused { block, why } => {
-                        format!("{} ({why})", name_block(block.map(|b| b as usize)))
+                        let which = match block {
+                            Some(b) if b & wire::POST_BLOCK != 0 => post_owner
+                                .get((b & !wire::POST_BLOCK) as usize)
+                                .and_then(|&i| chunks.get(i))
+                                .map_or_else(
+                                    || "a chunk of the request".to_string(),
+                                    |c| c.cell.source.describe(c.cell.index),
+                                ),
+                            b => name_block(b.map(|b| b as usize)),
+                        };
+                        format!("{which} ({why})")
                     }
                     Failure::Lost(why) | Failure::Unavailable(why) => why,
                 };
@@ -427,6 +499,7 @@ pub(super) fn nvcomp_window(
     }
     tracing::debug!(
         codec = codec.name(),
+        kind = ?chunks.first().map(|c| c.kind),
         chunks = chunks.len(),
         items = items.len(),
         stored_bytes = img_total,

@@ -65,6 +65,10 @@ pub struct Post {
 /// `Post::want` when there is no checksum to check.
 pub const NO_CHECKSUM: u64 = 1 << 32;
 
+/// Set in `Reply::Failed`'s block when it names a post (the rest is its index) rather
+/// than a decoded item.
+pub const POST_BLOCK: u64 = 1 << 62;
+
 /// A window's batch for the decoder process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
@@ -86,7 +90,7 @@ pub struct Request {
     pub retired: Vec<u64>,
     pub items: Vec<Item>,
     pub copies: Vec<Copy>,
-    /// One per decoded item (same order), or none.
+    /// Run in order after the batch.
     pub posts: Vec<Post>,
 }
 
@@ -256,10 +260,12 @@ impl Request {
                 ));
             }
         }
-        let decoded = self.items.iter().filter(|it| !it.raw).count();
         // (one grid row per post: CUDA's grid height is at most 65 535)
-        if !self.posts.is_empty() && (self.posts.len() != decoded || decoded > 65_535) {
-            return Err("posts do not match the decoded items".into());
+        if self.posts.len() > 65_535 {
+            return Err(format!(
+                "{} posts, more than a grid holds",
+                self.posts.len()
+            ));
         }
         for (k, p) in self.posts.iter().enumerate() {
             let inside = |at: u64| at.checked_add(p.len).is_some_and(|e| e <= self.scratch);
@@ -495,7 +501,7 @@ mod tests {
         r.posts[0].dst = 7 << 20 | 1;
         assert!(r.check().is_err());
         let mut r = sample();
-        r.posts.push(r.posts[0].clone());
+        r.posts = vec![r.posts[0].clone(); 65_536];
         assert!(r.check().is_err());
     }
 

@@ -93,6 +93,8 @@ def main():
             declare(mnt, "ok.h5", y)
             declare(mnt, "g.h5", x, compression="gzip", compression_opts=1)
             declare(mnt, "gs.h5", x, compression="gzip", shuffle=True)
+            declare(mnt, "bl.h5", x, compression="blosc",
+                    compression_opts={"cname": "lz4", "clevel": 5, "shuffle": 1})
             # 8-byte elements, and a shape whose edge chunks are partial
             e = (np.arange(1000 * 1300, dtype=np.float64).reshape(1000, 1300) * 0.25).astype(">f8")
             declare(mnt, "gs8.h5", e, compression="gzip", shuffle=True)
@@ -115,11 +117,11 @@ def main():
                 check("control file: zstd on the GPU, in the process",
                       "zstd" in dec.get("gpu", []) and proc.get("pid"), json.dumps(dec))
                 pid = proc.get("pid")
-                for fname, arr in (("g.h5", x), ("gs.h5", x)):
+                for fname, what in (("g.h5", "deflate"), ("gs.h5", "deflate + shuffle"),
+                                     ("bl.h5", "blosc lz4 + shuffle")):
                     gx.fill(0)
                     b.read_into(os.path.join(mnt, fname, "x", "data"))
-                    check(f"{fname} (deflate{' + shuffle' if 's' in fname else ''}) reads back",
-                          cp.asnumpy(gx).tobytes() == arr.tobytes())
+                    check(f"{fname} ({what}) reads back", cp.asnumpy(gx).tobytes() == want)
                 gx.fill(0)
                 b.read_into(os.path.join(mnt, "gs.h5", "x", "data"), offset=off, length=ln)
                 check("gs.h5 part reads back", cp.asnumpy(gx).tobytes()[:ln] == want[off:off + ln])
@@ -153,6 +155,8 @@ def main():
             windows = [ln for ln in open(log, errors="replace") if "nvCOMP window" in ln]
             check("deflate went through the decoder process",
                   any('codec="Deflate"' in ln for ln in windows), f"{len(windows)} windows")
+            check("blosc went through the decoder process",
+                  any('Some(Blosc)' in ln for ln in windows), f"{len(windows)} windows")
             # a damaged Adler-32 (the stream itself intact): caught on the GPU, the
             # host route then fails the read naming the chunk
             gpath = os.path.join(backing, "gs.h5")

@@ -2,7 +2,8 @@
 """READ_TO_GPU of LZ4- or Zstd-compressed chunks decoded by nvCOMP on the GPU (Zstd in the
 daemon's decoder process), against the host decoders, in one run (device machine; no
 hdf5plugin needed). `--codec lz4` (default), `zstd`, `gzip` or `gzip-shuffle` (level 1,
-decoded by nvCOMP's Deflate in the decoder process; Adler-32 and unshuffle on the GPU).
+decoded by nvCOMP's Deflate in the decoder process; Adler-32 and unshuffle on the GPU) or
+`blosc-lz4` (byte shuffle; LZ4 streams by nvCOMP, unshuffle by a kernel, in the process).
 
     H5TILEFS_NVCOMP_LIB=.../nvidia/libnvcomp/lib64 \\
         python tests/gpu/nvcomp_read_bench.py --bin BIN --dir /tmp --gib 1
@@ -40,6 +41,8 @@ def meta_for(codec):
         return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
     if codec == "gzip":
         return {"compression": "gzip", "compression_opts": 1}
+    if codec == "blosc-lz4":
+        return {"compression": "blosc", "compression_opts": {"cname": "lz4", "clevel": 5, "shuffle": 1}}
     return {"compression": codec}
 
 
@@ -102,7 +105,7 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle"])
+    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle", "blosc-lz4"])
     a = ap.parse_args()
     lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
     n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512
