@@ -57,9 +57,10 @@ pub struct Stored {
     pub addr: u64,
     pub size: u64,
     pub filters: Vec<i32>,
-    /// The element size the shuffle filter (2) works in, where it is one of `filters`
-    /// (its first parameter, else the dataset's element size).
-    pub shuffle_es: u64,
+    /// Each filter's parameters (its cd_values), as `filters`.
+    pub cd: Vec<Vec<u32>>,
+    /// The dataset's element size (what shuffle filters work in unless told).
+    pub elem: u64,
 }
 
 /// One decoded cell of a [`CellSource`].

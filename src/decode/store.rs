@@ -288,26 +288,20 @@ impl CellSource for ChunkStore {
     fn stored(&self, index: u64) -> Option<crate::extent::Stored> {
         let loc = self.loc(index).ok()??;
         self.check_stored(index, &loc).ok()?;
-        let filters = self
+        let kept: Vec<&FilterInfo> = self
             .filters
             .iter()
             .enumerate()
             .filter(|(i, _)| *i >= 32 || loc.filter_mask & (1 << i) == 0)
-            .map(|(_, f)| f.id)
+            .map(|(_, f)| f)
             .collect();
-        let shuffle_es = self
-            .filters
-            .iter()
-            .find(|f| f.id == crate::codecs::SHUFFLE)
-            .map_or(self.elem, |f| {
-                f.cd_values.first().map_or(self.elem, |&v| u64::from(v))
-            });
         Some(crate::extent::Stored {
             file: self.file.clone(),
             addr: loc.addr,
             size: loc.size,
-            filters,
-            shuffle_es,
+            filters: kept.iter().map(|f| f.id).collect(),
+            cd: kept.iter().map(|f| f.cd_values.clone()).collect(),
+            elem: self.elem,
         })
     }
 

@@ -85,19 +85,33 @@ pub(super) enum Kind {
     /// A Blosc chunk: its LZ4 streams decode into staging, then each block is
     /// unshuffled (or copied) by a kernel.
     Blosc,
+    /// A Bitshuffle chunk with LZ4 blocks: each decodes into staging and is
+    /// bit-unshuffled by a kernel; the trailing elements are copied.
+    Bitshuffle,
+}
+
+/// The element size the shuffle filter of `s` works in (its parameter, else the
+/// dataset's element size, as the host decoder takes it).
+fn shuffle_es(s: &crate::extent::Stored) -> u64 {
+    s.filters
+        .iter()
+        .position(|&f| f == crate::codecs::SHUFFLE)
+        .and_then(|i| s.cd.get(i)?.first())
+        .map_or(s.elem, |&v| u64::from(v))
 }
 
 /// The nvCOMP codec that decodes a chunk stored through `filters`, if one does, and
-/// what runs after it. (Blosc chunks are taken for LZ4, hdf5plugin's default; a chunk
-/// of another Blosc codec leaves its window to the host.)
+/// what runs after it. (Blosc and Bitshuffle chunks are taken for LZ4, hdf5plugin's
+/// default; a chunk of another inner codec leaves its window to the host.)
 fn codec_of(filters: &[i32]) -> Option<(Codec, Kind)> {
-    use crate::codecs::{BLOSC, DEFLATE, LZ4, SHUFFLE, ZSTD};
+    use crate::codecs::{BITSHUFFLE, BLOSC, DEFLATE, LZ4, SHUFFLE, ZSTD};
     match filters {
         [LZ4] => Some((Codec::Lz4, Kind::Plain)),
         [ZSTD] => Some((Codec::Zstd, Kind::Plain)),
         [DEFLATE] => Some((Codec::Deflate, Kind::Plain)),
         [SHUFFLE, DEFLATE] => Some((Codec::Deflate, Kind::Shuffled)),
         [BLOSC] => Some((Codec::Lz4, Kind::Blosc)),
+        [BITSHUFFLE] => Some((Codec::Lz4, Kind::Bitshuffle)),
         _ => None,
     }
 }
@@ -266,28 +280,44 @@ pub(super) fn nvcomp_window(
         let size = c.stored.size as usize;
         let framed = match (codec, c.kind) {
             (_, Kind::Blosc) => match super::framing::blosc(&buf[c.img..c.img + size], n) {
-                // (LZ4 streams, output blocks 16-byte aligned as nvCOMP's LZ4 asks, no
-                // bit unshuffle: the rest stays on the host)
+                // (LZ4 streams, output blocks 16-byte aligned as nvCOMP's LZ4 asks)
                 Ok(b)
                     if b.total == n
                         && b.codec == 1
-                        && b.streams.iter().all(|p| p.raw || p.dst.start % 16 == 0)
-                        && b.blocks
-                            .iter()
-                            .all(|(_, u)| !matches!(u, Unshuffle::Bits { .. })) =>
+                        && b.streams.iter().all(|p| p.raw || p.dst.start % 16 == 0) =>
                 {
                     let dec = total + c.shuffled_at.unwrap_or(0);
                     for (r, u) in &b.blocks {
-                        posts.push(wire::Post {
-                            src: dec + r.start as u64,
-                            dst: c.at + r.start as u64,
-                            len: r.len() as u64,
-                            es: match u {
-                                Unshuffle::Bytes { typesize } => *typesize as u64,
-                                _ => 1,
-                            },
+                        let post = |from: usize, len: usize, es: u64| wire::Post {
+                            src: dec + from as u64,
+                            dst: c.at + from as u64,
+                            len: len as u64,
+                            es,
                             want: wire::NO_CHECKSUM,
-                        });
+                        };
+                        match *u {
+                            Unshuffle::Bytes { typesize } => {
+                                posts.push(post(r.start, r.len(), typesize as u64))
+                            }
+                            Unshuffle::None => posts.push(post(r.start, r.len(), 1)),
+                            // (whole groups of 8 elements bit-unshuffled, the rest copied)
+                            Unshuffle::Bits { typesize, elems } => {
+                                let bits = elems / 8 * 8 * typesize;
+                                if bits > 0 {
+                                    posts.push(post(
+                                        r.start,
+                                        bits,
+                                        wire::BIT_UNSHUFFLE | typesize as u64,
+                                    ));
+                                    post_owner.push(i);
+                                }
+                                if r.len() > bits {
+                                    posts.push(post(r.start + bits, r.len() - bits, 1));
+                                } else {
+                                    continue;
+                                }
+                            }
+                        }
                         post_owner.push(i);
                     }
                     b.streams
@@ -301,6 +331,48 @@ pub(super) fn nvcomp_window(
                 }
                 _ => return Ok(vec![false; pieces.len()]),
             },
+            (_, Kind::Bitshuffle) => {
+                let s = &c.stored;
+                let cd = s
+                    .filters
+                    .iter()
+                    .position(|&f| f == crate::codecs::BITSHUFFLE)
+                    .and_then(|i| s.cd.get(i))
+                    .map_or(&[][..], |v| v.as_slice());
+                match super::framing::bitshuffle(&buf[c.img..c.img + size], cd, s.elem as usize, n)
+                {
+                    // (LZ4 blocks whose outputs start 16-byte aligned, as nvCOMP asks)
+                    Ok(b)
+                        if b.total == n
+                            && b.codec == 2
+                            && b.blocks.iter().all(|(p, _)| p.dst.start % 16 == 0) =>
+                    {
+                        let dec = total + c.shuffled_at.unwrap_or(0);
+                        let mut out = Vec::with_capacity(b.blocks.len() + 1);
+                        for (p, _elems) in b.blocks {
+                            posts.push(wire::Post {
+                                src: dec + p.dst.start as u64,
+                                dst: c.at + p.dst.start as u64,
+                                len: p.dst.len() as u64,
+                                es: wire::BIT_UNSHUFFLE | b.es as u64,
+                                want: wire::NO_CHECKSUM,
+                            });
+                            post_owner.push(i);
+                            let shift = (dec - c.at) as usize;
+                            out.push(super::framing::Piece {
+                                dst: p.dst.start + shift..p.dst.end + shift,
+                                ..p
+                            });
+                        }
+                        // (the trailing elements, stored as they are, straight to the slot)
+                        if !b.tail.dst.is_empty() {
+                            out.push(b.tail);
+                        }
+                        out
+                    }
+                    _ => return Ok(vec![false; pieces.len()]),
+                }
+            }
             (Codec::Lz4, _) => match super::framing::lz4(&buf[c.img..c.img + size], n) {
                 Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
                 _ => return Ok(vec![false; pieces.len()]),
@@ -322,7 +394,7 @@ pub(super) fn nvcomp_window(
                         dst: c.at,
                         len: n as u64,
                         es: if c.shuffled_at.is_some() {
-                            c.stored.shuffle_es
+                            shuffle_es(&c.stored)
                         } else {
                             0
                         },

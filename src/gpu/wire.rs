@@ -65,6 +65,10 @@ pub struct Post {
 /// `Post::want` when there is no checksum to check.
 pub const NO_CHECKSUM: u64 = 1 << 32;
 
+/// Set in `Post::es` for a bit unshuffle (bitshuffle's transpose) of elements of the
+/// low bits' size, instead of a byte unshuffle.
+pub const BIT_UNSHUFFLE: u64 = 1 << 32;
+
 /// Set in `Reply::Failed`'s block when it names a post (the rest is its index) rather
 /// than a decoded item.
 pub const POST_BLOCK: u64 = 1 << 62;
@@ -269,8 +273,13 @@ impl Request {
         }
         for (k, p) in self.posts.iter().enumerate() {
             let inside = |at: u64| at.checked_add(p.len).is_some_and(|e| e <= self.scratch);
+            let es = p.es & !BIT_UNSHUFFLE;
+            // (a bit unshuffle works on whole groups of 8 elements)
+            let bits_ok =
+                p.es & BIT_UNSHUFFLE == 0 || (es > 0 && p.len % es == 0 && (p.len / es) % 8 == 0);
             let ok = inside(p.src)
-                && (p.es == 0 || (inside(p.dst) && p.es <= 1 << 16))
+                && (p.es == 0 || (inside(p.dst) && es <= 1 << 16 && bits_ok))
+                && p.es & !(BIT_UNSHUFFLE | 0xffff_ffff) == 0
                 && p.len <= 1 << 26;
             if !ok {
                 return Err(format!("post {k} lies outside the scratch"));
@@ -500,6 +509,11 @@ mod tests {
         let mut r = sample();
         r.posts[0].dst = 7 << 20 | 1;
         assert!(r.check().is_err());
+        let mut r = sample();
+        r.posts[0].es = BIT_UNSHUFFLE | 3;
+        assert!(r.check().is_err());
+        r.posts[0].es = BIT_UNSHUFFLE | 4;
+        r.check().unwrap();
         let mut r = sample();
         r.posts = vec![r.posts[0].clone(); 65_536];
         assert!(r.check().is_err());

@@ -95,6 +95,8 @@ def main():
             declare(mnt, "gs.h5", x, compression="gzip", shuffle=True)
             declare(mnt, "bl.h5", x, compression="blosc",
                     compression_opts={"cname": "lz4", "clevel": 5, "shuffle": 1})
+            declare(mnt, "bb.h5", x, compression="blosc",
+                    compression_opts={"cname": "lz4", "clevel": 5, "shuffle": 2})
             # 8-byte elements, and a shape whose edge chunks are partial
             e = (np.arange(1000 * 1300, dtype=np.float64).reshape(1000, 1300) * 0.25).astype(">f8")
             declare(mnt, "gs8.h5", e, compression="gzip", shuffle=True)
@@ -118,7 +120,8 @@ def main():
                       "zstd" in dec.get("gpu", []) and proc.get("pid"), json.dumps(dec))
                 pid = proc.get("pid")
                 for fname, what in (("g.h5", "deflate"), ("gs.h5", "deflate + shuffle"),
-                                     ("bl.h5", "blosc lz4 + shuffle")):
+                                     ("bl.h5", "blosc lz4 + shuffle"),
+                                     ("bb.h5", "blosc lz4 + bitshuffle")):
                     gx.fill(0)
                     b.read_into(os.path.join(mnt, fname, "x", "data"))
                     check(f"{fname} ({what}) reads back", cp.asnumpy(gx).tobytes() == want)

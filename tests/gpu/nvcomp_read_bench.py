@@ -43,6 +43,8 @@ def meta_for(codec):
         return {"compression": "gzip", "compression_opts": 1}
     if codec == "blosc-lz4":
         return {"compression": "blosc", "compression_opts": {"cname": "lz4", "clevel": 5, "shuffle": 1}}
+    if codec == "blosc-bitshuffle-lz4":
+        return {"compression": "blosc", "compression_opts": {"cname": "lz4", "clevel": 5, "shuffle": 2}}
     return {"compression": codec}
 
 
@@ -105,7 +107,7 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle", "blosc-lz4"])
+    ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle", "blosc-lz4", "blosc-bitshuffle-lz4"])
     a = ap.parse_args()
     lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
     n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512

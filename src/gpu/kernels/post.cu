@@ -8,7 +8,9 @@ struct Post {
     unsigned long long src;   // decoded bytes (shuffled when es > 1)
     unsigned long long dst;   // where the unshuffled bytes go (unused when es == 0)
     unsigned long long len;   // bytes
-    unsigned long long es;    // shuffle element size; 0: no unshuffle
+    unsigned long long es;    // shuffle element size; 0: no unshuffle; bit 32 set: a bit
+                              // unshuffle (bitshuffle's transpose) of elements of the low
+                              // bits' size
     unsigned long long want;  // Adler-32 expected in the low 32 bits; bit 32 set: none
 };
 
@@ -50,7 +52,9 @@ extern "C" __global__ void h5t_adler32(const Post* posts, unsigned int* got) {
 }
 
 // posts[blockIdx.y]: HDF5's shuffle undone, src -> dst (byte j of element i was stored
-// at j * n + i; the len % es bytes after the n whole elements stay as they are).
+// at j * n + i; the len % es bytes after the n whole elements stay as they are). With
+// bit 32 of es: bitshuffle's bit transpose undone (n a multiple of 8: row 8j + t of n/8
+// bytes holds bit t of byte j of every element, element e at bit e % 8 of byte e / 8).
 extern "C" __global__ void h5t_unshuffle(const Post* posts) {
     const Post p = posts[blockIdx.y];
     if (p.es == 0) {
@@ -58,8 +62,23 @@ extern "C" __global__ void h5t_unshuffle(const Post* posts) {
     }
     const unsigned char* s = (const unsigned char*)p.src;
     unsigned char* d = (unsigned char*)p.dst;
-    const unsigned long long es = p.es, n = p.len / es;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    if (p.es >> 32) {
+        const unsigned long long es = p.es & 0xffffffffull, n = p.len / es, nrow = n / 8;
+        for (unsigned long long x = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+             x < n * es; x += stride) {
+            const unsigned long long e = x / es, j = x % es;
+            const unsigned char* col = s + e / 8;
+            const unsigned int sh = (unsigned int)(e % 8);
+            unsigned int byte = 0;
+            for (unsigned int t = 0; t < 8; t++) {
+                byte |= ((col[(8 * j + t) * nrow] >> sh) & 1u) << t;
+            }
+            d[x] = (unsigned char)byte;
+        }
+        return;
+    }
+    const unsigned long long es = p.es, n = p.len / es;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
         for (unsigned long long j = 0; j < es; j++) {
