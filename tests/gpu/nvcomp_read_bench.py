@@ -107,21 +107,24 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--decimals", type=int, default=0,
+                    help="decimals kept of the smooth field (more: less compressible)")
     ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "gzip", "gzip-shuffle", "blosc-lz4", "blosc-bitshuffle-lz4"])
     a = ap.parse_args()
     lib = os.environ.get("H5TILEFS_NVCOMP_LIB")
     n = int(round((a.gib * (1 << 30) / 4) ** 0.5 / 512)) * 512
     # whole numbers: LZ4 finds repeats (smooth()'s two decimals it stores nearly raw,
     # which would time the copies of raw blocks rather than nvCOMP)
-    x = np.round(smooth(n))
+    x = np.round(smooth(n), a.decimals)
     root = tempfile.mkdtemp(prefix="nvcb-", dir=a.dir)
     rows = {}
     try:
         t = time.perf_counter()
         backing, mnt = make(a.bin, root, x, os.path.join(a.out, "daemon-make.log"), a.codec)
         stored = os.path.getsize(os.path.join(backing, f"{a.codec}.h5"))
-        print(f"made {x.nbytes >> 20} MiB, stored {stored >> 20} MiB, in {time.perf_counter() - t:.1f} s",
-              flush=True)
+        used = os.stat(os.path.join(backing, f"{a.codec}.h5")).st_blocks * 512
+        print(f"made {x.nbytes >> 20} MiB, stored {stored >> 20} MiB ({used >> 20} MiB allocated, "
+              f"ratio {used / x.nbytes:.2f}), in {time.perf_counter() - t:.1f} s", flush=True)
         gx = cp.empty(x.shape, x.dtype)
         want = x.tobytes()
         for which in ("gpu", "host"):
