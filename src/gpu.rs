@@ -52,7 +52,7 @@ const STAGE_AHEAD: u64 = 64 << 20;
 /// one kept (LZ4 stores a 128 MiB window in about 16 MiB; an image of incompressible
 /// data, about 128 MiB, is freed after its window).
 const IMAGES_KEPT: usize = 8;
-const IMAGE_KEPT_BYTES: usize = 64 << 20;
+const IMAGE_KEPT_BYTES: usize = wire::IMAGE_KEPT_BYTES as usize;
 
 /// A verbatim run longer than this is split into pieces of this size read by several
 /// threads at once: one `cuFileRead` is one stream of I/O (in compatibility mode, one

@@ -50,6 +50,9 @@ struct State {
     spawning: bool,
     /// When processes were lost lately.
     losses: Vec<std::time::Instant>,
+    /// The newest generation whose lost process has been reaped: a window of an older
+    /// or equal one may let the host write its pieces (the process can no longer).
+    reaped: u64,
 }
 
 /// The decoder process, started at the first batch that needs it.
@@ -81,8 +84,14 @@ impl Decoder {
                 self.give_back(generation, sock);
                 Ok(())
             }
-            Ok(Reply::Failed { block, why }) => {
-                self.give_back(generation, sock);
+            Ok(Reply::Failed { block, fatal, why }) => {
+                if fatal {
+                    // (the process exits after a CUDA error: reaped now, not found dead
+                    // by the next window)
+                    self.lose(generation, &why);
+                } else {
+                    self.give_back(generation, sock);
+                }
                 Err(Failure::Refused { block, why })
             }
             Err(why) => {
@@ -128,7 +137,8 @@ impl Decoder {
                 }
                 st.spawning = true;
                 drop(st);
-                let started = std::env::current_exe().and_then(|exe| spawn(&exe));
+                // (/proc/self/exe: still this binary after an upgrade replaced its path)
+                let started = spawn(std::path::Path::new("/proc/self/exe"));
                 st = self.state.lock();
                 st.spawning = false;
                 self.ready.notify_all();
@@ -169,6 +179,11 @@ impl Decoder {
         let child = {
             let mut st = self.state.lock();
             if st.generation != generation {
+                // Another window of this process is reaping it: wait, so no late copy of
+                // the dying process lands after the host route wrote these pieces.
+                while st.reaped < generation {
+                    self.ready.wait(&mut st);
+                }
                 return;
             }
             st.free.clear();
@@ -186,6 +201,9 @@ impl Decoder {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let mut st = self.state.lock();
+        st.reaped = st.reaped.max(generation);
+        self.ready.notify_all();
     }
 }
 
@@ -226,7 +244,8 @@ pub fn spawn(exe: &std::path::Path) -> std::io::Result<(Child, Vec<UnixStream>)>
             // lowest free numbers there: the daemon's own descriptors may hold some).
             let mut high = [0i32; CONNS];
             for (h, &fd) in high.iter_mut().zip(&raw) {
-                *h = libc::fcntl(fd, libc::F_DUPFD, 3 + CONNS as i32);
+                // (close-on-exec: only the dup2 copies below survive the exec)
+                *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3 + CONNS as i32);
                 if *h < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -236,7 +255,12 @@ pub fn spawn(exe: &std::path::Path) -> std::io::Result<(Child, Vec<UnixStream>)>
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            libc::syscall(libc::SYS_close_range, 3 + CONNS as u32, u32::MAX, 0u32);
+            if libc::syscall(libc::SYS_close_range, 3 + CONNS as u32, u32::MAX, 0u32) != 0 {
+                // (kernels before 5.9: close them one by one)
+                for fd in 3 + CONNS as i32..65_536 {
+                    libc::close(fd);
+                }
+            }
             Ok(())
         });
     }

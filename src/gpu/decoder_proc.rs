@@ -18,6 +18,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+/// How long a connection waits for a batch before giving back its device memory.
+const IDLE_RELEASE_MS: i32 = 5_000;
+
 /// Images kept mapped and pinned at most (the daemon keeps 8 and has 8 in flight).
 const IMAGES_KEPT: usize = 32;
 
@@ -64,6 +67,8 @@ impl Drop for Image {
 /// A client allocation opened from its IPC handle.
 struct Opened {
     base: u64,
+    /// The allocation's real size (cuMemGetAddressRange).
+    size: u64,
     ctx: usize,
 }
 
@@ -144,6 +149,21 @@ fn serve_conn(sh: &Shared, mut sock: UnixStream) {
     // Per device: a stream and the scratch its batches decode into.
     let mut per_dev: Vec<(i32, usize, Scratch)> = Vec::new();
     loop {
+        // Idle for a while: the device memory of this connection goes back (its scratch
+        // and nvCOMP's tables grow to the largest window and would stay for the
+        // process's life).
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of a live socket.
+        if unsafe { libc::poll(&mut p, 1, IDLE_RELEASE_MS) } == 0 {
+            for (_, _, scratch) in per_dev.iter_mut() {
+                *scratch = Scratch::default();
+            }
+            continue;
+        }
         let (body, fd) = match wire::recv(&mut sock) {
             Ok(Some(f)) => f,
             _ => return,
@@ -155,6 +175,7 @@ fn serve_conn(sh: &Shared, mut sock: UnixStream) {
                 (
                     Reply::Failed {
                         block: f.block,
+                        fatal: f.fatal,
                         why: f.why,
                     },
                     f.fatal,
@@ -163,8 +184,10 @@ fn serve_conn(sh: &Shared, mut sock: UnixStream) {
         };
         let sent = wire::send(&mut sock, &reply.encode(), None);
         if fatal {
-            // (a CUDA error may have left the context unusable: a new process serves on)
-            std::process::exit(3);
+            // (a CUDA error may have left the context unusable: a new process serves on;
+            // _exit: the driver's exit handlers could hang with other threads inside it)
+            // SAFETY: ends the process at once, running no handlers.
+            unsafe { libc::_exit(3) };
         }
         if sent.is_err() {
             return;
@@ -179,16 +202,16 @@ fn batch(
     fd: Option<OwnedFd>,
 ) -> Result<(), Fail> {
     let req = Request::decode(body).map_err(Fail::plain)?;
+    // (first: a request refused below must not keep retired images mapped and pinned)
+    let retired: Vec<Arc<Image>> = {
+        let mut imgs = sh.images.lock();
+        req.retired.iter().filter_map(|r| imgs.remove(r)).collect()
+    };
+    drop(retired);
     req.check().map_err(Fail::plain)?;
     let codec = Codec::from_code(req.codec).ok_or_else(|| Fail::plain("unknown codec"))?;
     let nv = sh.nv.as_ref().map_err(|e| Fail::plain(e.clone()))?;
     let ctx = sh.bind(req.device).map_err(Fail::cuda)?;
-    {
-        let mut imgs = sh.images.lock();
-        for r in &req.retired {
-            imgs.remove(r);
-        }
-    }
     let image = sh.image(&req, fd)?;
     let opened = sh.open(&req, ctx)?;
     let k = match per_dev.iter().position(|(d, _, _)| *d == req.device) {
@@ -226,8 +249,9 @@ fn batch(
         nv.decode_image(codec, &mut scratch.arena, bytes, &items, stream)
             .map_err(|e| Fail {
                 block: e.block.map(|b| b as u64),
-                // (a status names a block; any other failure may be a CUDA error)
-                fatal: e.block.is_none(),
+                // (a CUDA error may leave the context unusable; a status or a refused
+                // range does not)
+                fatal: e.block.is_none() && e.why.starts_with("CUDA"),
                 why: e.why,
             })?;
         if !req.posts.is_empty() {
@@ -262,6 +286,12 @@ fn batch(
         .map_err(Fail::cuda)
     })();
     sh.close(&req.handle, opened);
+    drop(image);
+    if req.image_len > wire::IMAGE_KEPT_BYTES {
+        // (the daemon keeps no image this large: unmapped now, not at its next request)
+        let gone = sh.images.lock().remove(&req.image_id);
+        drop(gone);
+    }
     result
 }
 
@@ -471,8 +501,18 @@ impl Shared {
 
     /// The client's allocation, opened from its handle (once while batches use it).
     fn open(&self, req: &Request, ctx: usize) -> Result<Arc<Opened>, Fail> {
+        let too_small = |size: u64| {
+            Fail::plain(format!(
+                "the client's allocation is {size} bytes, not the {} registered",
+                req.alloc_size
+            ))
+        };
         let mut hs = self.handles.lock();
         if let Some(o) = hs.get(&req.handle) {
+            // (every request's claim checked, not only the first one's)
+            if o.size < req.alloc_size {
+                return Err(too_small(o.size));
+            }
             return Ok(o.clone());
         }
         let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
@@ -486,15 +526,18 @@ impl Shared {
         if r != cu::CUresult::CUDA_SUCCESS {
             return Err(Fail::plain(format!("cuIpcOpenMemHandle: {r:?}")));
         }
-        let o = Arc::new(Opened { base, ctx });
         let (mut start, mut size) = (0u64, 0usize);
         // SAFETY: out-pointers to locals; `base` is a live mapping.
         let r = unsafe { cu::cuMemGetAddressRange_v2(&mut start, &mut size, base) };
-        if r != cu::CUresult::CUDA_SUCCESS || start != base || (size as u64) < req.alloc_size {
-            return Err(Fail::plain(format!(
-                "the client's allocation is {size} bytes, not the {} registered",
-                req.alloc_size
-            )));
+        let size = if r == cu::CUresult::CUDA_SUCCESS && start == base {
+            size as u64
+        } else {
+            0
+        };
+        // (closed by its Drop if refused below)
+        let o = Arc::new(Opened { base, size, ctx });
+        if size < req.alloc_size {
+            return Err(too_small(size));
         }
         hs.insert(req.handle, o.clone());
         Ok(o)

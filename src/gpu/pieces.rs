@@ -112,6 +112,9 @@ fn shuffle_es(s: &crate::extent::Stored) -> u64 {
         .position(|&f| f == crate::codecs::SHUFFLE)
         .and_then(|i| s.cd.get(i)?.first())
         .map_or(s.elem, |&v| u64::from(v))
+        // (0 or 1: no shuffle, as the host decoder takes it; 1 is a copy in the kernel,
+        // so the slot is always written)
+        .max(1)
 }
 
 /// The nvCOMP codec that decodes a chunk stored through `filters`, if one does, and

@@ -8,6 +8,10 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+/// The largest image the daemon keeps for another window: the decoder process unmaps a
+/// larger one as soon as its batch is done (the daemon retires it anyway).
+pub const IMAGE_KEPT_BYTES: u64 = 64 << 20;
+
 /// The largest frame either side accepts (a window's tables are far smaller).
 pub const MAX_FRAME: u64 = 64 << 20;
 
@@ -102,9 +106,11 @@ pub struct Request {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
     Done,
-    /// The batch failed; `block` is the decoded (not raw) item to blame, if one is.
+    /// The batch failed; `block` is the decoded (not raw) item to blame, if one is;
+    /// `fatal`: the process exits after this answer (a CUDA error).
     Failed {
         block: Option<u64>,
+        fatal: bool,
         why: String,
     },
 }
@@ -294,9 +300,10 @@ impl Reply {
         let mut o = Vec::new();
         match self {
             Reply::Done => put(&mut o, 0),
-            Reply::Failed { block, why } => {
+            Reply::Failed { block, fatal, why } => {
                 put(&mut o, 1);
                 put(&mut o, block.map_or(u64::MAX, |b| b));
+                put(&mut o, u64::from(*fatal));
                 o.extend_from_slice(why.as_bytes());
             }
         }
@@ -309,8 +316,9 @@ impl Reply {
             0 if w.0.is_empty() => Ok(Reply::Done),
             1 => {
                 let block = Some(w.u64()?).filter(|&b| b != u64::MAX);
+                let fatal = w.u64()? != 0;
                 let why = String::from_utf8_lossy(w.0).chars().take(2000).collect();
-                Ok(Reply::Failed { block, why })
+                Ok(Reply::Failed { block, fatal, why })
             }
             k => Err(format!("unknown reply {k}")),
         }
@@ -462,10 +470,12 @@ mod tests {
             Reply::Done,
             Reply::Failed {
                 block: Some(3),
+                fatal: false,
                 why: "bad".into(),
             },
             Reply::Failed {
                 block: None,
+                fatal: true,
                 why: String::new(),
             },
         ] {
