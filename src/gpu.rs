@@ -360,54 +360,20 @@ impl Gpu {
     }
 
     fn bind(&self, l: &Loaded, device: i32) -> Result<usize> {
-        let ctx = {
-            let mut ctxs = l.ctxs.lock();
-            match ctxs.iter().find(|(d, _)| *d == device) {
-                Some((_, c)) => *c,
-                None => {
-                    let mut dev: cu::CUdevice = 0;
-                    let mut ctx: cu::CUcontext = std::ptr::null_mut();
-                    // SAFETY: out-pointers to locals; the context is retained for the
-                    // daemon's lifetime.
-                    unsafe {
-                        cu_ok(cu::cuDeviceGet(&mut dev, device), "cuDeviceGet")
-                            .map_err(|e| Error::from(GpuError::NoDevice(e.message)))?;
-                        cu_ok(
-                            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
-                            "cuDevicePrimaryCtxRetain",
-                        )?;
-                    }
-                    ctxs.push((device, ctx as usize));
-                    ctx as usize
-                }
-            }
-        };
-        // SAFETY: ctx is a retained primary context.
-        cu_ok(
-            unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) },
-            "cuCtxSetCurrent",
-        )?;
-        Ok(ctx)
+        devmem::bind_primary(&l.ctxs, device)
     }
 
     /// Maps a client's allocation from its IPC handle; dropping the mapping unmaps it.
     pub fn map(&self, device: i32, handle: &[u8; 64], alloc_size: u64) -> Result<Mapping> {
         let l = self.loaded()?;
         let ctx = self.bind(l, device)?;
-        let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
-        for (d, s) in h.reserved.iter_mut().zip(handle) {
-            *d = *s as std::ffi::c_char;
-        }
-        let mut ptr: cu::CUdeviceptr = 0;
-        // SAFETY: h is a handle the client obtained from cuIpcGetMemHandle; on success
-        // the mapping is closed when the `Mapping` made below is dropped.
-        let r = unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, 1) };
-        if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(GpuError::BadHandle(format!(
+        // SAFETY: on success the mapping is closed when the `Mapping` made below is
+        // dropped.
+        let ptr = unsafe { devmem::open_ipc(handle) }.map_err(|r| {
+            Error::from(GpuError::BadHandle(format!(
                 "cuIpcOpenMemHandle: {r:?} (bad handle or device)"
-            ))
-            .into());
-        }
+            )))
+        })?;
         let mut registered = false;
         if l.cufile {
             // SAFETY: ptr..ptr+alloc_size is the mapped allocation.

@@ -9,7 +9,7 @@
 //! One thread per connection (descriptors 3..3+conns). Lock order: each map alone
 //! (`ctxs`, `images`, `handles`), never two at once, none across a decode.
 
-use super::devmem::{copy_rows, cu_ok, Scratch, Src};
+use super::devmem::{bind_primary, copy_rows, cu_ok, open_ipc, Scratch, Src};
 use super::nvcomp::{Codec, ImageItem, Nvcomp};
 use super::wire::{self, Reply, Request};
 use cudarc::driver::sys as cu;
@@ -413,32 +413,7 @@ impl Shared {
     }
 
     fn bind(&self, device: i32) -> crate::error::Result<usize> {
-        let ctx = {
-            let mut ctxs = self.ctxs.lock();
-            match ctxs.iter().find(|(d, _)| *d == device) {
-                Some((_, c)) => *c,
-                None => {
-                    let mut dev: cu::CUdevice = 0;
-                    let mut ctx: cu::CUcontext = std::ptr::null_mut();
-                    // SAFETY: out-pointers to locals; retained for the process's life.
-                    unsafe {
-                        cu_ok(cu::cuDeviceGet(&mut dev, device), "cuDeviceGet")?;
-                        cu_ok(
-                            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
-                            "cuDevicePrimaryCtxRetain",
-                        )?;
-                    }
-                    ctxs.push((device, ctx as usize));
-                    ctx as usize
-                }
-            }
-        };
-        // SAFETY: a retained primary context.
-        cu_ok(
-            unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) },
-            "cuCtxSetCurrent",
-        )?;
-        Ok(ctx)
+        bind_primary(&self.ctxs, device)
     }
 
     /// The request's image, mapped and pinned from its descriptor the first time.
@@ -515,17 +490,9 @@ impl Shared {
             }
             return Ok(o.clone());
         }
-        let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
-        for (d, s) in h.reserved.iter_mut().zip(&req.handle) {
-            *d = *s as std::ffi::c_char;
-        }
-        let mut base: cu::CUdeviceptr = 0;
-        // SAFETY: a handle the client made with cuIpcGetMemHandle; closed by Opened's
-        // Drop.
-        let r = unsafe { cu::cuIpcOpenMemHandle_v2(&mut base, h, 1) };
-        if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(Fail::plain(format!("cuIpcOpenMemHandle: {r:?}")));
-        }
+        // SAFETY: closed by Opened's Drop.
+        let base = unsafe { open_ipc(&req.handle) }
+            .map_err(|r| Fail::plain(format!("cuIpcOpenMemHandle: {r:?}")))?;
         let (mut start, mut size) = (0u64, 0usize);
         // SAFETY: out-pointers to locals; `base` is a live mapping.
         let r = unsafe { cu::cuMemGetAddressRange_v2(&mut start, &mut size, base) };

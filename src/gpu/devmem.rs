@@ -14,6 +14,62 @@ pub(super) fn cu_ok(r: cu::CUresult, what: &str) -> Result<()> {
     }
 }
 
+/// Makes `device`'s primary context current on this thread, retaining it the first time
+/// (kept in `ctxs` for the process's life); returns it. The daemon's and the decoder
+/// process's one way to bind a device.
+pub(super) fn bind_primary(
+    ctxs: &parking_lot::Mutex<Vec<(i32, usize)>>,
+    device: i32,
+) -> Result<usize> {
+    let ctx = {
+        let mut ctxs = ctxs.lock();
+        match ctxs.iter().find(|(d, _)| *d == device) {
+            Some((_, c)) => *c,
+            None => {
+                let mut dev: cu::CUdevice = 0;
+                let mut ctx: cu::CUcontext = std::ptr::null_mut();
+                // SAFETY: out-pointers to locals; the context is retained for the
+                // process's lifetime.
+                unsafe {
+                    cu_ok(cu::cuDeviceGet(&mut dev, device), "cuDeviceGet")
+                        .map_err(|e| crate::error::Error::from(GpuError::NoDevice(e.message)))?;
+                    cu_ok(
+                        cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                        "cuDevicePrimaryCtxRetain",
+                    )?;
+                }
+                ctxs.push((device, ctx as usize));
+                ctx as usize
+            }
+        }
+    };
+    // SAFETY: ctx is a retained primary context.
+    cu_ok(
+        unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) },
+        "cuCtxSetCurrent",
+    )?;
+    Ok(ctx)
+}
+
+/// Opens a client's allocation from the CUDA IPC handle it made (cuIpcGetMemHandle) in
+/// the current context: its base address here, or CUDA's refusal.
+///
+/// # Safety
+/// The caller closes the mapping (cuIpcCloseMemHandle) once, after its last use.
+pub(super) unsafe fn open_ipc(handle: &[u8; 64]) -> std::result::Result<u64, cu::CUresult> {
+    let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
+    for (d, s) in h.reserved.iter_mut().zip(handle) {
+        *d = *s as std::ffi::c_char;
+    }
+    let mut ptr: cu::CUdeviceptr = 0;
+    // SAFETY: an out-pointer to a local and a handle passed by value; closing is the
+    // caller's.
+    match unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, 1) } {
+        cu::CUresult::CUDA_SUCCESS => Ok(ptr),
+        r => Err(r),
+    }
+}
+
 /// One 2D copy of `rows` rows of `width` bytes from `src` (rows `src_pitch` apart) to
 /// device `dst` (rows `dst_pitch` apart), queued on `stream`.
 ///

@@ -662,15 +662,9 @@ mod tests {
     #[test]
     #[ignore = "needs a GPU and nvCOMP 6 (H5TILEFS_NVCOMP)"]
     fn hdf5_lz4_chunks_decode_on_the_gpu_as_on_the_host() {
-        let chunks: Vec<Vec<u8>> = (0..24u32)
-            .map(|k| {
-                let n = (1usize << 20) - k as usize * 4096;
-                // quantized, slowly varying: what LZ4 compresses (it stores noise raw)
-                let data: Vec<u8> = (0..n / 4)
-                    .flat_map(|i| ((i / (64 + k as usize)) as f32 * 0.5).to_le_bytes())
-                    .collect();
-                compress(&Enc::Lz4, &data, 4).expect("lz4")
-            })
+        let chunks: Vec<Vec<u8>> = encoded_chunks(24, &Enc::Lz4)
+            .into_iter()
+            .map(|(c, _)| c)
             .collect();
         let mut blocks = Vec::new();
         let mut want = Vec::new();
@@ -710,6 +704,21 @@ mod tests {
         assert!(e.contains("block 3"), "{e}");
     }
 
+    /// `count` chunks of a little under 1 MiB each (sizes differ, so batches hold
+    /// unequal items), encoded with `enc`: (stored, decoded) pairs. Quantized, slowly
+    /// varying floats: what LZ4 compresses (it stores noise raw).
+    fn encoded_chunks(count: u32, enc: &Enc) -> Vec<(Vec<u8>, Vec<u8>)> {
+        (0..count)
+            .map(|k| {
+                let n = (1usize << 20) - k as usize * 4096;
+                let data: Vec<u8> = (0..n / 4)
+                    .flat_map(|i| ((i / (64 + k as usize)) as f32 * 0.5).to_le_bytes())
+                    .collect();
+                (compress(enc, &data, 4).expect("encode"), data)
+            })
+            .collect()
+    }
+
     fn bind_device0() {
         // SAFETY: test set-up of the primary context of device 0.
         unsafe {
@@ -726,21 +735,14 @@ mod tests {
     }
 
     /// On a GPU machine with nvCOMP 6: HDF5 Zstandard chunks (filter 32015, one frame
-    /// each) decode in one nvCOMP batch to the host decoder's bytes, and a frame cut
-    /// short fails the batch (tried here, in the test process, on purpose: the daemon
-    /// decodes Zstd in its decoder process).
+    /// each) decode in one nvCOMP batch to the host decoder's bytes. (No damaged frame
+    /// here: corrupt Zstd is undefined behaviour in nvCOMP, which is why the daemon
+    /// decodes it in its decoder process; tests/gpu/decoder_process_checks.py damages
+    /// frames there.)
     #[test]
     #[ignore = "needs a GPU and nvCOMP 6 (H5TILEFS_NVCOMP)"]
     fn hdf5_zstd_chunks_decode_on_the_gpu_as_on_the_host() {
-        let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u32)
-            .map(|k| {
-                let n = (1usize << 20) - k as usize * 4096;
-                let data: Vec<u8> = (0..n / 4)
-                    .flat_map(|i| ((i / (64 + k as usize)) as f32 * 0.5).to_le_bytes())
-                    .collect();
-                (compress(&Enc::Zstd(3), &data, 4).expect("zstd"), data)
-            })
-            .collect();
+        let chunks = encoded_chunks(16, &Enc::Zstd(3));
         for (c, data) in &chunks {
             assert_eq!(&crate::codecs::zstd_filter(c, 4 << 20).expect("host"), data);
         }
@@ -768,15 +770,7 @@ mod tests {
     #[test]
     #[ignore = "needs a GPU and nvCOMP 6 (H5TILEFS_NVCOMP)"]
     fn hdf5_deflate_chunks_decode_on_the_gpu_as_on_the_host() {
-        let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..16u32)
-            .map(|k| {
-                let n = (1usize << 20) - k as usize * 4096;
-                let data: Vec<u8> = (0..n / 4)
-                    .flat_map(|i| ((i / (64 + k as usize)) as f32 * 0.5).to_le_bytes())
-                    .collect();
-                (compress(&Enc::Gzip(4), &data, 4).expect("gzip"), data)
-            })
-            .collect();
+        let chunks = encoded_chunks(16, &Enc::Gzip(4));
         let mut blocks = Vec::new();
         for (c, data) in &chunks {
             let (raw, adler) = super::super::framing::zlib(c).expect("zlib framing");

@@ -325,6 +325,19 @@ impl Reply {
     }
 }
 
+/// A message header of one data buffer `iov` and the control buffer `ctl` (room for
+/// one descriptor; u64s keep it aligned for cmsghdr), `ctl_len` bytes of it used.
+fn msghdr(iov: &mut libc::iovec, ctl: &mut [u64; 4], ctl_len: usize) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid; the pointers set below point at the caller's
+    // buffers, which outlive the call that uses the header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.as_mut_ptr().cast();
+    msg.msg_controllen = ctl_len.min(std::mem::size_of_val(ctl));
+    msg
+}
+
 /// Sends one frame, with `fd` attached to its first byte.
 pub fn send(sock: &mut UnixStream, body: &[u8], fd: Option<RawFd>) -> std::io::Result<()> {
     let head = (body.len() as u64).to_le_bytes();
@@ -335,16 +348,9 @@ pub fn send(sock: &mut UnixStream, body: &[u8], fd: Option<RawFd>) -> std::io::R
                 iov_base: head.as_ptr() as *mut libc::c_void,
                 iov_len: head.len(),
             };
-            // (room for one descriptor; u64s keep the buffer aligned for cmsghdr)
             let mut ctl = [0u64; 4];
-            // SAFETY: an all-zero msghdr is valid; every pointer set below points at a
-            // live local of the given length.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = ctl.as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE is arithmetic.
-            msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as usize;
+            let msg = msghdr(&mut iov, &mut ctl, unsafe { libc::CMSG_SPACE(4) } as usize);
             // SAFETY: msg_control holds CMSG_SPACE(4) bytes (32 available), so the first
             // header and its 4-byte payload lie inside `ctl`.
             let sent = unsafe {
@@ -374,14 +380,9 @@ pub fn recv(sock: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Option<Ow
         iov_len: head.len(),
     };
     let mut ctl = [0u64; 4];
-    // SAFETY: as in `send`; the kernel writes at most msg_controllen bytes of control
-    // data and at most 8 bytes of data.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&ctl);
-    // SAFETY: msg points at live locals, as set above.
+    let mut msg = msghdr(&mut iov, &mut ctl, 32);
+    // SAFETY: msg points at live locals; the kernel writes at most msg_controllen bytes
+    // of control data and at most 8 bytes of data.
     let got = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if got < 0 {
         return Err(std::io::Error::last_os_error());
