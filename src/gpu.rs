@@ -616,11 +616,20 @@ impl Gpu {
                     _ => None,
                 })
                 .unzip();
-            // (nvCOMP looked for only when a window has cell rows to decode)
-            let nv = (!list.is_empty()).then(|| self.nvcomp()).flatten();
-            if let Some((nv, (codec, in_process))) =
-                nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)))
-            {
+            // (nvCOMP looked for only when a window has cell rows to decode, and enough
+            // of them for the GPU to win: pieces::gpu_worth)
+            let nv = pieces::gpu_worth(&list)
+                .then(|| self.nvcomp())
+                .flatten();
+            let batch = nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)));
+            if batch.is_none() && !list.is_empty() {
+                tracing::debug!(
+                    pieces = list.len(),
+                    nvcomp = nv.is_some(),
+                    "no nvCOMP batch for the window's cell rows: host route"
+                );
+            }
+            if let Some((nv, (codec, in_process))) = batch {
                 let t = std::time::Instant::now();
                 let r = if !in_process {
                     let mut image = l.images.lock().pop().unwrap_or_default();

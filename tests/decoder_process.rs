@@ -44,6 +44,7 @@ fn request() -> Request {
         }],
         copies: vec![Copy {
             src: 0,
+            src_pitch: 4096,
             width: 4096,
             rows: 1,
             pitch: 4096,
@@ -76,6 +77,13 @@ fn bad_requests_are_refused_and_the_process_ends_with_its_daemon() {
     // Ranges outside the scratch or the client's allocation.
     let mut r = request();
     r.copies[0].dst = (1 << 20) - 100;
+    let why = refused(ask(&mut conns[0], &r.encode()));
+    assert!(why.contains("copy 0"), "{why}");
+    // Rows of a partial edge chunk whose source pitch runs past the scratch.
+    let mut r = request();
+    r.copies[0].rows = 2;
+    r.copies[0].pitch = 8192;
+    r.copies[0].src_pitch = 1 << 20;
     let why = refused(ask(&mut conns[0], &r.encode()));
     assert!(why.contains("copy 0"), "{why}");
     let mut r = request();

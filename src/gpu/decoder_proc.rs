@@ -268,7 +268,7 @@ fn batch(
             unsafe {
                 copy_rows(
                     Src::Device(base + c.src),
-                    c.width as usize,
+                    c.src_pitch as usize,
                     opened.base + c.dst,
                     c.pitch as usize,
                     c.width as usize,

@@ -175,16 +175,17 @@ fn candidates() -> Vec<PathBuf> {
 /// and why, is logged and shown in the control file. `H5TILEFS_NVCOMP=off` turns it
 /// off. Taken wherever found since its route beat the host's (H200, LZ4 in 1 MiB
 /// chunks: 9.2 against 8.3 GB/s for 1 GiB, 11.0 against 6.7 for 4 GiB; its first
-/// version ran at 0.95 against 3.86, docs/perf-log/2026-11-29-nvcomp-windows.md). Only
-/// LZ4 is decoded on the GPU: nvCOMP answers corrupt LZ4 with a status, corrupt Deflate
-/// or Zstd with undefined behaviour (docs/gpu-decode.md).
+/// version ran at 0.95 against 3.86, docs/perf-log/2026-11-29-nvcomp-windows.md). LZ4
+/// decodes in the daemon: nvCOMP answers corrupt LZ4 with a status; corrupt Deflate or
+/// Zstd is undefined behaviour, so those decode in the decoder process
+/// (docs/gpu-decode.md).
 pub(super) fn for_daemon() -> Result<Nvcomp, String> {
     if std::env::var("H5TILEFS_NVCOMP").is_ok_and(|v| v == "off") {
         return Err("turned off (H5TILEFS_NVCOMP=off)".into());
     }
     match Nvcomp::load() {
         Ok(n) => {
-            tracing::info!(path = %n.path, version = n.version, "nvCOMP loaded: LZ4 chunks decode on the GPU");
+            tracing::info!(path = %n.path, version = n.version, "nvCOMP loaded: chunks decode on the GPU (Zstd and Deflate in the decoder process)");
             Ok(n)
         }
         Err(why) => {

@@ -13,18 +13,24 @@ use crate::error::{Error, GpuError, Result};
 use crate::extent::{CellKey, CellRef};
 use cudarc::driver::sys as cu;
 use std::os::unix::fs::FileExt;
-/// Block `b`'s rows, packed back to back at `src`, to its place in the piece at `dev`.
+/// Block `b`'s rows, `src_pitch` apart at `src`, to its place in the piece at `dev`.
 ///
 /// # Safety
 /// As [`copy_rows`]: `src` holds the block's rows and stays untouched (or allocated)
 /// until the stream passes the copy; the block lies inside the piece at `dev`.
-unsafe fn copy_block(b: &Block, src: Src, dev: u64, stream: cu::CUstream) -> Result<()> {
+unsafe fn copy_block(
+    b: &Block,
+    src: Src,
+    src_pitch: u64,
+    dev: u64,
+    stream: cu::CUstream,
+) -> Result<()> {
     let width = b.width as usize;
     // SAFETY: as the caller promises.
     unsafe {
         copy_rows(
             src,
-            width,
+            src_pitch as usize,
             dev + b.dst,
             b.pitch as usize,
             width,
@@ -53,7 +59,7 @@ pub(super) unsafe fn scatter_packed(
             .ok_or_else(|| Error::io("packed blocks beyond the staging buffer"))?;
         // SAFETY: the block's packed rows lie at host[pos..pos + width * rows]; its
         // destination lies inside the piece (blocks come from its disjoint extents).
-        unsafe { copy_block(b, Src::Host(src.as_ptr().cast()), dev, stream)? };
+        unsafe { copy_block(b, Src::Host(src.as_ptr().cast()), b.width, dev, stream)? };
         pos += b.bytes() as usize;
     }
     Ok(())
@@ -73,6 +79,33 @@ fn lz4_max_ratio() -> f64 {
     })
 }
 
+/// The fewest decoded bytes of a window's cell rows worth a GPU batch
+/// (`H5TILEFS_GPU_MIN_DECODE_KIB`): below it the host decoders are faster, a batch's
+/// fixed costs (image, upload, launch, the decoder process's round trip) outweighing
+/// its decode. Where the default came from: docs/gpu-decode.md.
+fn min_decode_bytes() -> u64 {
+    static B: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        std::env::var("H5TILEFS_GPU_MIN_DECODE_KIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(MIN_DECODE_BYTES, |k| k.saturating_mul(1024))
+    })
+}
+
+const MIN_DECODE_BYTES: u64 = 0;
+
+/// Whether a window's cell rows (`pieces`) are worth nvCOMP: some, and at least
+/// [`min_decode_bytes`] of them.
+pub(super) fn gpu_worth(pieces: &[(&[Block], u64)]) -> bool {
+    let rows: u64 = pieces
+        .iter()
+        .flat_map(|(blocks, _)| blocks.iter())
+        .map(|b| b.bytes())
+        .sum();
+    rows > 0 && rows >= min_decode_bytes()
+}
+
 /// The largest chunk decoded on the GPU (nvCOMP's LZ4 takes blocks of up to 16 MiB).
 const MAX_GPU_CHUNK: u64 = 16 << 20;
 
@@ -85,6 +118,8 @@ struct Chunk<'a> {
     stored: crate::extent::Stored,
     img: usize,
     kind: Kind,
+    /// Its stored bytes end in a Fletcher-32 checksum (checked as they are read).
+    fletcher: bool,
     /// Where a shuffled chunk decodes before its unshuffle, from the end of the slots.
     shuffled_at: Option<u64>,
 }
@@ -96,10 +131,10 @@ pub(super) enum Kind {
     Plain,
     /// HDF5's shuffle filter ran before deflate: undone by a kernel.
     Shuffled,
-    /// A Blosc chunk: its LZ4 streams decode into staging, then each block is
+    /// A Blosc chunk: its LZ4 or Zstd streams decode into staging, then each block is
     /// unshuffled (or copied) by a kernel.
     Blosc,
-    /// A Bitshuffle chunk with LZ4 blocks: each decodes into staging and is
+    /// A Bitshuffle chunk with LZ4 or Zstd blocks: each decodes into staging and is
     /// bit-unshuffled by a kernel; the trailing elements are copied.
     Bitshuffle,
 }
@@ -117,20 +152,49 @@ fn shuffle_es(s: &crate::extent::Stored) -> u64 {
         .max(1)
 }
 
-/// The nvCOMP codec that decodes a chunk stored through `filters`, if one does, and
-/// what runs after it. (Blosc and Bitshuffle chunks are taken for LZ4, hdf5plugin's
-/// default; a chunk of another inner codec leaves its window to the host.)
-fn codec_of(filters: &[i32]) -> Option<(Codec, Kind)> {
-    use crate::codecs::{BITSHUFFLE, BLOSC, DEFLATE, LZ4, SHUFFLE, ZSTD};
-    match filters {
-        [LZ4] => Some((Codec::Lz4, Kind::Plain)),
-        [ZSTD] => Some((Codec::Zstd, Kind::Plain)),
-        [DEFLATE] => Some((Codec::Deflate, Kind::Plain)),
-        [SHUFFLE, DEFLATE] => Some((Codec::Deflate, Kind::Shuffled)),
-        [BLOSC] => Some((Codec::Lz4, Kind::Blosc)),
-        [BITSHUFFLE] => Some((Codec::Lz4, Kind::Bitshuffle)),
-        _ => None,
-    }
+/// How a stored chunk's pipeline runs on the GPU: nvCOMP's codec, what runs after
+/// it, and whether a Fletcher-32 checksum ends the stored bytes (checked on the host
+/// as the image is read, before anything decodes; HDF5 writers put it last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Pipeline {
+    pub codec: Codec,
+    pub kind: Kind,
+    pub fletcher: bool,
+}
+
+/// The pipeline of a chunk stored through `s.filters`, if nvCOMP decodes it. Blosc's
+/// inner codec is its seventh parameter (hdf5plugin's: 1 and 2 LZ4, 5 Zstd; without
+/// one, LZ4, hdf5plugin's default), Bitshuffle's its fifth (2 LZ4, 3 Zstd); each
+/// chunk's header is checked against it when the chunk is taken apart.
+pub(super) fn codec_of(s: &crate::extent::Stored) -> Option<Pipeline> {
+    use crate::codecs::{BITSHUFFLE, BLOSC, DEFLATE, FLETCHER32, LZ4, SHUFFLE, ZSTD};
+    let (filters, fletcher) = match s.filters.as_slice() {
+        [rest @ .., FLETCHER32] => (rest, true),
+        all => (all, false),
+    };
+    let param = |i: usize, k: usize| s.cd.get(i).and_then(|cd| cd.get(k)).copied();
+    let (codec, kind) = match filters {
+        [LZ4] => (Codec::Lz4, Kind::Plain),
+        [ZSTD] => (Codec::Zstd, Kind::Plain),
+        [DEFLATE] => (Codec::Deflate, Kind::Plain),
+        [SHUFFLE, DEFLATE] => (Codec::Deflate, Kind::Shuffled),
+        [BLOSC] => match param(filters.len() - 1, 6) {
+            None | Some(1 | 2) => (Codec::Lz4, Kind::Blosc),
+            Some(5) => (Codec::Zstd, Kind::Blosc),
+            Some(_) => return None,
+        },
+        [BITSHUFFLE] => match param(filters.len() - 1, 4) {
+            Some(2) => (Codec::Lz4, Kind::Bitshuffle),
+            Some(3) => (Codec::Zstd, Kind::Bitshuffle),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(Pipeline {
+        codec,
+        kind,
+        fletcher,
+    })
 }
 
 /// The codec of a window's batch: that of its first stored chunk nvCOMP decodes (a
@@ -142,9 +206,9 @@ pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<(C
     pieces
         .iter()
         .flat_map(|(blocks, _)| blocks.iter())
-        .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?.filters))
-        .filter(|&(c, _)| nv.has(c))
-        .map(|(c, k)| (c, !c.checked() || k != Kind::Plain))
+        .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?))
+        .filter(|p| nv.has(p.codec))
+        .map(|p| (p.codec, !p.codec.checked() || p.kind != Kind::Plain))
 }
 
 /// The client's allocation, as the decoder process maps it.
@@ -199,6 +263,8 @@ pub(super) fn nvcomp_window(
     let mut done = vec![false; pieces.len()];
     // Per piece, the scratch place of each block's cell.
     let mut slots: Vec<Vec<u64>> = vec![Vec::new(); pieces.len()];
+    // Why the last piece left to the host was (for the log).
+    let mut refused = "";
     'piece: for (k, (blocks, _)) in pieces.iter().enumerate() {
         let mut mine: Vec<(CellKey, u64)> = Vec::new();
         let mut fresh: Vec<Chunk> = Vec::new();
@@ -207,7 +273,7 @@ pub(super) fn nvcomp_window(
         for b in blocks.iter() {
             let key = b.cell.key();
             let n = b.cell.source.cell_bytes();
-            if b.src.saturating_add(b.bytes()) > n {
+            if b.src_end().is_none_or(|e| e > n) {
                 return Err(Error::io("a block of rows beyond its chunk"));
             }
             if let Some((_, at)) = mine.iter().find(|(k, _)| *k == key) {
@@ -219,16 +285,27 @@ pub(super) fn nvcomp_window(
                 Some(c) => c.at,
                 None => {
                     if n == 0 || n > MAX_GPU_CHUNK {
+                        refused = "a chunk too large for nvCOMP";
                         continue 'piece;
                     }
-                    let (stored, kind) = match b.cell.source.stored(b.cell.index) {
-                        Some(s) if s.size <= 2 * MAX_GPU_CHUNK => match codec_of(&s.filters) {
-                            Some((c, k)) if c == codec && (in_process || k == Kind::Plain) => {
-                                (s, k)
+                    let (stored, kind, fletcher) = match b.cell.source.stored(b.cell.index) {
+                        Some(s) if s.size <= 2 * MAX_GPU_CHUNK => match codec_of(&s) {
+                            Some(p)
+                                if p.codec == codec
+                                    && (in_process || p.kind == Kind::Plain)
+                                    && (!p.fletcher || s.size >= 4) =>
+                            {
+                                (s, p.kind, p.fletcher)
                             }
-                            _ => continue 'piece,
+                            _ => {
+                                refused = "a chunk of another pipeline";
+                                continue 'piece;
+                            }
                         },
-                        _ => continue 'piece,
+                        _ => {
+                            refused = "a chunk never written, or stored too large";
+                            continue 'piece;
+                        }
                     };
                     let img = (it + lead).div_ceil(align) * align - lead;
                     it = img + stored.size as usize;
@@ -245,6 +322,7 @@ pub(super) fn nvcomp_window(
                         stored,
                         img,
                         kind,
+                        fletcher,
                         shuffled_at,
                     });
                     at
@@ -257,6 +335,7 @@ pub(super) fn nvcomp_window(
         // is far more than the piece (a few rows of many large chunks stay on the host).
         let piece: u64 = blocks.iter().map(|b| b.bytes()).sum();
         if need > piece.saturating_mul(2).saturating_add(16 << 20) {
+            refused = "far more chunk bytes than rows taken";
             continue;
         }
         chunks.extend(fresh);
@@ -265,6 +344,7 @@ pub(super) fn nvcomp_window(
         done[k] = true;
     }
     if chunks.is_empty() {
+        tracing::debug!(pieces = pieces.len(), refused, "no piece's chunks all decode on the GPU: host route");
         return Ok(done);
     }
     // LZ4 batches of data that barely compresses stay on the host: nvCOMP decodes an
@@ -296,7 +376,11 @@ pub(super) fn nvcomp_window(
             }
         }
     };
-    read_stored(&chunks, buf)?;
+    if !read_stored(&chunks, buf)? {
+        // (the host route decodes the window, and its decoder names the chunk)
+        tracing::debug!("a Fletcher-32 checksum does not match: host route");
+        return Ok(vec![false; pieces.len()]);
+    }
     let t_read = t0.elapsed();
     // Framings taken apart first: a chunk they refuse leaves the window to the host,
     // whose decoder says why. Items' outputs are scratch offsets here.
@@ -309,13 +393,14 @@ pub(super) fn nvcomp_window(
     let mut end = img_total;
     for (i, c) in chunks.iter().enumerate() {
         let n = c.cell.source.cell_bytes() as usize;
-        let size = c.stored.size as usize;
+        // (a Fletcher-32 checksum, checked as the image was read, is not the codec's)
+        let size = c.stored.size as usize - if c.fletcher { 4 } else { 0 };
         let framed = match (codec, c.kind) {
             (_, Kind::Blosc) => match super::framing::blosc(&buf[c.img..c.img + size], n) {
-                // (LZ4 streams, output blocks 16-byte aligned as nvCOMP's LZ4 asks)
+                // (streams of the batch's codec, output blocks 16-byte aligned as nvCOMP asks)
                 Ok(b)
                     if b.total == n
-                        && b.codec == 1
+                        && b.codec == if codec == Codec::Zstd { 4 } else { 1 }
                         && b.streams.iter().all(|p| p.raw || p.dst.start % 16 == 0) =>
                 {
                     let dec = total + c.shuffled_at.unwrap_or(0);
@@ -361,7 +446,7 @@ pub(super) fn nvcomp_window(
                         })
                         .collect()
                 }
-                _ => return Ok(vec![false; pieces.len()]),
+                _ => return Ok(host_route(pieces, c, "Blosc framing refused")),
             },
             (_, Kind::Bitshuffle) => {
                 let s = &c.stored;
@@ -373,10 +458,10 @@ pub(super) fn nvcomp_window(
                     .map_or(&[][..], |v| v.as_slice());
                 match super::framing::bitshuffle(&buf[c.img..c.img + size], cd, s.elem as usize, n)
                 {
-                    // (LZ4 blocks whose outputs start 16-byte aligned, as nvCOMP asks)
+                    // (blocks of the batch's codec whose outputs start 16-byte aligned, as nvCOMP asks)
                     Ok(b)
                         if b.total == n
-                            && b.codec == 2
+                            && b.codec == if codec == Codec::Zstd { 3 } else { 2 }
                             && b.blocks.iter().all(|(p, _)| p.dst.start % 16 == 0) =>
                     {
                         let dec = total + c.shuffled_at.unwrap_or(0);
@@ -402,12 +487,12 @@ pub(super) fn nvcomp_window(
                         }
                         out
                     }
-                    _ => return Ok(vec![false; pieces.len()]),
+                    _ => return Ok(host_route(pieces, c, "Bitshuffle framing refused")),
                 }
             }
             (Codec::Lz4, _) => match super::framing::lz4(&buf[c.img..c.img + size], n) {
                 Ok((t, ps)) if t == n && ps.iter().all(|p| p.raw || p.dst.start % 16 == 0) => ps,
-                _ => return Ok(vec![false; pieces.len()]),
+                _ => return Ok(host_route(pieces, c, "LZ4 framing refused")),
             },
             // (one frame per chunk: nvCOMP checks it decodes to the chunk's size)
             (Codec::Zstd, _) => vec![super::framing::Piece {
@@ -442,7 +527,7 @@ pub(super) fn nvcomp_window(
                     owner.push(i);
                     continue;
                 }
-                Err(_) => return Ok(vec![false; pieces.len()]),
+                Err(_) => return Ok(host_route(pieces, c, "zlib framing refused")),
             },
         };
         for p in framed {
@@ -521,7 +606,9 @@ pub(super) fn nvcomp_window(
                     // SAFETY: the block's rows lie in its cell's slot of the scratch
                     // (decoded above, on this stream) and inside the piece at `dev`; the
                     // scratch lives until the transfer has synchronized the stream.
-                    unsafe { copy_block(b, Src::Device(base + at + b.src), *dev, stream)? };
+                    unsafe {
+                        copy_block(b, Src::Device(base + at + b.src), b.stride, *dev, stream)?
+                    };
                 }
             }
         }
@@ -530,8 +617,12 @@ pub(super) fn nvcomp_window(
             image,
             client,
         } => {
-            let Ok(buf) = SharedImage::ensure(image, end, img_total, decoder) else {
-                return Ok(vec![false; pieces.len()]);
+            let buf = match SharedImage::ensure(image, end, img_total, decoder) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no image for the decoder process: host route");
+                    return Ok(vec![false; pieces.len()]);
+                }
             };
             for (from, to) in &copies {
                 buf.copy_within(*from..*from + to.len(), to.start);
@@ -570,6 +661,7 @@ pub(super) fn nvcomp_window(
                 for (b, at) in blocks.iter().zip(&slots[k]) {
                     req.copies.push(wire::Copy {
                         src: at + b.src,
+                        src_pitch: b.stride,
                         width: b.width,
                         rows: b.rows,
                         pitch: b.pitch,
@@ -616,9 +708,27 @@ pub(super) fn nvcomp_window(
     Ok(done)
 }
 
+/// A window left to the host route because `chunk`'s framing was refused (the host's
+/// decoder then says what is wrong with it, if anything is).
+fn host_route(pieces: &[(&[Block], u64)], chunk: &Chunk, why: &str) -> Vec<bool> {
+    tracing::debug!(chunk = %chunk.cell.source.describe(chunk.cell.index), why, "host route");
+    vec![false; pieces.len()]
+}
+
+/// Whether the Fletcher-32 checksum that ends `stored` matches the bytes before it.
+fn fletcher_ok(stored: &[u8]) -> bool {
+    let Some(n) = stored.len().checked_sub(4) else {
+        return false;
+    };
+    let want = u32::from_le_bytes([stored[n], stored[n + 1], stored[n + 2], stored[n + 3]]);
+    let sum = crate::codecs::fletcher32(&stored[..n]);
+    want == sum || want == sum.swap_bytes()
+}
+
 /// Reads the window's stored chunks into their places of `buf`, on up to 8 threads
-/// (page-cache copies).
-fn read_stored(chunks: &[Chunk], buf: &mut [u8]) -> Result<()> {
+/// (page-cache copies), and checks their Fletcher-32 checksums there (either byte
+/// order, as HDF5 accepts): false when one does not match.
+fn read_stored(chunks: &[Chunk], buf: &mut [u8]) -> Result<bool> {
     let per = chunks.len().div_ceil(8).max(1);
     // The image cut into disjoint parts, one per group of chunks (in image order).
     let mut parts: Vec<(&[Chunk], &mut [u8], usize)> = Vec::new();
@@ -633,11 +743,12 @@ fn read_stored(chunks: &[Chunk], buf: &mut [u8]) -> Result<()> {
         rest = tail;
         base = end;
     }
-    std::thread::scope(|sc| -> Result<()> {
+    std::thread::scope(|sc| -> Result<bool> {
         let workers: Vec<_> = parts
             .into_iter()
             .map(|(group, part, base)| {
-                sc.spawn(move || -> Result<()> {
+                sc.spawn(move || -> Result<bool> {
+                    let mut sums_ok = true;
                     for c in group {
                         let dst = &mut part[c.img - base..c.img - base + c.stored.size as usize];
                         c.stored
@@ -650,15 +761,157 @@ fn read_stored(chunks: &[Chunk], buf: &mut [u8]) -> Result<()> {
                                     e,
                                 )
                             })?;
+                        sums_ok &= !c.fletcher || fletcher_ok(dst);
                     }
-                    Ok(())
+                    Ok(sums_ok)
                 })
             })
             .collect();
         let joined: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        let mut all_ok = true;
         for r in joined {
-            r.map_err(|_| Error::io("reading stored chunks panicked"))??;
+            all_ok &= r.map_err(|_| Error::io("reading stored chunks panicked"))??;
         }
-        Ok(())
+        Ok(all_ok)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codecs::{BITSHUFFLE, BLOSC, DEFLATE, FLETCHER32, LZ4, SHUFFLE, ZSTD};
+    use crate::extent::{BackingFile, CellSource, Stored};
+    use std::sync::Arc;
+
+    fn stored(filters: &[i32], cd: &[&[u32]]) -> Stored {
+        Stored {
+            file: Arc::new(BackingFile {
+                path: "/dev/null".into(),
+                file: std::fs::File::open("/dev/null").unwrap(),
+            }),
+            addr: 0,
+            size: 0,
+            filters: filters.to_vec(),
+            cd: cd.iter().map(|c| c.to_vec()).collect(),
+            elem: 4,
+        }
+    }
+
+    fn pipe(codec: Codec, kind: Kind, fletcher: bool) -> Option<Pipeline> {
+        Some(Pipeline {
+            codec,
+            kind,
+            fletcher,
+        })
+    }
+
+    /// Blosc's and Bitshuffle's inner codec comes from their parameters, a trailing
+    /// Fletcher-32 is checked on the host, and pipelines the GPU has no route for
+    /// (a checksum before the codec, BloscLZ, Bitshuffle without compression) are left
+    /// to the host.
+    #[test]
+    fn pipelines_map_to_codecs_by_their_parameters() {
+        let blosc = |c: u32| stored(&[BLOSC], &[&[2, 2, 4, 4096, 5, 1, c]]);
+        assert_eq!(codec_of(&blosc(1)), pipe(Codec::Lz4, Kind::Blosc, false));
+        assert_eq!(codec_of(&blosc(2)), pipe(Codec::Lz4, Kind::Blosc, false));
+        assert_eq!(codec_of(&blosc(5)), pipe(Codec::Zstd, Kind::Blosc, false));
+        assert_eq!(codec_of(&blosc(0)), None);
+        assert_eq!(codec_of(&blosc(4)), None);
+        // (no compressor parameter: hdf5plugin's default, LZ4; the header is checked)
+        assert_eq!(
+            codec_of(&stored(&[BLOSC], &[&[2, 2, 4]])),
+            pipe(Codec::Lz4, Kind::Blosc, false)
+        );
+        let bshuf = |c: u32| stored(&[BITSHUFFLE], &[&[0, 4, 4, 0, c]]);
+        assert_eq!(codec_of(&bshuf(2)), pipe(Codec::Lz4, Kind::Bitshuffle, false));
+        assert_eq!(codec_of(&bshuf(3)), pipe(Codec::Zstd, Kind::Bitshuffle, false));
+        assert_eq!(codec_of(&bshuf(0)), None);
+        assert_eq!(
+            codec_of(&stored(&[SHUFFLE, DEFLATE, FLETCHER32], &[&[], &[1], &[]])),
+            pipe(Codec::Deflate, Kind::Shuffled, true)
+        );
+        assert_eq!(
+            codec_of(&stored(&[ZSTD, FLETCHER32], &[&[], &[]])),
+            pipe(Codec::Zstd, Kind::Plain, true)
+        );
+        assert_eq!(
+            codec_of(&stored(&[LZ4], &[&[]])),
+            pipe(Codec::Lz4, Kind::Plain, false)
+        );
+        assert_eq!(codec_of(&stored(&[FLETCHER32, DEFLATE], &[&[], &[]])), None);
+        assert_eq!(codec_of(&stored(&[FLETCHER32], &[&[]])), None);
+    }
+
+    /// A shuffle parameter of 0 is taken as no shuffle (a copy), never as an element
+    /// size of 0 that would leave the chunk's slot unwritten.
+    #[test]
+    fn shuffle_parameter_zero_is_a_copy() {
+        assert_eq!(shuffle_es(&stored(&[SHUFFLE, DEFLATE], &[&[0], &[1]])), 1);
+        assert_eq!(shuffle_es(&stored(&[SHUFFLE, DEFLATE], &[&[8], &[1]])), 8);
+        // (no parameter: the dataset's element size)
+        assert_eq!(shuffle_es(&stored(&[SHUFFLE, DEFLATE], &[&[], &[1]])), 4);
+    }
+
+    /// A chunk libhdf5 wrote through shuffle, deflate and Fletcher-32: its pipeline is
+    /// found, its checksum holds as stored and fails for a flipped byte, and once it is
+    /// stripped the zlib framing gives the stream whose Adler-32 the host's inflate
+    /// confirms.
+    #[test]
+    fn fletcher_checked_on_a_chunk_libhdf5_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.h5");
+        let data: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.01).sin()).collect();
+        {
+            let f = hdf5::File::create(&path).unwrap();
+            f.new_dataset::<f32>()
+                .shape([4096])
+                .chunk([1024])
+                .shuffle()
+                .deflate(1)
+                .fletcher32()
+                .create("x")
+                .unwrap()
+                .write(&data)
+                .unwrap();
+        }
+        let f = hdf5::File::open(&path).unwrap();
+        let ds = f.dataset("x").unwrap();
+        let filters = crate::h5::filters(&crate::h5::dcpl(ds.id()).unwrap()).unwrap();
+        let backing = Arc::new(BackingFile {
+            path: path.clone(),
+            file: std::fs::File::open(&path).unwrap(),
+        });
+        let store = crate::decode::ChunkStore::new(
+            "/x",
+            backing,
+            ds,
+            vec![4096],
+            vec![1024],
+            4,
+            filters,
+        )
+        .unwrap();
+        let s = store.stored(1).unwrap();
+        assert_eq!(codec_of(&s), pipe(Codec::Deflate, Kind::Shuffled, true));
+        let mut bytes = vec![0u8; s.size as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&s.file.file, &mut bytes, s.addr).unwrap();
+        assert!(fletcher_ok(&bytes));
+        let mut bad = bytes.clone();
+        bad[7] ^= 1;
+        assert!(!fletcher_ok(&bad));
+        assert!(!fletcher_ok(&bytes[..3]));
+        let body = &bytes[..bytes.len() - 4];
+        let (raw, adler) = crate::gpu::framing::zlib(body).unwrap();
+        let inflated = crate::codecs::filter(DEFLATE)
+            .unwrap()
+            .decode(
+                body.to_vec(),
+                &crate::codecs::Params { cd: &[1], elem: 4 },
+                4096,
+            )
+            .unwrap();
+        assert_eq!(inflated.len(), 4096);
+        assert_eq!(crate::gpu::framing::adler32(&inflated), adler);
+        assert!(raw.start == 2 && raw.end == body.len() - 4);
+    }
 }

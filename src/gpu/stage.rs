@@ -108,28 +108,43 @@ impl Piece {
 }
 
 /// Rows of one decoded cell that land at a constant pitch in a piece: `rows` rows of
-/// `width` bytes, consecutive in the cell from byte `src`, the first at `dst` of the
-/// piece and each next `pitch` bytes further. Copied whole into the staging buffer and
-/// scattered by the copy engine (one 2D copy), the host copies a cell in one run instead
-/// of gathering 2 KiB rows from 32 cells, which ran at 0.3-0.9 us a row (H200, 2026-11-28).
+/// `width` bytes, the first at byte `src` of the cell and each next `stride` bytes
+/// further (`width` for whole rows of the cell; more for the rows a partial edge chunk
+/// gives the dataset), the first at `dst` of the piece and each next `pitch` bytes
+/// further. Packed into the staging buffer and scattered by the copy engine (one 2D
+/// copy), the host copies a cell in one run instead of gathering 2 KiB rows from 32
+/// cells, which ran at 0.3-0.9 us a row (H200, 2026-11-28).
 #[derive(Debug)]
 pub struct Block {
     pub cell: CellRef,
     pub src: u64,
     pub width: u64,
     pub rows: u64,
+    pub stride: u64,
     pub dst: u64,
     pub pitch: u64,
 }
 
-/// Blocks are worth it when they stand for this many rows each on average.
-const MIN_ROWS_PER_BLOCK: usize = 8;
-
 impl Block {
+    /// Its bytes, packed.
     pub fn bytes(&self) -> u64 {
         self.width * self.rows
     }
+
+    /// Where its last row ends in the cell (`None` on overflow).
+    pub fn src_end(&self) -> Option<u64> {
+        match self.rows {
+            0 => Some(self.src),
+            r => self
+                .src
+                .checked_add(self.stride.checked_mul(r - 1)?)?
+                .checked_add(self.width),
+        }
+    }
 }
+
+/// Blocks are worth it when they stand for this many rows each on average.
+const MIN_ROWS_PER_BLOCK: usize = 8;
 
 impl Piece {
     /// The piece as [`Block`]s, in the order of their first rows, when every byte of it
@@ -152,19 +167,27 @@ impl Piece {
             let key = cell.key();
             let extends = open.get(&key).copied().filter(|&b| {
                 let bl = &blocks[b];
-                let follows = *offset == bl.src + bl.bytes() && e.len == bl.width;
-                let at = if bl.rows == 1 {
-                    e.dst >= bl.dst + bl.width
+                // (a second row fixes the block's stride in the cell and pitch in the
+                // piece; each later row must keep both)
+                let (follows, at) = if bl.rows == 1 {
+                    (
+                        *offset >= bl.src + bl.width,
+                        e.dst >= bl.dst + bl.width,
+                    )
                 } else {
-                    Some(e.dst) == bl.pitch.checked_mul(bl.rows).map(|d| bl.dst + d)
+                    (
+                        Some(*offset) == bl.stride.checked_mul(bl.rows).map(|d| bl.src + d),
+                        Some(e.dst) == bl.pitch.checked_mul(bl.rows).map(|d| bl.dst + d),
+                    )
                 };
-                follows && at
+                follows && at && e.len == bl.width
             });
             match extends {
                 Some(b) => {
                     let bl = &mut blocks[b];
                     if bl.rows == 1 {
                         bl.pitch = e.dst - bl.dst;
+                        bl.stride = offset - bl.src;
                     }
                     bl.rows += 1;
                 }
@@ -175,6 +198,7 @@ impl Piece {
                         src: *offset,
                         width: e.len,
                         rows: 1,
+                        stride: e.len,
                         dst: e.dst,
                         pitch: e.len,
                     });
@@ -210,10 +234,19 @@ fn pack_blocks_on(
         for b in bs {
             let data = cache.get(&b.cell)?;
             let n = b.bytes() as usize;
-            let src = data
-                .get(b.src as usize..b.src as usize + n)
-                .ok_or_else(|| crate::error::Error::io("cell shorter than expected"))?;
-            out[pos..pos + n].copy_from_slice(src);
+            let short = || crate::error::Error::io("cell shorter than expected");
+            let end = b.src_end().ok_or_else(short)? as usize;
+            let src = data.get(b.src as usize..end).ok_or_else(short)?;
+            if b.stride == b.width {
+                out[pos..pos + n].copy_from_slice(src);
+            } else {
+                // (rows of a partial edge chunk: gathered, one row at a time)
+                let w = b.width as usize;
+                for (r, row) in out[pos..pos + n].chunks_exact_mut(w).enumerate() {
+                    let at = r * b.stride as usize;
+                    row.copy_from_slice(&src[at..at + w]);
+                }
+            }
             pos += n;
         }
         Ok(())
@@ -524,20 +557,29 @@ mod tests {
     /// through blocks or through `assemble`.
     #[test]
     fn blocks_of_cell_rows_scatter_to_what_execute_gives() {
-        let (rows, cols, es, ch, cw) = (128u64, 256u64, 4u64, 32u64, 64u64);
+        // whole chunks; then partial edge chunks (the last chunk column 32 of 64 wide,
+        // the last chunk row 24 of 32 high): their rows are strided in the cell
+        for (rows, cols) in [(128u64, 256u64), (120, 224)] {
+            blocks_scatter_as_execute(rows, cols);
+        }
+    }
+
+    fn blocks_scatter_as_execute(rows: u64, cols: u64) {
+        let (es, ch, cw) = (4u64, 32u64, 64u64);
         let src: Arc<dyn crate::extent::CellSource> = Arc::new(Cells(ch * cw * es));
         let cache = CellCache::new(1 << 20);
         let mut extents = Vec::new();
-        for ci in 0..rows / ch {
-            for cj in 0..cols / cw {
+        for ci in 0..rows.div_ceil(ch) {
+            for cj in 0..cols.div_ceil(cw) {
                 let cell = CellRef {
                     source: src.clone(),
-                    index: ci * (cols / cw) + cj,
+                    index: ci * cols.div_ceil(cw) + cj,
                 };
-                for r in 0..ch {
+                let width = cw.min(cols - cj * cw);
+                for r in 0..ch.min(rows - ci * ch) {
                     extents.push(Extent {
                         dst: ((ci * ch + r) * cols + cj * cw) * es,
-                        len: cw * es,
+                        len: width * es,
                         src: Src::Cell {
                             cell: cell.clone(),
                             offset: r * cw * es,
@@ -578,13 +620,27 @@ mod tests {
                             }
                             assert_eq!(pos, p.n);
                         }
+                        // as the GPU routes copy, from each cell's decoded slot, rows
+                        // `stride` apart
+                        let mut direct = vec![0u8; p.n];
+                        for b in &blocks {
+                            let cell = cache.get(&b.cell).unwrap();
+                            assert!(b.src_end().unwrap() <= cell.len() as u64);
+                            for r in 0..b.rows {
+                                let from = (b.src + r * b.stride) as usize;
+                                let d = (b.dst + r * b.pitch) as usize;
+                                let w = b.width as usize;
+                                direct[d..d + w].copy_from_slice(&cell[from..from + w]);
+                            }
+                        }
+                        assert!(direct == got[at..at + p.n], "{rows} x {cols}: slot copies");
                     }
                     None => {
                         p.assemble(&mut got[at..at + p.n], &cache).unwrap();
                     }
                 }
             }
-            assert!(got == want, "stage {stage}");
+            assert!(got == want, "{rows} x {cols}, stage {stage}");
             if stage >= 32768 {
                 assert!(
                     with_blocks > 0,

@@ -26,11 +26,12 @@ pub struct Item {
     pub raw: bool,
 }
 
-/// One 2D copy: `rows` rows of `width` bytes, packed at scratch offset `src`, to offset
-/// `dst` of the client's allocation, rows `pitch` apart.
+/// One 2D copy: `rows` rows of `width` bytes, `src_pitch` apart from scratch offset
+/// `src`, to offset `dst` of the client's allocation, rows `pitch` apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Copy {
     pub src: u64,
+    pub src_pitch: u64,
     pub width: u64,
     pub rows: u64,
     pub pitch: u64,
@@ -41,15 +42,11 @@ impl Copy {
     /// The scratch bytes the copy reads, and the allocation bytes it writes (`None` on
     /// overflow).
     pub fn spans(&self) -> Option<(u64, u64)> {
-        let src_end = self.src.checked_add(self.width.checked_mul(self.rows)?)?;
-        let dst_end = match self.rows {
-            0 => self.dst,
-            r => self
-                .dst
-                .checked_add(self.pitch.checked_mul(r - 1)?)?
-                .checked_add(self.width)?,
+        let end = |at: u64, pitch: u64| match self.rows {
+            0 => Some(at),
+            r => at.checked_add(pitch.checked_mul(r - 1)?)?.checked_add(self.width),
         };
-        Some((src_end, dst_end))
+        Some((end(self.src, self.src_pitch)?, end(self.dst, self.pitch)?))
     }
 }
 
@@ -169,7 +166,7 @@ impl Request {
         }
         put(&mut o, self.copies.len() as u64);
         for c in &self.copies {
-            for w in [c.src, c.width, c.rows, c.pitch, c.dst] {
+            for w in [c.src, c.src_pitch, c.width, c.rows, c.pitch, c.dst] {
                 put(&mut o, w);
             }
         }
@@ -215,9 +212,10 @@ impl Request {
                 raw: w.u64()? != 0,
             });
         }
-        for _ in 0..w.count(5)? {
+        for _ in 0..w.count(6)? {
             r.copies.push(Copy {
                 src: w.u64()?,
+                src_pitch: w.u64()?,
                 width: w.u64()?,
                 rows: w.u64()?,
                 pitch: w.u64()?,
@@ -262,6 +260,7 @@ impl Request {
         for (k, c) in self.copies.iter().enumerate() {
             let ok = c.rows == 0
                 || (c.pitch >= c.width
+                    && c.src_pitch >= c.width
                     && c.spans()
                         .is_some_and(|(s, d)| s <= self.scratch && d <= self.alloc_size));
             if !ok {
@@ -447,6 +446,7 @@ mod tests {
             }],
             copies: vec![Copy {
                 src: 0,
+                src_pitch: 2048,
                 width: 2048,
                 rows: 512,
                 pitch: 8192,
@@ -513,6 +513,15 @@ mod tests {
         assert!(r.check().is_err());
         let mut r = sample();
         r.copies[0].pitch = 100;
+        assert!(r.check().is_err());
+        let mut r = sample();
+        r.copies[0].src_pitch = 100;
+        assert!(r.check().is_err());
+        // (rows of a partial edge chunk: a source pitch past the scratch's end)
+        let mut r = sample();
+        r.copies[0].src_pitch = 8192;
+        assert!(r.check().is_ok());
+        r.copies[0].src_pitch = 1 << 20;
         assert!(r.check().is_err());
         let mut r = sample();
         r.used = 5 << 20;
