@@ -386,18 +386,12 @@ mod tests {
         let cache = CellCache::new(250);
         let src = Arc::new(Counting(AtomicU64::new(0)));
         for i in 0..10u64 {
-            let c = CellRef {
-                source: src.clone(),
-                index: i % 2,
-            };
+            let c = CellRef::new(src.clone(), i % 2);
             assert_eq!(cache.get(&c).unwrap()[0], (i % 2) as u8);
         }
         assert_eq!(src.0.load(Ordering::Relaxed), 2);
         for i in 2..6u64 {
-            let c = CellRef {
-                source: src.clone(),
-                index: i,
-            };
+            let c = CellRef::new(src.clone(), i);
             cache.get(&c).unwrap();
         }
         assert!(cache.bytes() <= 250);
@@ -408,10 +402,7 @@ mod tests {
     fn eviction_takes_the_least_recently_used() {
         let cache = CellCache::new(300);
         let src = Arc::new(Counting(AtomicU64::new(0)));
-        let cell = |index| CellRef {
-            source: src.clone(),
-            index,
-        };
+        let cell = |index| CellRef::new(src.clone(), index);
         for i in 0..3 {
             cache.get(&cell(i)).unwrap();
         }
@@ -433,10 +424,7 @@ mod tests {
     fn released_cells_leave_the_cache() {
         let cache = CellCache::new(1000);
         let src = Arc::new(Counting(AtomicU64::new(0)));
-        let cell = |index| CellRef {
-            source: src.clone(),
-            index,
-        };
+        let cell = |index| CellRef::new(src.clone(), index);
         let held = cache.get(&cell(1)).unwrap();
         for i in [0, 2, 3] {
             cache.get(&cell(i)).unwrap();
@@ -499,10 +487,7 @@ mod tests {
     }
 
     fn cell(src: &Arc<Slow>, index: u64) -> CellRef {
-        CellRef {
-            source: src.clone(),
-            index,
-        }
+        CellRef::new(src.clone(), index)
     }
 
     #[test]
@@ -621,10 +606,7 @@ mod tests {
     fn a_panicking_decode_fails_its_readers_with_eio_and_is_retried() {
         let cache = Arc::new(CellCache::new(1 << 20));
         let src = panicky(1_000_010, 200);
-        let cell = |i| CellRef {
-            source: src.clone(),
-            index: i,
-        };
+        let cell = |i| CellRef::new(src.clone(), i);
         // The first reader claims the cell and decodes it; three more find it loading
         // and wait on it: all four get EIO.
         let c7 = cell(7);
@@ -673,10 +655,7 @@ mod tests {
         let cache = Arc::new(CellCache::new(1 << 20));
         let src = panicky(1_000_011, 20);
         let cells: Vec<_> = (5..10)
-            .map(|i| CellRef {
-                source: src.clone(),
-                index: i,
-            })
+            .map(|i| CellRef::new(src.clone(), i))
             .collect();
         // warm: cell 7 fails on a pool thread or this one; the call returns.
         let (c, cs) = (cache.clone(), cells.clone());
@@ -694,10 +673,7 @@ mod tests {
         // the pool's workers still run (the other cells arrive).
         let src2 = panicky(1_000_012, 20);
         let cells2: Vec<_> = (5..10)
-            .map(|i| CellRef {
-                source: src2.clone(),
-                index: i,
-            })
+            .map(|i| CellRef::new(src2.clone(), i))
             .collect();
         cache.prefetch(&cells2);
         for cl in cells2 {
@@ -802,10 +778,7 @@ mod tests {
     const BAD: u64 = 3;
 
     fn sh_cell(src: &Arc<ShSource>, index: u64) -> CellRef {
-        CellRef {
-            source: src.clone(),
-            index,
-        }
+        CellRef::new(src.clone(), index)
     }
 
     /// A `get` returns the cell's bytes, or EIO for the panicking cell.

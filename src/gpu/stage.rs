@@ -571,10 +571,7 @@ mod tests {
         let mut extents = Vec::new();
         for ci in 0..rows.div_ceil(ch) {
             for cj in 0..cols.div_ceil(cw) {
-                let cell = CellRef {
-                    source: src.clone(),
-                    index: ci * cols.div_ceil(cw) + cj,
-                };
+                let cell = CellRef::new(src.clone(), ci * cols.div_ceil(cw) + cj);
                 let width = cw.min(cols - cj * cw);
                 for r in 0..ch.min(rows - ci * ch) {
                     extents.push(Extent {

@@ -77,10 +77,7 @@ impl DatasetModel {
                             file: store.file.clone(),
                             offset: loc.addr,
                         },
-                        Some(_) => BlockSrc::Cell(CellRef {
-                            source: store.clone(),
-                            index: cidx,
-                        }),
+                        Some(_) => BlockSrc::Cell(CellRef::new(store.clone(), cidx)),
                     };
                     let count: Vec<u64> = cstart
                         .iter()
@@ -94,10 +91,7 @@ impl DatasetModel {
             }
             Storage::Cells(cells) => {
                 if self.shape.is_empty() {
-                    let src = BlockSrc::Cell(CellRef {
-                        source: cells.clone(),
-                        index: 0,
-                    });
+                    let src = BlockSrc::Cell(CellRef::new(cells.clone(), 0));
                     emit_block(sel, &[], &[], &[], &src, es, dst, out);
                     return Ok(());
                 }
@@ -194,10 +188,7 @@ fn emit_cells(
     out: &mut Vec<Extent>,
 ) -> Result<()> {
     let src_of = |cidx: u64| {
-        BlockSrc::Cell(CellRef {
-            source: cells.clone(),
-            index: cidx,
-        })
+        BlockSrc::Cell(CellRef::new(cells.clone(), cidx))
     };
     if shape.is_empty() {
         emit_block(sel, &[], &[], &[], &src_of(0), es, dst, out);
