@@ -618,9 +618,7 @@ impl Gpu {
                 .unzip();
             // (nvCOMP looked for only when a window has cell rows to decode, and enough
             // of them for the GPU to win: pieces::gpu_worth)
-            let nv = pieces::gpu_worth(&list)
-                .then(|| self.nvcomp())
-                .flatten();
+            let nv = pieces::gpu_worth(&list).then(|| self.nvcomp()).flatten();
             let batch = nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)));
             if batch.is_none() && !list.is_empty() {
                 tracing::debug!(

@@ -654,9 +654,7 @@ mod tests {
     fn a_panicking_decode_in_warm_and_prefetch_fails_the_cell_only() {
         let cache = Arc::new(CellCache::new(1 << 20));
         let src = panicky(1_000_011, 20);
-        let cells: Vec<_> = (5..10)
-            .map(|i| CellRef::new(src.clone(), i))
-            .collect();
+        let cells: Vec<_> = (5..10).map(|i| CellRef::new(src.clone(), i)).collect();
         // warm: cell 7 fails on a pool thread or this one; the call returns.
         let (c, cs) = (cache.clone(), cells.clone());
         within(move || c.warm(&cs));
@@ -672,9 +670,7 @@ mod tests {
         // prefetch: the background decode of cell 7 fails; readers of it get EIO and
         // the pool's workers still run (the other cells arrive).
         let src2 = panicky(1_000_012, 20);
-        let cells2: Vec<_> = (5..10)
-            .map(|i| CellRef::new(src2.clone(), i))
-            .collect();
+        let cells2: Vec<_> = (5..10).map(|i| CellRef::new(src2.clone(), i)).collect();
         cache.prefetch(&cells2);
         for cl in cells2 {
             let (c, i) = (cache.clone(), cl.index);

@@ -344,7 +344,11 @@ pub(super) fn nvcomp_window(
         done[k] = true;
     }
     if chunks.is_empty() {
-        tracing::debug!(pieces = pieces.len(), refused, "no piece's chunks all decode on the GPU: host route");
+        tracing::debug!(
+            pieces = pieces.len(),
+            refused,
+            "no piece's chunks all decode on the GPU: host route"
+        );
         return Ok(done);
     }
     // LZ4 batches of data that barely compresses stay on the host: nvCOMP decodes an
@@ -823,8 +827,14 @@ mod tests {
             pipe(Codec::Lz4, Kind::Blosc, false)
         );
         let bshuf = |c: u32| stored(&[BITSHUFFLE], &[&[0, 4, 4, 0, c]]);
-        assert_eq!(codec_of(&bshuf(2)), pipe(Codec::Lz4, Kind::Bitshuffle, false));
-        assert_eq!(codec_of(&bshuf(3)), pipe(Codec::Zstd, Kind::Bitshuffle, false));
+        assert_eq!(
+            codec_of(&bshuf(2)),
+            pipe(Codec::Lz4, Kind::Bitshuffle, false)
+        );
+        assert_eq!(
+            codec_of(&bshuf(3)),
+            pipe(Codec::Zstd, Kind::Bitshuffle, false)
+        );
         assert_eq!(codec_of(&bshuf(0)), None);
         assert_eq!(
             codec_of(&stored(&[SHUFFLE, DEFLATE, FLETCHER32], &[&[], &[1], &[]])),
@@ -881,16 +891,9 @@ mod tests {
             path: path.clone(),
             file: std::fs::File::open(&path).unwrap(),
         });
-        let store = crate::decode::ChunkStore::new(
-            "/x",
-            backing,
-            ds,
-            vec![4096],
-            vec![1024],
-            4,
-            filters,
-        )
-        .unwrap();
+        let store =
+            crate::decode::ChunkStore::new("/x", backing, ds, vec![4096], vec![1024], 4, filters)
+                .unwrap();
         let s = store.stored(1).unwrap();
         assert_eq!(codec_of(&s), pipe(Codec::Deflate, Kind::Shuffled, true));
         let mut bytes = vec![0u8; s.size as usize];

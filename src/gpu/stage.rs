@@ -146,9 +146,14 @@ impl Block {
 /// Blocks are worth it when they stand for this many rows each on average.
 const MIN_ROWS_PER_BLOCK: usize = 8;
 
+/// ... or this many bytes each on average (runs of whole cells: chunks that span their
+/// dataset's rows, 1-D datasets), whatever their rows.
+const MIN_BYTES_PER_BLOCK: u64 = 64 << 10;
+
 impl Piece {
     /// The piece as [`Block`]s, in the order of their first rows, when every byte of it
-    /// is a whole row of a cell and the blocks have [`MIN_ROWS_PER_BLOCK`] rows each on
+    /// is a whole row of a cell and the blocks have [`MIN_ROWS_PER_BLOCK`] rows or
+    /// [`MIN_BYTES_PER_BLOCK`] bytes each on
     /// average; None otherwise (file runs, fill, strided rows, cut elements).
     pub fn blocks(&self) -> Option<Vec<Block>> {
         if !self.odd.is_empty() || self.subs.is_empty() {
@@ -170,10 +175,7 @@ impl Piece {
                 // (a second row fixes the block's stride in the cell and pitch in the
                 // piece; each later row must keep both)
                 let (follows, at) = if bl.rows == 1 {
-                    (
-                        *offset >= bl.src + bl.width,
-                        e.dst >= bl.dst + bl.width,
-                    )
+                    (*offset >= bl.src + bl.width, e.dst >= bl.dst + bl.width)
                 } else {
                     (
                         Some(*offset) == bl.stride.checked_mul(bl.rows).map(|d| bl.src + d),
@@ -206,8 +208,9 @@ impl Piece {
             }
         }
         let bytes: u64 = blocks.iter().map(Block::bytes).sum();
-        (blocks.len() * MIN_ROWS_PER_BLOCK <= self.subs.len() && bytes == self.n as u64)
-            .then_some(blocks)
+        let worth = blocks.len() * MIN_ROWS_PER_BLOCK <= self.subs.len()
+            || bytes >= MIN_BYTES_PER_BLOCK.saturating_mul(blocks.len() as u64);
+        (worth && bytes == self.n as u64).then_some(blocks)
     }
 }
 
@@ -560,12 +563,16 @@ mod tests {
         // whole chunks; then partial edge chunks (the last chunk column 32 of 64 wide,
         // the last chunk row 24 of 32 high): their rows are strided in the cell
         for (rows, cols) in [(128u64, 256u64), (120, 224)] {
-            blocks_scatter_as_execute(rows, cols);
+            blocks_scatter_as_execute(rows, cols, 32, 64, 32768);
         }
+        // chunks that span the rows: each chunk one run of the piece, a block of one
+        // row (whole cells, as a 1-D dataset's chunks are)
+        blocks_scatter_as_execute(2048, 64, 256, 64, 512 << 10);
     }
 
-    fn blocks_scatter_as_execute(rows: u64, cols: u64) {
-        let (es, ch, cw) = (4u64, 32u64, 64u64);
+    /// `blocks_from`: the smallest stage whose pieces must use blocks.
+    fn blocks_scatter_as_execute(rows: u64, cols: u64, ch: u64, cw: u64, blocks_from: usize) {
+        let es = 4u64;
         let src: Arc<dyn crate::extent::CellSource> = Arc::new(Cells(ch * cw * es));
         let cache = CellCache::new(1 << 20);
         let mut extents = Vec::new();
@@ -574,16 +581,21 @@ mod tests {
                 let cell = CellRef::new(src.clone(), ci * cols.div_ceil(cw) + cj);
                 let width = cw.min(cols - cj * cw);
                 for r in 0..ch.min(rows - ci * ch) {
-                    extents.push(Extent {
-                        dst: ((ci * ch + r) * cols + cj * cw) * es,
-                        len: width * es,
-                        src: Src::Cell {
-                            cell: cell.clone(),
-                            offset: r * cw * es,
+                    // (as the model plans: a row continuing the last in both its cell
+                    // and the view joins it)
+                    crate::extent::push(
+                        &mut extents,
+                        Extent {
+                            dst: ((ci * ch + r) * cols + cj * cw) * es,
+                            len: width * es,
+                            src: Src::Cell {
+                                cell: cell.clone(),
+                                offset: r * cw * es,
+                            },
+                            src_stride: es,
+                            elem: es,
                         },
-                        src_stride: es,
-                        elem: es,
-                    });
+                    );
                 }
             }
         }
@@ -638,10 +650,10 @@ mod tests {
                 }
             }
             assert!(got == want, "{rows} x {cols}, stage {stage}");
-            if stage >= 32768 {
+            if stage >= blocks_from {
                 assert!(
                     with_blocks > 0,
-                    "stage {stage}: pieces of whole rows use blocks"
+                    "{rows} x {cols}, stage {stage}: pieces of whole rows use blocks"
                 );
             }
             if stage == 333 {

@@ -44,7 +44,9 @@ impl Copy {
     pub fn spans(&self) -> Option<(u64, u64)> {
         let end = |at: u64, pitch: u64| match self.rows {
             0 => Some(at),
-            r => at.checked_add(pitch.checked_mul(r - 1)?)?.checked_add(self.width),
+            r => at
+                .checked_add(pitch.checked_mul(r - 1)?)?
+                .checked_add(self.width),
         };
         Some((end(self.src, self.src_pitch)?, end(self.dst, self.pitch)?))
     }

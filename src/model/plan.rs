@@ -187,9 +187,7 @@ fn emit_cells(
     dst: &Dst,
     out: &mut Vec<Extent>,
 ) -> Result<()> {
-    let src_of = |cidx: u64| {
-        BlockSrc::Cell(CellRef::new(cells.clone(), cidx))
-    };
+    let src_of = |cidx: u64| BlockSrc::Cell(CellRef::new(cells.clone(), cidx));
     if shape.is_empty() {
         emit_block(sel, &[], &[], &[], &src_of(0), es, dst, out);
         return Ok(());
