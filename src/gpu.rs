@@ -16,6 +16,7 @@ pub mod wire;
 
 pub use decoder::spawn as spawn_decoder_process;
 pub use decoder_proc::serve as decoder_process;
+pub use pieces::min_decode_bytes;
 
 use handles::{
     register_cufile, register_cufile_write, CuFile, WriteHandles, DIRECT_ALIGN, MAX_CUFILE_HANDLES,
@@ -525,6 +526,7 @@ impl Gpu {
         extents: Vec<Extent>,
         window: (u64, u64),
         cache: &Arc<crate::decode::CellCache>,
+        gpu_decode: bool,
     ) -> Result<(u64, u64)> {
         let l = self.loaded()?;
         self.bind(l, m.device)?;
@@ -616,9 +618,11 @@ impl Gpu {
                     _ => None,
                 })
                 .unzip();
-            // (nvCOMP looked for only when a window has cell rows to decode, and enough
-            // of them for the GPU to win: pieces::gpu_worth)
-            let nv = pieces::gpu_worth(&list).then(|| self.nvcomp()).flatten();
+            // (nvCOMP looked for only when the request is large enough for the GPU to
+            // win, `gpu_decode`, and the window has cell rows to decode)
+            let nv = (gpu_decode && list.iter().any(|(b, _)| !b.is_empty()))
+                .then(|| self.nvcomp())
+                .flatten();
             let batch = nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)));
             if batch.is_none() && !list.is_empty() {
                 tracing::debug!(

@@ -157,6 +157,8 @@ impl Fs {
             .step_by(*WINDOW as usize)
             .map(|pos| (pos, (end - pos).min(*WINDOW)))
             .collect();
+        // (compressed chunks decode on the GPU only for requests large enough to win)
+        let gpu_decode = req.length >= crate::gpu::min_decode_bytes();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let one = |(pos, n): (u64, u64)| -> Result<(u64, u64)> {
             let t = std::time::Instant::now();
@@ -181,6 +183,7 @@ impl Fs {
                 shifted,
                 (pos, pos + n),
                 &self.mount.cache,
+                gpu_decode,
             )
         };
         let work = || -> Result<(u64, u64)> {

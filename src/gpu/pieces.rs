@@ -79,32 +79,26 @@ fn lz4_max_ratio() -> f64 {
     })
 }
 
-/// The fewest decoded bytes of a window's cell rows worth a GPU batch
-/// (`H5TILEFS_GPU_MIN_DECODE_KIB`): below it the host decoders are faster, a batch's
-/// fixed costs (image, upload, launch, the decoder process's round trip) outweighing
-/// its decode. Where the default came from: docs/gpu-decode.md.
-fn min_decode_bytes() -> u64 {
+/// The smallest READ_TO_GPU request whose compressed chunks decode on the GPU
+/// (`H5TILEFS_GPU_MIN_DECODE_MIB`); smaller ones decode on the host. nvCOMP decodes a
+/// chunk's stream (a 1 MiB LZ4 block, a Deflate or Zstd frame) on one warp, so one batch
+/// costs 5-19 ms whatever its size, while the host decoders take about 6 ms for 64 MiB;
+/// the GPU wins only once several windows' batches overlap. H200, one request of K
+/// MiB, GPU / host ms: at 256 MiB LZ4 23.9 / 15.6, gzip + shuffle 17.4 / 13.7, Zstd
+/// 30.3 / 12.9, Blosc-LZ4 12.2 / 12.9; at 512 MiB 27.5 / 37.4, 19.8 / 39.7, 35.6 /
+/// 49.5, 14.5 / 38.2 (2026-11-29, docs/gpu-decode.md): 512 MiB, where the GPU won for
+/// every codec.
+pub fn min_decode_bytes() -> u64 {
     static B: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
-        std::env::var("H5TILEFS_GPU_MIN_DECODE_KIB")
+        std::env::var("H5TILEFS_GPU_MIN_DECODE_MIB")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
-            .map_or(MIN_DECODE_BYTES, |k| k.saturating_mul(1024))
+            .map_or(MIN_DECODE_BYTES, |m| m.saturating_mul(1 << 20))
     })
 }
 
-const MIN_DECODE_BYTES: u64 = 0;
-
-/// Whether a window's cell rows (`pieces`) are worth nvCOMP: some, and at least
-/// [`min_decode_bytes`] of them.
-pub(super) fn gpu_worth(pieces: &[(&[Block], u64)]) -> bool {
-    let rows: u64 = pieces
-        .iter()
-        .flat_map(|(blocks, _)| blocks.iter())
-        .map(|b| b.bytes())
-        .sum();
-    rows > 0 && rows >= min_decode_bytes()
-}
+const MIN_DECODE_BYTES: u64 = 512 << 20;
 
 /// The largest chunk decoded on the GPU (nvCOMP's LZ4 takes blocks of up to 16 MiB).
 const MAX_GPU_CHUNK: u64 = 16 << 20;

@@ -11,7 +11,7 @@ libh5zstd.so; `import hdf5plugin` works as well). The corpus, per filter pipelin
 (gzip, gzip + shuffle, gzip + shuffle + Fletcher-32, Zstd (+ Fletcher-32), LZ4, Blosc
 with LZ4 or Zstd streams and byte, bit or no shuffle, Bitshuffle with LZ4 or Zstd):
 * dtypes <f4, >f8 (big-endian), <i2, u1, <i8, <c8;
-* a 2-D shape whose edge chunks are partial, and a 3-D one;
+* a 2-D shape whose edge chunks are partial, a 1-D and a 3-D one;
 * chunks never written (the fill value comes back; a piece of the request with fill
   takes the host route);
 * the whole `data`, and a part at an odd offset and length.
@@ -120,6 +120,10 @@ def main():
                 x = field((700, 1000), dt)
                 d = f.create_dataset(f"d2_{dt}", data=x, chunks=(256, 384), **kw)
                 cases.append((name, d.name, on_gpu))
+            # 1-D: each chunk one run of `data`
+            x = field((300_000,), "<f4")
+            f.create_dataset("d1", data=x, chunks=(65_536,), **kw)
+            cases.append((name, "/d1", on_gpu))
             # 3-D, every chunk written
             x = field((6, 300, 500), "<f4")
             f.create_dataset("d3w", data=x, chunks=(2, 128, 256), **kw)
@@ -133,6 +137,8 @@ def main():
             cases.append((name, "/d3", on_gpu))
     print(f"corpus of {len(cases)} datasets written in {time.time() - t:.1f} s", flush=True)
     os.environ["RUST_LOG"] = "info,h5tilefs::gpu=debug"
+    # (these datasets are small: requests of every size decode on the GPU here)
+    os.environ["H5TILEFS_GPU_MIN_DECODE_MIB"] = "0"
     mount(a.bin, backing, mnt, log)
     try:
         buf = cp.empty(64 << 20, cp.uint8)
@@ -156,7 +162,7 @@ def main():
                       f"nvCOMP windows {used}" + (f" {err!r}" if err else ""))
                 # (the route is held to for 4- and 8-byte elements; narrower ones are
                 # reported: a framing whose blocks nvCOMP cannot place goes to the host)
-                if dset.endswith(("f4", "f8", "d3w")):
+                if dset.endswith(("f4", "f8", "d3w", "d1")):
                     route_ok = (used > 0) == on_gpu
                     check(f"{name} {dset} route", route_ok, "GPU" if used else "host")
                     if not route_ok and not a.quiet:

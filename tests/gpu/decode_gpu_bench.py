@@ -21,8 +21,9 @@ cache warm, best of --reps:
 * `--zarr`: zarr-python with GPU buffers through `h5tilefs.zarr.MountStore`, on each
   daemon, at zarr's default concurrency and at 64;
 * `--cold`: `gpu` and `host` with the page cache dropped before each read;
-* `--small`: READ_TO_GPU of the first K whole chunks (K = 1 .. 64) of a dataset whose
-  chunks span its rows, on each daemon: where the GPU starts to win.
+* `--small`: READ_TO_GPU of the first K whole chunks (K = 1 .. 1024) of a dataset whose
+  chunks span its rows, on each daemon (the GPU's at every size: threshold 0): where
+  the GPU starts to win.
 Prints one JSON line per filter and tables; --out gets decode_gpu_bench.json.
 """
 import argparse
@@ -60,6 +61,10 @@ FILTERS = {
     "blosc-zstd": dict(compression=32001, compression_opts=(0, 0, 0, 0, 5, 1, 5)),
     "bitshuffle-zstd": dict(compression=32008, compression_opts=(0, 3, 3)),
 }
+
+
+# request sizes of the --small sweep, MiB
+KS = (1, 4, 16, 64, 128, 256, 512, 1024)
 
 
 def read8(path, host):
@@ -151,6 +156,9 @@ def main():
     backing = os.path.join(root, "b")
     mnts = {"gpu": os.path.join(root, "mg"), "host": os.path.join(root, "mh")}
     envs = {"gpu": {"H5TILEFS_NVCOMP": a.nvcomp}, "host": {"H5TILEFS_NVCOMP": "off"}}
+    if a.small:
+        # (the sweep times the GPU route at every size, below its threshold too)
+        envs["gpu"]["H5TILEFS_GPU_MIN_DECODE_MIB"] = "0"
     os.makedirs(backing)
     subprocess.run(["bash", os.path.join(HERE, "cufile_udev.sh"), backing], check=False,
                    capture_output=True)
@@ -162,7 +170,7 @@ def main():
     sizes = {}
     t = time.time()
     small = np.round(smooth(2048)[:, :512], a.decimals)
-    small = np.concatenate([small] * 32)  # 65536 x 512: 128 chunks of 1 MiB, each a run of `data`
+    small = np.concatenate([small] * 256)  # 524288 x 512: 1024 chunks of 1 MiB, each a run of `data`
     for name in a.filters:
         p = os.path.join(backing, f"{name}.h5")
         with h5py.File(p, "w") as f:
@@ -201,14 +209,13 @@ def main():
                         gx.fill(0)
                 if a.small:
                     sd = os.path.join(mnts[side], f"{name}.h5", "s", "data")
-                    with registered(gx, mnts[side]) as b:
+                    gs = cp.empty(small.shape, small.dtype)
+                    with registered(gs, mnts[side]) as b:
                         b.read_into(sd)
-                        for k in (1, 2, 4, 8, 16, 32, 64):
+                        for k in KS:
                             r[f"{side}_small_{k}"] = best(lambda: b.read_into(sd, length=k << 20), 5)
-                        gx.fill(0)
-                        b.read_into(sd, length=64 << 20)
-                        r[f"{side}_small_equal"] = bool(
-                            cp.asnumpy(gx.reshape(-1)[:(64 << 20) // 4]).tobytes() == small.tobytes()[:64 << 20])
+                        r[f"{side}_small_equal"] = bool(cp.asnumpy(gs).tobytes() == small.tobytes())
+                    del gs
                 if a.load:
                     from h5tilefs import gpu as hgpu
                     dpath = os.path.join(mnts[side], f"{name}.h5", "x")
@@ -259,7 +266,7 @@ def main():
                 cells += [g(r, gk), g(r, hk), ratio]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if a.small:
-        ks = (1, 2, 4, 8, 16, 32, 64)
+        ks = KS
         print("\n| filter | side | " + " | ".join(f"{k} MiB" for k in ks) + " |  (ms)")
         print("|---|---|" + "---|" * len(ks))
         for name, r in rows.items():
