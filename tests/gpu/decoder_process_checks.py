@@ -103,8 +103,8 @@ def main():
         finally:
             umount(a.bin, mnt)
         os.environ["RUST_LOG"] = "info,h5tilefs::gpu=debug"
-    # (these datasets are small: requests of every size decode on the GPU here)
-    os.environ["H5TILEFS_GPU_MIN_DECODE_MIB"] = "0"
+        # (these datasets are small: requests of every size decode on the GPU here)
+        os.environ["H5TILEFS_GPU_MIN_DECODE_MIB"] = "0"
         mount(a.bin, backing, mnt, log)
         try:
             gx = cp.empty(x.shape, x.dtype)
