@@ -40,6 +40,57 @@ unsafe fn copy_block(
     }
 }
 
+/// One 2D copy of packed rows into a piece: `rows` rows of `width` bytes, packed from
+/// byte `at` of the staging buffer, to `dst` of the piece, `pitch` apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Scatter {
+    at: usize,
+    width: u64,
+    rows: u64,
+    dst: u64,
+    pitch: u64,
+}
+
+/// The copies that scatter `blocks`, packed back to back, into their piece: one per
+/// block, except that consecutive blocks whose packed bytes are already the piece's
+/// (flat: one row, or rows with no gap, each starting where the last ended) go as one
+/// copy. A piece of whole small cells (a 1-D dataset in 64 KiB chunks) is then one copy,
+/// not 512.
+fn scatters(blocks: &[Block]) -> Vec<Scatter> {
+    let mut out: Vec<Scatter> = Vec::new();
+    let mut pos = 0usize;
+    for b in blocks {
+        let flat = b.rows == 1 || b.pitch == b.width;
+        let joins = flat
+            && out.last().is_some_and(|l| {
+                l.rows == 1 && l.at + l.width as usize == pos && l.dst + l.width == b.dst
+            });
+        match out.last_mut() {
+            Some(l) if joins => {
+                l.width += b.bytes();
+                // (one row: its pitch is its width, as a 2D copy needs pitch >= width)
+                l.pitch = l.width;
+            }
+            _ if flat => out.push(Scatter {
+                at: pos,
+                width: b.bytes(),
+                rows: 1,
+                dst: b.dst,
+                pitch: b.bytes(),
+            }),
+            _ => out.push(Scatter {
+                at: pos,
+                width: b.width,
+                rows: b.rows,
+                dst: b.dst,
+                pitch: b.pitch,
+            }),
+        }
+        pos += b.bytes() as usize;
+    }
+    out
+}
+
 /// Scatters blocks packed back to back in `host` (`stage::pack_blocks`) into the piece
 /// at device `dev`.
 ///
@@ -52,15 +103,24 @@ pub(super) unsafe fn scatter_packed(
     dev: u64,
     stream: cu::CUstream,
 ) -> Result<()> {
-    let mut pos = 0usize;
-    for b in blocks {
+    for c in scatters(blocks) {
+        let packed = (c.width * c.rows) as usize;
         let src = host
-            .get(pos..)
+            .get(c.at..c.at + packed)
             .ok_or_else(|| Error::io("packed blocks beyond the staging buffer"))?;
-        // SAFETY: the block's packed rows lie at host[pos..pos + width * rows]; its
-        // destination lies inside the piece (blocks come from its disjoint extents).
-        unsafe { copy_block(b, Src::Host(src.as_ptr().cast()), b.width, dev, stream)? };
-        pos += b.bytes() as usize;
+        // SAFETY: the copy's packed rows lie in `src`; its destination lies inside the
+        // piece (blocks come from its disjoint extents; joined blocks are adjacent).
+        unsafe {
+            copy_rows(
+                Src::Host(src.as_ptr().cast()),
+                c.width as usize,
+                dev + c.dst,
+                c.pitch as usize,
+                c.width as usize,
+                c.rows as usize,
+                stream,
+            )?
+        };
     }
     Ok(())
 }
@@ -91,10 +151,16 @@ fn lz4_max_ratio() -> f64 {
 pub fn min_decode_bytes() -> u64 {
     static B: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
-        std::env::var("H5TILEFS_GPU_MIN_DECODE_MIB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(MIN_DECODE_BYTES, |m| m.saturating_mul(1 << 20))
+        match std::env::var("H5TILEFS_GPU_MIN_DECODE_MIB") {
+            Err(_) => MIN_DECODE_BYTES,
+            Ok(v) => match v.parse::<u64>() {
+                Ok(m) => m.saturating_mul(1 << 20),
+                Err(_) => {
+                    tracing::warn!(value = %v, "H5TILEFS_GPU_MIN_DECODE_MIB is no whole number of MiB: 512 taken");
+                    MIN_DECODE_BYTES
+                }
+            },
+        }
     })
 }
 
@@ -157,8 +223,8 @@ pub(super) struct Pipeline {
 }
 
 /// The pipeline of a chunk stored through `s.filters`, if nvCOMP decodes it. Blosc's
-/// inner codec is its seventh parameter (hdf5plugin's: 1 and 2 LZ4, 5 Zstd; without
-/// one, LZ4, hdf5plugin's default), Bitshuffle's its fifth (2 LZ4, 3 Zstd); each
+/// inner codec is its seventh parameter (1 and 2 LZ4, 5 Zstd; without one, BloscLZ, as
+/// hdf5-blosc takes it: the host's), Bitshuffle's its fifth (2 LZ4, 3 Zstd); each
 /// chunk's header is checked against it when the chunk is taken apart.
 pub(super) fn codec_of(s: &crate::extent::Stored) -> Option<Pipeline> {
     use crate::codecs::{BITSHUFFLE, BLOSC, DEFLATE, FLETCHER32, LZ4, SHUFFLE, ZSTD};
@@ -173,9 +239,9 @@ pub(super) fn codec_of(s: &crate::extent::Stored) -> Option<Pipeline> {
         [DEFLATE] => (Codec::Deflate, Kind::Plain),
         [SHUFFLE, DEFLATE] => (Codec::Deflate, Kind::Shuffled),
         [BLOSC] => match param(filters.len() - 1, 6) {
-            None | Some(1 | 2) => (Codec::Lz4, Kind::Blosc),
+            Some(1 | 2) => (Codec::Lz4, Kind::Blosc),
             Some(5) => (Codec::Zstd, Kind::Blosc),
-            Some(_) => return None,
+            _ => return None,
         },
         [BITSHUFFLE] => match param(filters.len() - 1, 4) {
             Some(2) => (Codec::Lz4, Kind::Bitshuffle),
@@ -200,8 +266,7 @@ pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<(C
     pieces
         .iter()
         .flat_map(|(blocks, _)| blocks.iter())
-        .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?))
-        .filter(|p| nv.has(p.codec))
+        .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?).filter(|p| nv.has(p.codec)))
         .map(|p| (p.codec, !p.codec.checked() || p.kind != Kind::Plain))
 }
 
@@ -815,11 +880,8 @@ mod tests {
         assert_eq!(codec_of(&blosc(5)), pipe(Codec::Zstd, Kind::Blosc, false));
         assert_eq!(codec_of(&blosc(0)), None);
         assert_eq!(codec_of(&blosc(4)), None);
-        // (no compressor parameter: hdf5plugin's default, LZ4; the header is checked)
-        assert_eq!(
-            codec_of(&stored(&[BLOSC], &[&[2, 2, 4]])),
-            pipe(Codec::Lz4, Kind::Blosc, false)
-        );
+        // (no compressor parameter: BloscLZ, as hdf5-blosc takes it)
+        assert_eq!(codec_of(&stored(&[BLOSC], &[&[2, 2, 4]])), None);
         let bshuf = |c: u32| stored(&[BITSHUFFLE], &[&[0, 4, 4, 0, c]]);
         assert_eq!(
             codec_of(&bshuf(2)),
@@ -844,6 +906,91 @@ mod tests {
         );
         assert_eq!(codec_of(&stored(&[FLETCHER32, DEFLATE], &[&[], &[]])), None);
         assert_eq!(codec_of(&stored(&[FLETCHER32], &[&[]])), None);
+    }
+
+    struct NoCells;
+
+    impl CellSource for NoCells {
+        fn uid(&self) -> u64 {
+            7
+        }
+        fn load(&self, _index: u64) -> crate::error::Result<Vec<u8>> {
+            Ok(Vec::new())
+        }
+        fn cell_bytes(&self) -> u64 {
+            0
+        }
+    }
+
+    fn block(dst: u64, width: u64, rows: u64, pitch: u64) -> Block {
+        Block {
+            cell: crate::extent::CellRef::new(Arc::new(NoCells), 0),
+            src: 0,
+            width,
+            rows,
+            stride: width,
+            dst,
+            pitch,
+        }
+    }
+
+    /// Packed blocks that already lie as the piece does go as one copy; others as one
+    /// 2D copy each; every packed byte lands where the block says.
+    #[test]
+    fn flat_blocks_scatter_in_one_copy() {
+        // four whole cells of 64 KiB back to back (a 1-D dataset): one copy
+        let cells: Vec<Block> = (0..4)
+            .map(|k| block(k << 16, 1 << 16, 1, 1 << 16))
+            .collect();
+        assert_eq!(
+            scatters(&cells),
+            vec![Scatter {
+                at: 0,
+                width: 4 << 16,
+                rows: 1,
+                dst: 0,
+                pitch: 4 << 16
+            }]
+        );
+        // a strided block between flat ones breaks the run; rows without gaps join
+        let mixed = vec![
+            block(0, 100, 1, 100),
+            block(100, 50, 4, 50),
+            block(300, 10, 3, 40),
+            block(400, 8, 1, 8),
+        ];
+        let got = scatters(&mixed);
+        assert_eq!(got.len(), 3, "{got:?}");
+        let place = |list: &[Scatter]| {
+            let mut map = vec![usize::MAX; 512];
+            for c in list {
+                for r in 0..c.rows {
+                    for x in 0..c.width {
+                        let d = (c.dst + r * c.pitch + x) as usize;
+                        map[d] = c.at + (r * c.width + x) as usize;
+                    }
+                }
+            }
+            map
+        };
+        let one_each: Vec<Scatter> = {
+            let mut pos = 0usize;
+            mixed
+                .iter()
+                .map(|b| {
+                    let s = Scatter {
+                        at: pos,
+                        width: b.width,
+                        rows: b.rows,
+                        dst: b.dst,
+                        pitch: b.pitch,
+                    };
+                    pos += b.bytes() as usize;
+                    s
+                })
+                .collect()
+        };
+        assert_eq!(place(&got), place(&one_each));
     }
 
     /// A shuffle parameter of 0 is taken as no shuffle (a copy), never as an element

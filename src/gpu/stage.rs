@@ -175,11 +175,19 @@ impl Piece {
                 // (a second row fixes the block's stride in the cell and pitch in the
                 // piece; each later row must keep both)
                 let (follows, at) = if bl.rows == 1 {
-                    (*offset >= bl.src + bl.width, e.dst >= bl.dst + bl.width)
-                } else {
                     (
-                        Some(*offset) == bl.stride.checked_mul(bl.rows).map(|d| bl.src + d),
-                        Some(e.dst) == bl.pitch.checked_mul(bl.rows).map(|d| bl.dst + d),
+                        bl.src
+                            .checked_add(bl.width)
+                            .is_some_and(|end| *offset >= end),
+                        bl.dst.checked_add(bl.width).is_some_and(|end| e.dst >= end),
+                    )
+                } else {
+                    let next = |base: u64, step: u64| {
+                        step.checked_mul(bl.rows).and_then(|d| base.checked_add(d))
+                    };
+                    (
+                        Some(*offset) == next(bl.src, bl.stride),
+                        Some(e.dst) == next(bl.dst, bl.pitch),
                     )
                 };
                 follows && at && e.len == bl.width
