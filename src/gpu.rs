@@ -311,10 +311,11 @@ impl Gpu {
     /// Which filters READ_TO_GPU decodes on the GPU, and why no others: nvCOMP is looked
     /// for at the first compressed READ_TO_GPU.
     fn decoders(&self) -> serde_json::Value {
-        match self.nvcomp.get() {
+        let mut v = match self.nvcomp.get() {
             None => serde_json::json!({
                 "gpu": [],
-                "nvcomp": "not looked for yet (at the first READ_TO_GPU of compressed data)",
+                "nvcomp": "not looked for yet (at the first READ_TO_GPU of compressed data \
+                           as large as min_request_bytes)",
             }),
             Some(Ok(n)) => serde_json::json!({
                 "gpu": nvcomp::Codec::ALL
@@ -328,7 +329,10 @@ impl Gpu {
                 "decoder_process": self.decoder.describe(),
             }),
             Some(Err(why)) => serde_json::json!({"gpu": [], "nvcomp": why}),
-        }
+        };
+        // (smaller requests decode on the host, which is faster for them)
+        v["min_request_bytes"] = pieces::min_decode_bytes().into();
+        v
     }
 
     /// Makes the device's primary context current on this thread; returns it.

@@ -199,6 +199,8 @@ def test_gpu_preload_mounts_without_a_gpu(tmp_path):
         # no READ_TO_GPU of compressed data yet: nvCOMP not looked for, nothing decodes
         # on the GPU, and the control file says so
         assert g["decoders"]["gpu"] == [] and "not looked for" in g["decoders"]["nvcomp"], g
+        # and from what request size compressed chunks would decode on the GPU
+        assert g["decoders"]["min_request_bytes"] == 512 << 20, g
         assert np.fromfile(m / "a.h5" / "x" / "data", dtype="<i4").tolist() == list(range(10))
     finally:
         unmount(str(m))
