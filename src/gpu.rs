@@ -11,6 +11,7 @@ mod handles;
 mod identcache;
 pub mod nvcomp;
 mod pieces;
+mod pipeline;
 mod stage;
 pub mod wire;
 
