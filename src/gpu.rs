@@ -629,7 +629,8 @@ impl Gpu {
                 .then(|| self.nvcomp())
                 .flatten();
             let batch = nv.and_then(|nv| Some((nv, pieces::window_codec(nv, &list)?)));
-            if batch.is_none() && !list.is_empty() {
+            // (a request under the GPU threshold takes the host route without a word)
+            if batch.is_none() && gpu_decode && !list.is_empty() {
                 tracing::debug!(
                     pieces = list.len(),
                     nvcomp = nv.is_some(),

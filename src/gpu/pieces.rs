@@ -14,24 +14,19 @@ use crate::error::{Error, GpuError, Result};
 use crate::extent::{CellKey, CellRef};
 use cudarc::driver::sys as cu;
 use std::os::unix::fs::FileExt;
-/// Block `b`'s rows, `src_pitch` apart at `src`, to its place in the piece at `dev`.
+/// Block `b`'s rows, from its decoded cell's slot at `src` (rows `b.stride` apart, as in
+/// the cell), to its place in the piece at `dev`.
 ///
 /// # Safety
-/// As [`copy_rows`]: `src` holds the block's rows and stays untouched (or allocated)
-/// until the stream passes the copy; the block lies inside the piece at `dev`.
-unsafe fn copy_block(
-    b: &Block,
-    src: Src,
-    src_pitch: u64,
-    dev: u64,
-    stream: cu::CUstream,
-) -> Result<()> {
+/// As [`copy_rows`]: `src` holds the block's rows and stays allocated until the stream
+/// passes the copy; the block lies inside the piece at `dev`.
+unsafe fn copy_block(b: &Block, src: Src, dev: u64, stream: cu::CUstream) -> Result<()> {
     let width = b.width as usize;
     // SAFETY: as the caller promises.
     unsafe {
         copy_rows(
             src,
-            src_pitch as usize,
+            b.stride as usize,
             dev + b.dst,
             b.pitch as usize,
             width,
@@ -50,6 +45,19 @@ struct Scatter {
     rows: u64,
     dst: u64,
     pitch: u64,
+}
+
+impl Scatter {
+    /// Block `b`'s rows as they are, packed from byte `at`.
+    fn of(b: &Block, at: usize) -> Scatter {
+        Scatter {
+            at,
+            width: b.width,
+            rows: b.rows,
+            dst: b.dst,
+            pitch: b.pitch,
+        }
+    }
 }
 
 /// The copies that scatter `blocks`, packed back to back, into their piece: one per
@@ -79,13 +87,7 @@ fn scatters(blocks: &[Block]) -> Vec<Scatter> {
                 dst: b.dst,
                 pitch: b.bytes(),
             }),
-            _ => out.push(Scatter {
-                at: pos,
-                width: b.width,
-                rows: b.rows,
-                dst: b.dst,
-                pitch: b.pitch,
-            }),
+            _ => out.push(Scatter::of(b, pos)),
         }
         pos += b.bytes() as usize;
     }
@@ -597,9 +599,7 @@ pub(super) fn nvcomp_window(
                     // SAFETY: the block's rows lie in its cell's slot of the scratch
                     // (decoded above, on this stream) and inside the piece at `dev`; the
                     // scratch lives until the transfer has synchronized the stream.
-                    unsafe {
-                        copy_block(b, Src::Device(base + at + b.src), b.stride, *dev, stream)?
-                    };
+                    unsafe { copy_block(b, Src::Device(base + at + b.src), *dev, stream)? };
                 }
             }
         }
@@ -833,13 +833,7 @@ mod tests {
             mixed
                 .iter()
                 .map(|b| {
-                    let s = Scatter {
-                        at: pos,
-                        width: b.width,
-                        rows: b.rows,
-                        dst: b.dst,
-                        pitch: b.pitch,
-                    };
+                    let s = Scatter::of(b, pos);
                     pos += b.bytes() as usize;
                     s
                 })

@@ -154,7 +154,7 @@ impl Piece {
     /// The piece as [`Block`]s, in the order of their first rows, when every byte of it
     /// is a whole row of a cell and the blocks have [`MIN_ROWS_PER_BLOCK`] rows or
     /// [`MIN_BYTES_PER_BLOCK`] bytes each on
-    /// average; None otherwise (file runs, fill, strided rows, cut elements).
+    /// average; None otherwise (file runs, fill, element-strided rows, cut elements).
     pub fn blocks(&self) -> Option<Vec<Block>> {
         if !self.odd.is_empty() || self.subs.is_empty() {
             return None;

@@ -34,7 +34,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "src", "python"))
 sys.path.insert(0, HERE)
-from gpubench import mount, umount  # noqa: E402
+from gpubench import mount, read_error, umount  # noqa: E402
 from h5tilefs.gpu import registered  # noqa: E402
 
 RESULTS = []
@@ -186,12 +186,7 @@ def main():
                 old = f.read(1)
                 f.seek(info.byte_offset + info.size - 1)
                 f.write(bytes([old[0] ^ 0x5A]))
-            err = None
-            with registered(buf, mnt) as b:
-                try:
-                    b.read_into(os.path.join(mnt, "zstd-fletcher.h5", "d2_<f4", "data"))
-                except OSError as e:
-                    err = e
+            err = read_error(buf, mnt, os.path.join(mnt, "zstd-fletcher.h5", "d2_<f4", "data"))
             time.sleep(0.3)
             txt = open(log, errors="replace").read()
             check("damaged Fletcher-32: EIO naming the chunk",

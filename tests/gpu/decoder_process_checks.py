@@ -32,7 +32,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "src", "python"))
 sys.path.insert(0, HERE)
-from gpubench import mount, umount  # noqa: E402
+from gpubench import mount, read_error, umount  # noqa: E402
 from h5tilefs.gpu import registered  # noqa: E402
 
 RESULTS = []
@@ -171,12 +171,7 @@ def main():
                 old = f.read(2)
                 f.seek(at + size - 2)
                 f.write(b"\x00\x00" if old != b"\x00\x00" else b"\x01\x01")
-            err = None
-            with registered(gx, mnt) as b:
-                try:
-                    b.read_into(os.path.join(mnt, "gs.h5", "x", "data"))
-                except OSError as ex:
-                    err = ex
+            err = read_error(gx, mnt, os.path.join(mnt, "gs.h5", "x", "data"))
             time.sleep(0.3)
             txt = open(log, errors="replace").read()
             check("damaged Adler-32: EIO, the GPU check named the chunk",

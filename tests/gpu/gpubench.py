@@ -41,3 +41,14 @@ def mount(bin_, backing, mnt, log):
 
 def umount(bin_, mnt):
     subprocess.run([bin_, "umount", mnt], check=False)
+
+
+def read_error(buf, mnt, path):
+    """The OSError a READ_TO_GPU of `path` into `buf` fails with, or None."""
+    from h5tilefs.gpu import registered
+    with registered(buf, mnt) as b:
+        try:
+            b.read_into(path)
+        except OSError as e:
+            return e
+    return None
