@@ -55,11 +55,14 @@ $(STAMP): $(REQS) | $(PY)
 
 build: setup
 	$(CARGO) build --release $(FEATURES)
+	$(CARGO) build --release -p h5tilefs-preload
 
 test: build
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --all-targets $(FEATURES) -- -D warnings
+	$(CARGO) clippy --release --all-targets -p h5tilefs-preload -- -D warnings
 	$(CARGO) test --release $(FEATURES)
+	$(CARGO) test --release -p h5tilefs-preload
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -x -q tests/integration
 	$(MAKE) test-cluster
 	$(MAKE) test-legate

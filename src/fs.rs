@@ -18,6 +18,7 @@
 mod access;
 mod attr;
 mod buffers;
+mod extents;
 mod gpu;
 mod inodes;
 mod listing;
@@ -35,7 +36,7 @@ pub use crate::names::CONTROL_NAME;
 pub use access::Caller;
 pub use attr::{Attr, DirEntry, FsOptions, Invalidator, Kind};
 pub use buffers::{validate_read, Registration};
-pub use gpu::query;
+pub use extents::query;
 pub use inodes::ROOT_INO;
 pub use mount::Mount;
 pub use node::Node;

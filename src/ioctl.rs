@@ -151,6 +151,75 @@ impl Default for QueryExtents {
     }
 }
 
+/// Backing files per DIRECT_MAP reply.
+pub const DIRECT_FILES: usize = 4;
+
+/// A backing file of a DIRECT_MAP reply: its absolute path and the identity of the
+/// inode the daemon reads, which the caller's own `open` of the path must match.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DirectFile {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub path: [u8; PATH_LEN],
+}
+
+impl Default for DirectFile {
+    fn default() -> Self {
+        DirectFile {
+            dev: 0,
+            ino: 0,
+            size: 0,
+            mtime_ns: 0,
+            path: [0; PATH_LEN],
+        }
+    }
+}
+
+/// `flags` of a DIRECT_MAP reply: the handle's bytes may be read from the backing
+/// files by the caller (a committed view opened read-only).
+pub const DIRECT_READ: u32 = 1;
+
+/// Where the bytes of an open data file live, for the direct data path of
+/// `h5tilefs run` (src/bin/preload, docs/direct.md): like QUERY_EXTENTS, with the
+/// view's size and each backing file's identity.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DirectMap {
+    pub version: u32,
+    /// Out: [`DIRECT_READ`] or 0 (read through FUSE; no runs).
+    pub flags: u32,
+    /// In: the first byte to map.
+    pub file_offset: u64,
+    /// Out: the size of the file.
+    pub view_size: u64,
+    /// Out: where the runs stop; `view_size` when complete.
+    pub next_offset: u64,
+    pub nfiles: u32,
+    pub nruns: u32,
+    pub files: [DirectFile; DIRECT_FILES],
+    /// `file_index` -1: bytes FUSE must produce (fill, decoded, assembled).
+    pub runs: [ExtentRun; MAX_RUNS],
+}
+
+impl Default for DirectMap {
+    fn default() -> Self {
+        DirectMap {
+            version: 0,
+            flags: 0,
+            file_offset: 0,
+            view_size: 0,
+            next_offset: 0,
+            nfiles: 0,
+            nruns: 0,
+            files: [DirectFile::default(); DIRECT_FILES],
+            runs: [ExtentRun::default(); MAX_RUNS],
+        }
+    }
+}
+
 pub const REGISTER_BUFFER: u32 = ioc(
     IOC_READ | IOC_WRITE,
     MAGIC,
@@ -178,13 +247,20 @@ pub const WRITE_FROM_GPU: u32 = ioc(
     std::mem::size_of::<WriteFromGpu>(),
 );
 
+pub const DIRECT_MAP: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    MAGIC,
+    6,
+    std::mem::size_of::<DirectMap>(),
+);
+
 /// Plain-old-data structs that may be copied from and to ioctl byte buffers.
 ///
 /// # Safety
 /// Implementors must be `#[repr(C)]`, contain only integers and arrays of them, and
 /// accept every bit pattern.
 pub unsafe trait Pod: Copy + Default {}
-// SAFETY: all five are repr(C) structs of integers and integer arrays.
+// SAFETY: all six are repr(C) structs of integers and integer arrays.
 unsafe impl Pod for RegisterBuffer {}
 // SAFETY: as above.
 unsafe impl Pod for UnregisterBuffer {}
@@ -194,6 +270,8 @@ unsafe impl Pod for ReadToGpu {}
 unsafe impl Pod for QueryExtents {}
 // SAFETY: as above.
 unsafe impl Pod for WriteFromGpu {}
+// SAFETY: as above.
+unsafe impl Pod for DirectMap {}
 
 /// Decodes a request, checking its size and version: a bogus ioctl gets EINVAL.
 pub fn decode<T: Pod>(bytes: &[u8]) -> Result<T> {
@@ -250,6 +328,9 @@ mod tests {
         assert_eq!(QUERY_EXTENTS, 0xC000_0000 | (4136 << 16) | 0x4804);
         assert_eq!(std::mem::size_of::<WriteFromGpu>(), 64);
         assert_eq!(WRITE_FROM_GPU, 0xC040_4805);
+        assert_eq!(std::mem::size_of::<DirectFile>(), 32 + 256);
+        assert_eq!(std::mem::size_of::<DirectMap>(), 40 + 4 * 288 + 64 * 32);
+        assert_eq!(DIRECT_MAP, 0xC000_0000 | (3240 << 16) | 0x4806);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod filecli;
+mod runcli;
 mod status;
 
 #[derive(Parser)]
@@ -35,6 +36,14 @@ enum Cmd {
     Mount(MountArgs),
     /// Unmount MOUNTPOINT (fusermount3 -u, falling back to umount).
     Umount { mountpoint: PathBuf },
+    /// Run CMD with the direct data path: files of h5tilefs mounts that it opens
+    /// read-only, and whose bytes are plain backing bytes, are read from the backing
+    /// files themselves (LD_PRELOAD of libh5tilefs_preload.so; docs/direct.md).
+    /// H5TILEFS_DIRECT=0 runs CMD unchanged.
+    Run {
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
     /// Commit FILE (an HDF5 file's directory in a mount, e.g. MNT/run/out.h5): writes
     /// its .commit and waits, showing progress on a terminal. Exit 0 committed; 3
     /// refused, tiles missing (listed per dataset); 4 another commit of FILE runs; 5
@@ -209,6 +218,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Cmd::Run { cmd } => runcli::run_direct(&cmd),
         Cmd::Umount { mountpoint } => match umount(&mountpoint) {
             Ok(()) => ExitCode::SUCCESS,
             Err(msg) => {

@@ -6,8 +6,8 @@ Modules are counted as tests/layers.rs counts them: every file of src/ is a node
 modules its `crate::` paths name (tests and comments included), its `super::` paths
 (outside an inline `mod tests`) and the child modules it names (`child::X`), each
 resolved to the longest module path that exists. `error` is left out (every module uses
-it); `fuser::` marks the FUSE library. main.rs, lib.rs and src/bin/ are front ends, not
-layers.
+it); `fuser::` marks the FUSE library. main.rs, lib.rs, src/bin/ and src/preload/ (the interception
+library's own crate) are front ends, not layers.
 
 Printed: the table of top-level modules (children folded into their top-level module),
 then, for each top-level module with child files, the table of its own children.
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-SKIP = {"main", "lib", "bin"}
+SKIP = {"main", "lib", "bin", "preload"}
 IDENT = re.compile(r"[A-Za-z0-9_]+(?:::[A-Za-z0-9_]+)*")
 
 

@@ -1,15 +1,13 @@
 //! GPU ioctls of the core: buffer registrations owned by (control handle, process),
 //! READ_TO_GPU through the extent map, WRITE_FROM_GPU into a pending tile's bytes,
-//! QUERY_EXTENTS. Still fuser-free.
+//! (QUERY_EXTENTS and DIRECT_MAP: src/fs/extents.rs). Still fuser-free.
 
 use super::buffers::{tgid, validate_read, validate_write, Registration};
 use super::open::OpenFile;
 use super::vfs::Fs;
 use crate::error::{Error, GpuError, NamespaceError, Result};
 use crate::gpu::Mapping;
-use crate::ioctl::{self, QueryExtents, ReadToGpu, RegisterBuffer, UnregisterBuffer, WriteFromGpu};
-use crate::model::flatten;
-use crate::selection::Hyperslab;
+use crate::ioctl::{self, ReadToGpu, RegisterBuffer, UnregisterBuffer, WriteFromGpu};
 use std::sync::Arc;
 
 impl Fs {
@@ -25,6 +23,7 @@ impl Fs {
             ioctl::READ_TO_GPU => self.read_to_gpu(fh, pid, input),
             ioctl::WRITE_FROM_GPU => self.write_from_gpu(ino, fh, pid, input),
             ioctl::QUERY_EXTENTS => self.query_extents(fh, input),
+            ioctl::DIRECT_MAP => self.direct_map(fh, input),
             _ => Err(NamespaceError::UnknownIoctl(cmd).into()),
         }
     }
@@ -326,103 +325,17 @@ impl Fs {
             .fetch_add(req.length, std::sync::atomic::Ordering::Relaxed);
         Ok(ioctl::encode(&req))
     }
-
-    fn query_extents(&self, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
-        let req: QueryExtents = ioctl::decode(input)?;
-        let (model, sel) = self.handle_view(fh)?;
-        query(&model, &sel, req)
-    }
-}
-
-/// QUERY_EXTENTS for a selection of a model (pure: unit-tested without a mount).
-pub fn query(
-    model: &crate::model::DatasetModel,
-    sel: &Hyperslab,
-    mut req: QueryExtents,
-) -> Result<Vec<u8>> {
-    let size = sel.num_elements() * model.itemsize();
-    let start = req.file_offset.min(size);
-    let end = req.file_offset.saturating_add(req.length).min(size);
-    req.nruns = 0;
-    req.nfiles = 0;
-    req.files = [[0; ioctl::PATH_LEN]; ioctl::MAX_FILES];
-    req.runs = [ioctl::ExtentRun::default(); ioctl::MAX_RUNS];
-    req.next_offset = end;
-    if start < end {
-        let (b, extents) = model.plan(sel, start, end - start)?;
-        let mut files: Vec<std::path::PathBuf> = Vec::new();
-        let mut n = 0usize;
-        for (s, t, e, skip) in flatten(&extents) {
-            // Plan offsets are relative to `b`; clip to the requested range.
-            let (cs, ct) = ((b + s).max(start), (b + t).min(end));
-            if cs >= ct {
-                continue;
-            }
-            let skip = skip + (cs - (b + s));
-            let (s, t) = (cs, ct);
-            let (idx, boff) = match (&e.src, e.is_contiguous()) {
-                (crate::extent::Src::File { file, offset }, true) => {
-                    let i = match files.iter().position(|p| *p == file.path) {
-                        Some(i) => i,
-                        None if files.len() < ioctl::MAX_FILES => {
-                            files.push(file.path.clone());
-                            files.len() - 1
-                        }
-                        None => {
-                            req.next_offset = s;
-                            break;
-                        }
-                    };
-                    (i as i32, offset + skip)
-                }
-                _ => (-1, 0),
-            };
-            // Merge with the previous run when both continue.
-            if n > 0 {
-                let p = &mut req.runs[n - 1];
-                let contiguous = p.file_offset + p.length == s
-                    && p.file_index == idx
-                    && (idx < 0 || p.backing_offset + p.length == boff);
-                if contiguous {
-                    p.length += t - s;
-                    continue;
-                }
-            }
-            if n == ioctl::MAX_RUNS {
-                req.next_offset = s;
-                break;
-            }
-            req.runs[n] = ioctl::ExtentRun {
-                file_offset: s,
-                backing_offset: boff,
-                length: t - s,
-                file_index: idx,
-                reserved: 0,
-            };
-            n += 1;
-        }
-        req.nruns = n as u32;
-        req.nfiles = files.len() as u32;
-        for (slot, p) in req.files.iter_mut().zip(&files) {
-            let b = p.as_os_str().as_encoded_bytes();
-            if b.len() >= ioctl::PATH_LEN {
-                return Err(Error::new(
-                    libc::ENAMETOOLONG,
-                    format!("{} too long for QUERY_EXTENTS", p.display()),
-                ));
-            }
-            slot[..b.len()].copy_from_slice(b);
-        }
-    }
-    Ok(ioctl::encode(&req))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::extents::query;
     use super::*;
     use crate::extent::BackingFile;
     use crate::gpu::Mapping;
+    use crate::ioctl::QueryExtents;
     use crate::model::{DatasetModel, Storage};
+    use crate::selection::Hyperslab;
     use crate::sync::{ShardMap, Shuttle};
     use std::sync::Arc;
 

@@ -39,6 +39,7 @@ def test_wheel_installs_daemon_and_client():
         x = np.arange(20 * 6, dtype="<f4").reshape(20, 6)
         with h5py.File(os.path.join(backing, "in.h5"), "w") as f:
             f.create_dataset("g/x", data=x, chunks=(5, 6), compression="gzip")
+            f["g/y"] = x
         subprocess.run([exe, "mount", backing, mnt], check=True, timeout=60)
         try:
             py = os.path.join(venv, "bin", "python")
@@ -47,6 +48,16 @@ def test_wheel_installs_daemon_and_client():
             out = subprocess.run([py, "-c", code, os.path.join(mnt, "in.h5", "g", "x")],
                                  capture_output=True, text=True, check=True, cwd=root).stdout
             assert json.loads(out) == [[20, 6], "float32", x[3:7, 1].tolist()]
+            # `h5tilefs run` finds the interception library inside the installed package.
+            stats = os.path.join(root, "direct.stats")
+            code = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+            out = subprocess.run([exe, "run", "--", py, "-c", code,
+                                  os.path.join(mnt, "in.h5", "g", "y", "data")],
+                                 capture_output=True, check=True, cwd=root,
+                                 env=dict(os.environ, H5TILEFS_DIRECT_STATS=stats)).stdout
+            assert out == x.tobytes()
+            with open(stats) as f:
+                assert sum(json.loads(line)["direct_bytes"] for line in f) == x.nbytes
             d = os.path.join(mnt, "out.h5", "v")
             os.makedirs(d)
             with open(os.path.join(d, "meta.json"), "w") as f:

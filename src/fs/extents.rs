@@ -1,0 +1,260 @@
+//! Where a view's bytes live: QUERY_EXTENTS (the Python client's direct reads) and
+//! DIRECT_MAP (the interception library of `h5tilefs run`, docs/direct.md). Both are
+//! answered from the view's extent map; fuser-free and unit-tested without a mount.
+
+use super::open::OpenFile;
+use super::vfs::Fs;
+use crate::error::{Error, Result};
+use crate::extent::{BackingFile, Src};
+use crate::ioctl::{self, DirectMap, ExtentRun, QueryExtents};
+use crate::model::{flatten, DatasetModel};
+use crate::selection::Hyperslab;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+impl Fs {
+    pub(super) fn query_extents(&self, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
+        let req: QueryExtents = ioctl::decode(input)?;
+        let (model, sel) = self.handle_view(fh)?;
+        query(&model, &sel, req)
+    }
+
+    /// Only a committed view opened read-only is mapped: its backing bytes never change
+    /// while the handle lives (a replace writes a new inode). Pending views answer
+    /// "through FUSE" until direct writes record their ranges (docs/direct.md).
+    pub(super) fn direct_map(&self, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
+        let req: DirectMap = ioctl::decode(input)?;
+        let open = self.open.get(fh)?;
+        match open.as_ref() {
+            OpenFile::View { model, sel, .. } => direct_map(model, sel, req),
+            _ => Ok(ioctl::encode(&not_direct(req))),
+        }
+    }
+}
+
+fn not_direct(mut req: DirectMap) -> DirectMap {
+    let version = req.version;
+    req = DirectMap::default();
+    req.version = version;
+    req
+}
+
+/// Runs of `[start, end)` of a selection's bytes: verbatim backing runs carry the index
+/// of their file in the returned list (at most `max_files`), the rest -1. Adjacent runs
+/// that continue each other are merged; stops after `max_runs` runs or at a run needing
+/// one file too many, and returns where it stopped.
+fn runs(
+    model: &DatasetModel,
+    sel: &Hyperslab,
+    start: u64,
+    end: u64,
+    max_runs: usize,
+    max_files: usize,
+) -> Result<(Vec<ExtentRun>, Vec<Arc<BackingFile>>, u64)> {
+    let mut out: Vec<ExtentRun> = Vec::new();
+    let mut files: Vec<Arc<BackingFile>> = Vec::new();
+    if start >= end {
+        return Ok((out, files, end));
+    }
+    let (b, extents) = model.plan(sel, start, end - start)?;
+    for (s, t, e, skip) in flatten(&extents) {
+        // Plan offsets are relative to `b`; clip to the requested range.
+        let (cs, ct) = ((b + s).max(start), (b + t).min(end));
+        if cs >= ct {
+            continue;
+        }
+        let skip = skip + (cs - (b + s));
+        let (s, t) = (cs, ct);
+        let (idx, boff) = match (&e.src, e.is_contiguous()) {
+            (Src::File { file, offset }, true) => {
+                let i = match files.iter().position(|f| f.path == file.path) {
+                    Some(i) => i,
+                    None if files.len() < max_files => {
+                        files.push(file.clone());
+                        files.len() - 1
+                    }
+                    None => return Ok((out, files, s)),
+                };
+                let boff = offset.checked_add(skip).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "backing offset past 2^64 in {}",
+                        file.path.display()
+                    ))
+                })?;
+                (i as i32, boff)
+            }
+            _ => (-1, 0),
+        };
+        if let Some(p) = out.last_mut() {
+            let continues = p.file_offset + p.length == s
+                && p.file_index == idx
+                && (idx < 0 || p.backing_offset + p.length == boff);
+            if continues {
+                p.length += t - s;
+                continue;
+            }
+        }
+        if out.len() == max_runs {
+            return Ok((out, files, s));
+        }
+        out.push(ExtentRun {
+            file_offset: s,
+            backing_offset: boff,
+            length: t - s,
+            file_index: idx,
+            reserved: 0,
+        });
+    }
+    Ok((out, files, end))
+}
+
+fn path_bytes(f: &BackingFile) -> Result<[u8; ioctl::PATH_LEN]> {
+    let b = f.path.as_os_str().as_encoded_bytes();
+    if b.len() >= ioctl::PATH_LEN {
+        return Err(Error::new(
+            libc::ENAMETOOLONG,
+            format!("{} too long for an extent reply", f.path.display()),
+        ));
+    }
+    let mut slot = [0u8; ioctl::PATH_LEN];
+    slot[..b.len()].copy_from_slice(b);
+    Ok(slot)
+}
+
+/// QUERY_EXTENTS for a selection of a model.
+pub fn query(model: &DatasetModel, sel: &Hyperslab, mut req: QueryExtents) -> Result<Vec<u8>> {
+    let size = sel.num_elements() * model.itemsize();
+    let start = req.file_offset.min(size);
+    let end = req.file_offset.saturating_add(req.length).min(size);
+    let (rs, files, next) = runs(model, sel, start, end, ioctl::MAX_RUNS, ioctl::MAX_FILES)?;
+    req.nruns = rs.len() as u32;
+    req.nfiles = files.len() as u32;
+    req.next_offset = next;
+    req.files = [[0; ioctl::PATH_LEN]; ioctl::MAX_FILES];
+    req.runs = [ExtentRun::default(); ioctl::MAX_RUNS];
+    req.runs[..rs.len()].copy_from_slice(&rs);
+    for (slot, f) in req.files.iter_mut().zip(&files) {
+        *slot = path_bytes(f)?;
+    }
+    Ok(ioctl::encode(&req))
+}
+
+/// DIRECT_MAP of a committed view from `req.file_offset`: the runs with each backing
+/// file's identity as the daemon's own descriptor sees it now. A path too long for the
+/// reply makes the whole view "through FUSE" rather than an error.
+pub fn direct_map(model: &DatasetModel, sel: &Hyperslab, req: DirectMap) -> Result<Vec<u8>> {
+    let size = sel.num_elements() * model.itemsize();
+    let start = req.file_offset.min(size);
+    let (rs, files, next) = runs(
+        model,
+        sel,
+        start,
+        size,
+        ioctl::MAX_RUNS,
+        ioctl::DIRECT_FILES,
+    )?;
+    let mut out = not_direct(req);
+    out.view_size = size;
+    out.next_offset = next;
+    for (slot, f) in out.files.iter_mut().zip(&files) {
+        let Ok(path) = path_bytes(f) else {
+            return Ok(ioctl::encode(&not_direct(req)));
+        };
+        let m = f.file.metadata().map_err(|e| {
+            Error::from_io(format!("fstat of backing file {}", f.path.display()), e)
+        })?;
+        *slot = ioctl::DirectFile {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
+            path,
+        };
+    }
+    out.flags = ioctl::DIRECT_READ;
+    out.nfiles = files.len() as u32;
+    out.nruns = rs.len() as u32;
+    out.runs[..rs.len()].copy_from_slice(&rs);
+    Ok(ioctl::encode(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Storage;
+
+    fn contiguous(n: u64, offset: u64) -> (tempfile::NamedTempFile, DatasetModel) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let bytes: Vec<u8> = (0..n * 4 + offset).map(|i| (i % 251) as u8).collect();
+        std::fs::write(f.path(), bytes).unwrap();
+        let bf = Arc::new(BackingFile {
+            path: f.path().to_path_buf(),
+            file: std::fs::File::open(f.path()).unwrap(),
+        });
+        let m = DatasetModel::raw(
+            "/x",
+            vec![n],
+            "<f4",
+            4,
+            vec![n],
+            vec![0; 4],
+            Storage::Contiguous { file: bf, offset },
+        );
+        (f, m)
+    }
+
+    fn map(m: &DatasetModel, from: u64) -> DirectMap {
+        let req = DirectMap {
+            version: ioctl::ABI_VERSION,
+            file_offset: from,
+            ..Default::default()
+        };
+        ioctl::decode(&direct_map(m, &Hyperslab::full(&m.shape), req).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn direct_map_gives_identity_and_one_run() {
+        let (f, m) = contiguous(1000, 96);
+        let d = map(&m, 0);
+        let md = std::fs::metadata(f.path()).unwrap();
+        assert_eq!(
+            (d.flags, d.view_size, d.next_offset),
+            (ioctl::DIRECT_READ, 4000, 4000)
+        );
+        assert_eq!((d.nfiles, d.nruns), (1, 1));
+        assert_eq!(
+            (d.files[0].dev, d.files[0].ino, d.files[0].size),
+            (md.dev(), md.ino(), 4096)
+        );
+        let p = &d.files[0].path;
+        let n = p.iter().position(|&c| c == 0).unwrap();
+        assert_eq!(
+            std::path::Path::new(std::str::from_utf8(&p[..n]).unwrap()),
+            f.path()
+        );
+        let r = d.runs[0];
+        assert_eq!(
+            (r.file_offset, r.backing_offset, r.length, r.file_index),
+            (0, 96, 4000, 0)
+        );
+        // From the middle: the run starts where asked, its backing offset shifted alike.
+        let d = map(&m, 1000);
+        assert_eq!(
+            (d.runs[0].file_offset, d.runs[0].backing_offset),
+            (1000, 1096)
+        );
+        // Past the end: no runs, still a complete answer.
+        let d = map(&m, 5000);
+        assert_eq!((d.nruns, d.next_offset), (0, 4000));
+    }
+
+    #[test]
+    fn fill_is_not_a_backing_run() {
+        let m = DatasetModel::raw("/x", vec![8], "<f4", 4, vec![8], vec![0; 4], Storage::Fill);
+        let d = map(&m, 0);
+        assert_eq!((d.nfiles, d.nruns, d.runs[0].file_index), (0, 1, -1));
+    }
+}

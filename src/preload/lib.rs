@@ -1,0 +1,595 @@
+//! `libh5tilefs_preload.so`, the interception library of `h5tilefs run` (docs/direct.md).
+//!
+//! FUSE stays the control plane; this library moves the bulk bytes. When a program opens
+//! a file of an h5tilefs mount read-only, the library asks the daemon (DIRECT_MAP ioctl)
+//! where the file's bytes live. If they are verbatim bytes of backing files, it opens
+//! those files itself, with the program's own credentials (the kernel checks them), and
+//! checks each is the inode the daemon named. Then `read`, `pread`, `readv`, `preadv`,
+//! `fread` (glibc, when the stream's buffer is empty) and read-only `mmap` of that
+//! descriptor are served from the backing files; bytes the daemon must produce (fill,
+//! decoded chunks) are still read through the FUSE descriptor. Everything else passes to
+//! libc untouched.
+//!
+//! An entry belongs to one open file description: it holds a hidden duplicate of the
+//! descriptor, and every call first checks with `kcmp(KCMP_FILE)` that the caller's
+//! descriptor still is that description (a descriptor closed behind the library's back,
+//! e.g. by glibc's internal `fclose`, and reused, is dropped instead of misread).
+//! The file offset stays the kernel's: `read` moves it with `lseek`, so `dup`, `fork`
+//! and `ftell` see what they would through FUSE.
+//!
+//! Internal I/O uses raw system calls, never the interposed symbols, and a thread-local
+//! flag passes through calls made while the library itself is running.
+
+// The exported functions keep libc's own contracts; their docs are libc's manual pages.
+#![allow(clippy::missing_safety_doc)]
+
+mod abi;
+
+use libc::{c_int, iovec, ssize_t};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+
+// ---------------------------------------------------------------------------------------
+// State
+
+/// One open file description served direct.
+struct Entry {
+    /// A duplicate of the caller's descriptor: keeps the description alive so `kcmp`
+    /// comparisons stay meaningful.
+    hidden: c_int,
+    map: abi::Map,
+    /// Backing descriptors, as `map.files`.
+    fds: Vec<c_int>,
+    /// Serializes `read`'s lseek–pread–lseek on one description.
+    offset: Mutex<()>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        sys_close(self.hidden);
+        for &fd in &self.fds {
+            sys_close(fd);
+        }
+    }
+}
+
+static TABLE: RwLock<Option<HashMap<c_int, Arc<Entry>>>> = RwLock::new(None);
+/// Entries in TABLE: a process with none pays one atomic load per call.
+static TRACKED: AtomicUsize = AtomicUsize::new(0);
+static DISABLED: AtomicBool = AtomicBool::new(false);
+/// Device numbers of h5tilefs mounts, and of other file systems seen.
+static DEVS: RwLock<(Vec<u64>, Vec<u64>)> = RwLock::new((Vec::new(), Vec::new()));
+
+static DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
+static FUSE_BYTES: AtomicU64 = AtomicU64::new(0);
+static OPENS_DIRECT: AtomicU64 = AtomicU64::new(0);
+static OPENS_FUSE: AtomicU64 = AtomicU64::new(0);
+static MMAPS_DIRECT: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the library's own code on this thread; `None` when already inside it.
+struct Busy;
+impl Busy {
+    fn enter() -> Option<Busy> {
+        if BUSY.with(|b| b.replace(true)) {
+            None
+        } else {
+            Some(Busy)
+        }
+    }
+}
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.with(|b| b.set(false));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw system calls (never the interposed symbols)
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn sys_close(fd: c_int) {
+    // SAFETY: closes a descriptor this library owns.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
+fn sys_lseek(fd: c_int, off: i64, whence: c_int) -> i64 {
+    // SAFETY: lseek takes no pointers (and is not interposed).
+    unsafe { libc::lseek64(fd, off, whence) }
+}
+
+/// pread until `len` bytes, end of file or an error other than EINTR.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writes.
+unsafe fn sys_pread_full(fd: c_int, buf: *mut u8, len: u64, off: u64) -> Result<u64, c_int> {
+    let mut done = 0u64;
+    while done < len {
+        // SAFETY: `buf + done .. buf + len` is inside the caller's buffer.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pread64,
+                fd,
+                buf.add(done as usize),
+                (len - done) as usize,
+                (off + done) as i64,
+            )
+        };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+        if r == 0 {
+            break;
+        }
+        done += r as u64;
+    }
+    Ok(done)
+}
+
+fn sys_fstat(fd: c_int) -> Option<libc::stat> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid stat buffer (fstat is not interposed).
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    (r == 0).then_some(st)
+}
+
+/// Whether descriptor `fd` of this process is the open file description `hidden` is.
+fn same_description(fd: c_int, hidden: c_int) -> bool {
+    // SAFETY: kcmp takes no pointers for KCMP_FILE.
+    let pid = unsafe { libc::getpid() };
+    // SAFETY: as above.
+    unsafe {
+        libc::syscall(libc::SYS_kcmp, pid, pid, 0 /* KCMP_FILE */, fd, hidden) == 0
+    }
+}
+
+/// Moves a descriptor of ours above the numbers a program expects `open` to return.
+fn to_high(fd: c_int) -> c_int {
+    let mut rl = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: `rl` is a valid rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    let floor = (rl.rlim_cur.min(1 << 20) * 3 / 4).max(3) as c_int;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes an integer.
+    let hi = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, floor) } as c_int;
+    if hi < 0 {
+        // SAFETY: as above, lowest free number.
+        return unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 0) } as c_int;
+    }
+    hi
+}
+
+// ---------------------------------------------------------------------------------------
+// libc's own symbols
+
+macro_rules! real {
+    ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+        static P: AtomicUsize = AtomicUsize::new(0);
+        let mut p = P.load(Relaxed);
+        if p == 0 {
+            // SAFETY: dlsym with a NUL-terminated name.
+            p = unsafe { libc::dlsym(libc::RTLD_NEXT, concat!($name, "\0").as_ptr().cast()) }
+                as usize;
+            P.store(p, Relaxed);
+        }
+        if p == 0 {
+            None
+        } else {
+            // SAFETY: the symbol `$name` of the next object has this C signature.
+            Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p) })
+        }
+    }};
+}
+
+fn missing<T: From<i8>>() -> T {
+    set_errno(libc::ENOSYS);
+    T::from(-1)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tracking
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    let _b = Busy::enter();
+    if std::env::var_os("H5TILEFS_DIRECT").is_some_and(|v| v == "0") {
+        DISABLED.store(true, Relaxed);
+        return;
+    }
+    // kcmp is how an entry proves its descriptor; without it nothing goes direct.
+    let fd = sys_open_ro(c"/proc/self/exe");
+    if fd < 0 || !same_description(fd, fd) {
+        DISABLED.store(true, Relaxed);
+    }
+    sys_close(fd);
+    if std::env::var_os("H5TILEFS_DIRECT_STATS").is_some() {
+        // SAFETY: registers a plain extern "C" function.
+        unsafe { libc::atexit(write_stats) };
+    }
+}
+
+/// Appends one JSON line of counters to `$H5TILEFS_DIRECT_STATS` (tests, benchmarks).
+extern "C" fn write_stats() {
+    let _b = Busy::enter();
+    let Some(path) = std::env::var_os("H5TILEFS_DIRECT_STATS") else {
+        return;
+    };
+    let line = format!(
+        "{{\"pid\": {}, \"direct_bytes\": {}, \"fuse_bytes\": {}, \"opens_direct\": {}, \
+         \"opens_fuse\": {}, \"mmaps_direct\": {}, \"disabled\": {}}}\n",
+        std::process::id(),
+        DIRECT_BYTES.load(Relaxed),
+        FUSE_BYTES.load(Relaxed),
+        OPENS_DIRECT.load(Relaxed),
+        OPENS_FUSE.load(Relaxed),
+        MMAPS_DIRECT.load(Relaxed),
+        DISABLED.load(Relaxed),
+    );
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+fn sys_open_ro(path: &std::ffi::CStr) -> c_int {
+    // SAFETY: a NUL-terminated path; no mode for O_RDONLY.
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        ) as c_int
+    }
+}
+
+/// Whether `dev` is an h5tilefs mount, from /proc/self/mountinfo (read again for a
+/// device not seen before, so a mount made after start is found).
+fn is_h5tilefs(dev: u64) -> bool {
+    if let Ok(d) = DEVS.read() {
+        if d.0.contains(&dev) {
+            return true;
+        }
+        if d.1.contains(&dev) {
+            return false;
+        }
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut ours = Vec::new();
+    for l in info.lines() {
+        let Some((pre, post)) = l.split_once(" - ") else {
+            continue;
+        };
+        let mut post = post.split(' ');
+        let fstype = post.next().unwrap_or("");
+        let source = post.next().unwrap_or("");
+        if fstype != "fuse.h5tilefs" && !(fstype == "fuse" && source.starts_with("h5tilefs:")) {
+            continue;
+        }
+        let Some((ma, mi)) = pre.split(' ').nth(2).and_then(|m| m.split_once(':')) else {
+            continue;
+        };
+        if let (Ok(ma), Ok(mi)) = (ma.parse::<u32>(), mi.parse::<u32>()) {
+            ours.push(libc::makedev(ma, mi));
+        }
+    }
+    let yes = ours.contains(&dev);
+    if let Ok(mut d) = DEVS.write() {
+        d.0 = ours;
+        if !yes && d.1.len() < 256 {
+            d.1.push(dev);
+        }
+    }
+    yes
+}
+
+/// Drops the entry of descriptor `fd` (closed, or reused behind our back).
+fn forget(fd: c_int) {
+    if TRACKED.load(Relaxed) == 0 {
+        return;
+    }
+    let old = match TABLE.write() {
+        Ok(mut t) => t.as_mut().and_then(|t| t.remove(&fd)),
+        Err(_) => None,
+    };
+    if old.is_some() {
+        TRACKED.fetch_sub(1, Relaxed);
+    }
+    // The entry's descriptors close here, outside the lock, once no call holds it.
+    drop(old);
+}
+
+fn insert(fd: c_int, e: Arc<Entry>) {
+    let old = match TABLE.write() {
+        Ok(mut t) => {
+            let old = t.get_or_insert_with(HashMap::new).insert(fd, e);
+            if old.is_none() {
+                TRACKED.fetch_add(1, Relaxed);
+            }
+            old
+        }
+        Err(_) => None,
+    };
+    drop(old);
+}
+
+/// The entry of `fd`, if it is still the description the entry was built for.
+fn lookup(fd: c_int) -> Option<Arc<Entry>> {
+    if TRACKED.load(Relaxed) == 0 || fd < 0 {
+        return None;
+    }
+    let e = TABLE.read().ok()?.as_ref()?.get(&fd)?.clone();
+    if same_description(fd, e.hidden) {
+        Some(e)
+    } else {
+        drop(e);
+        forget(fd);
+        None
+    }
+}
+
+/// A descriptor duplicated from `from` shares its entry.
+fn share(from: c_int, to: c_int) {
+    if to < 0 || TRACKED.load(Relaxed) == 0 {
+        return;
+    }
+    forget(to);
+    if let Some(e) = lookup(from) {
+        insert(to, e);
+    }
+}
+
+/// After a successful open of `fd` with `flags`: maps it if it is a read-only data file
+/// of an h5tilefs mount whose bytes the daemon says are backing bytes.
+fn track(fd: c_int, flags: c_int) {
+    if fd < 0 {
+        return;
+    }
+    forget(fd); // a number reused after a close the library did not see
+    if DISABLED.load(Relaxed)
+        || flags & libc::O_ACCMODE != libc::O_RDONLY
+        || flags & (libc::O_PATH | libc::O_DIRECTORY) != 0
+    {
+        return;
+    }
+    let Some(_b) = Busy::enter() else {
+        return;
+    };
+    let Some(st) = sys_fstat(fd) else {
+        return;
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || !is_h5tilefs(st.st_dev) {
+        return;
+    }
+    match build(fd) {
+        Some(e) => {
+            OPENS_DIRECT.fetch_add(1, Relaxed);
+            insert(fd, Arc::new(e));
+        }
+        None => {
+            OPENS_FUSE.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Asks the daemon for the map, opens and checks its backing files.
+fn build(fd: c_int) -> Option<Entry> {
+    let mut b = abi::Builder::default();
+    loop {
+        let mut req = abi::DirectMap::request(b.pos());
+        // SAFETY: DIRECT_MAP reads and writes one DirectMap, which `req` is.
+        let r = unsafe { libc::ioctl(fd, abi::DIRECT_MAP as _, &mut req as *mut abi::DirectMap) };
+        if r != 0 {
+            return None;
+        }
+        match b.add(&req) {
+            Ok(true) => break,
+            Ok(false) => continue,
+            Err(why) => {
+                tracing_off(why);
+                return None;
+            }
+        }
+    }
+    let map = b.finish();
+    if map.files.is_empty() {
+        return None; // nothing to read direct: every byte comes from the daemon
+    }
+    let mut fds: Vec<c_int> = Vec::with_capacity(map.files.len());
+    let close_all = |fds: &[c_int]| fds.iter().for_each(|&f| sys_close(f));
+    for f in &map.files {
+        let low = sys_open_ro(&f.path);
+        if low < 0 {
+            close_all(&fds);
+            return None;
+        }
+        let bfd = to_high(low);
+        sys_close(low);
+        let ok = bfd >= 0
+            && sys_fstat(bfd).is_some_and(|st| {
+                st.st_dev == f.ident.dev
+                    && st.st_ino == f.ident.ino
+                    && st.st_size as u64 == f.ident.size
+                    && st
+                        .st_mtime
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(st.st_mtime_nsec)
+                        == f.ident.mtime_ns
+            });
+        if bfd >= 0 {
+            fds.push(bfd);
+        }
+        if !ok {
+            close_all(&fds);
+            return None;
+        }
+    }
+    let hidden = to_high(fd);
+    if hidden < 0 {
+        close_all(&fds);
+        return None;
+    }
+    Some(Entry {
+        hidden,
+        map,
+        fds,
+        offset: Mutex::new(()),
+    })
+}
+
+/// Why a map was refused, for `H5TILEFS_DIRECT_DEBUG=1`.
+fn tracing_off(why: &str) {
+    if std::env::var_os("H5TILEFS_DIRECT_DEBUG").is_some() {
+        eprintln!("h5tilefs direct: read through FUSE: {why}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The data path
+
+/// Reads `n` bytes at `off` of the view into `buf`: backing runs from their files, the
+/// rest through the FUSE descriptor. Returns bytes read, or -errno.
+///
+/// # Safety
+/// `buf` must be valid for `n` bytes of writes.
+unsafe fn pread_entry(
+    fd: c_int,
+    e: &Entry,
+    buf: *mut u8,
+    n: usize,
+    off: u64,
+) -> Result<u64, c_int> {
+    let size = e.map.size;
+    if off >= size || n == 0 {
+        return Ok(0);
+    }
+    let want = (n as u64).min(size - off);
+    let mut done = 0u64;
+    let mut i = e.map.find(off);
+    while done < want && i < e.map.runs.len() {
+        let r = e.map.runs[i];
+        let pos = off + done;
+        let into = pos - r.start;
+        let take = (r.len - into).min(want - done);
+        // SAFETY: `done + take <= want <= n`.
+        let dst = unsafe { buf.add(done as usize) };
+        let got = match r.file {
+            // SAFETY: dst is valid for `take` bytes.
+            Some(f) => {
+                unsafe { sys_pread_full(e.fds[f], dst, take, r.backing + into) }.inspect(|g| {
+                    DIRECT_BYTES.fetch_add(*g, Relaxed);
+                })
+            }
+            // SAFETY: as above.
+            None => unsafe { sys_pread_full(fd, dst, take, pos) }.inspect(|g| {
+                FUSE_BYTES.fetch_add(*g, Relaxed);
+            }),
+        };
+        match got {
+            Ok(g) => {
+                done += g;
+                if g < take {
+                    break;
+                }
+            }
+            Err(err) if done == 0 => return Err(err),
+            Err(_) => break,
+        }
+        i += 1;
+    }
+    Ok(done)
+}
+
+fn ret(r: Result<u64, c_int>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// `read` on a tracked descriptor: at the kernel's file offset, which it then moves.
+unsafe fn read_entry(fd: c_int, e: &Entry, iov: &[(*mut u8, usize)]) -> Option<ssize_t> {
+    let _l = e.offset.lock().ok()?;
+    let pos = sys_lseek(fd, 0, libc::SEEK_CUR);
+    if pos < 0 {
+        return None;
+    }
+    // SAFETY: the caller's iovecs are valid.
+    let r = unsafe { preadv_entry(fd, e, iov, pos as u64) };
+    if let Ok(n) = r {
+        sys_lseek(fd, pos + n as i64, libc::SEEK_SET);
+    }
+    Some(ret(r))
+}
+
+/// # Safety
+/// Every `(ptr, len)` of `iov` must be valid for writes.
+unsafe fn preadv_entry(
+    fd: c_int,
+    e: &Entry,
+    iov: &[(*mut u8, usize)],
+    off: u64,
+) -> Result<u64, c_int> {
+    let mut total = 0u64;
+    for &(p, l) in iov {
+        // SAFETY: (p, l) is a buffer of the caller's.
+        match unsafe { pread_entry(fd, e, p, l, off + total) } {
+            Ok(n) => {
+                total += n;
+                if n < l as u64 {
+                    break;
+                }
+            }
+            Err(err) if total == 0 => return Err(err),
+            Err(_) => break,
+        }
+    }
+    Ok(total)
+}
+
+fn iovs(iov: *const iovec, cnt: c_int) -> Option<Vec<(*mut u8, usize)>> {
+    if iov.is_null() || !(0..=1024).contains(&cnt) {
+        return None;
+    }
+    // SAFETY: the caller passes `cnt` iovecs at `iov`.
+    let s: &[iovec] = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
+    Some(
+        s.iter()
+            .map(|v| (v.iov_base.cast::<u8>(), v.iov_len))
+            .collect(),
+    )
+}
+
+mod symbols;

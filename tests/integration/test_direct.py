@@ -1,0 +1,276 @@
+"""The direct data path (docs/direct.md): programs run under `h5tilefs run` read the
+bytes of committed views from the backing files themselves, through the interception
+library. Every read is compared with h5py and with the same read through FUSE, and the
+library's own counters (H5TILEFS_DIRECT_STATS) show which path the bytes took, so a
+test passes only when the direct path really served them."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import pytest
+
+from h5t_helpers import BIN, generated_mount, mount, unmount
+
+PAGE = 4096
+X = np.arange(300 * 500, dtype="<f4").reshape(300, 500) * 0.5
+C = np.arange(240 * 100, dtype="<i4").reshape(240, 100)
+
+
+def _make(backing):
+    with h5py.File(os.path.join(backing, "a.h5"), "w") as f:
+        f["x"] = X  # contiguous
+        f.create_dataset("c", data=C, chunks=(60, 100))  # chunked, unfiltered
+        f.create_dataset("z", data=C, chunks=(60, 100), compression="gzip")
+        f.create_dataset("partial", shape=(240, 100), dtype="<i4", chunks=(60, 100))
+        f["partial"][60:120] = C[60:120]  # the other chunks were never written: fill
+    # Data aligned to pages, so a read-only mapping can map the backing file.
+    with h5py.File(os.path.join(backing, "aligned.h5"), "w", alignment_threshold=1,
+                   alignment_interval=PAGE) as f:
+        f["x"] = X
+
+
+@pytest.fixture(scope="module")
+def mnt():
+    with generated_mount("h5t-direct-", _make) as (backing, m):
+        yield backing, m
+
+
+def run(args, stats=None, env=None, **kw):
+    e = dict(os.environ)
+    e.pop("LD_PRELOAD", None)
+    if stats:
+        e["H5TILEFS_DIRECT_STATS"] = stats
+    e.update(env or {})
+    return subprocess.run([BIN, "run", "--", *args], env=e, capture_output=True, timeout=120,
+                          **kw)
+
+
+def counters(stats):
+    tot = {}
+    if os.path.exists(stats):
+        with open(stats) as f:
+            for line in f:
+                for k, v in json.loads(line).items():
+                    if k not in ("pid", "disabled"):
+                        tot[k] = tot.get(k, 0) + v
+    return tot
+
+
+def expected(backing, path):
+    """The bytes of a view, from h5py."""
+    parts = path.split("/")
+    with h5py.File(os.path.join(backing, parts[0])) as f:
+        a = f[parts[1]][()]
+    if parts[2] == "data":
+        return a.tobytes()
+    if parts[2] == "tiles":
+        r = int(parts[3].split(".")[0])
+        return a[r * 60:(r + 1) * 60].tobytes()
+    raise ValueError(path)
+
+
+@pytest.mark.parametrize("path,direct", [
+    ("a.h5/x/data", True),
+    ("a.h5/c/data", True),
+    ("a.h5/c/tiles/2.0", True),
+    ("a.h5/z/data", False),  # gzip: the daemon decodes
+    ("aligned.h5/x/data", True),
+])
+@pytest.mark.parametrize("tool", ["cat", "dd"])
+def test_tools_read_the_same_bytes(mnt, tmp_path, path, direct, tool):
+    backing, m = mnt
+    stats = str(tmp_path / "stats")
+    p = os.path.join(m, path)
+    args = ["cat", p] if tool == "cat" else ["dd", f"if={p}", "bs=77777", "status=none"]
+    out = run(args, stats).stdout
+    with open(p, "rb") as f:
+        assert out == f.read(), "differs from the same read through FUSE"
+    assert out == expected(backing, path)
+    c = counters(stats)
+    if direct:
+        assert c["direct_bytes"] == len(out) and c["fuse_bytes"] == 0, c
+    else:
+        assert c.get("direct_bytes", 0) == 0 and c["opens_fuse"] >= 1, c
+
+
+def test_fill_comes_through_fuse(mnt, tmp_path):
+    """Chunks never written are fill the daemon makes; written ones come direct."""
+    backing, m = mnt
+    stats = str(tmp_path / "stats")
+    out = run(["cat", os.path.join(m, "a.h5/partial/data")], stats).stdout
+    want = np.zeros((240, 100), "<i4")
+    want[60:120] = C[60:120]
+    assert out == want.tobytes()
+    c = counters(stats)
+    assert c["direct_bytes"] == 60 * 100 * 4 and c["fuse_bytes"] == 180 * 100 * 4, c
+
+
+PY_READS = r"""
+import mmap, os, sys
+import numpy as np
+m = sys.argv[1]
+x = np.arange(300 * 500, dtype="<f4").reshape(300, 500) * 0.5
+c = np.arange(240 * 100, dtype="<i4").reshape(240, 100)
+p = m + "/a.h5/x/data"
+assert np.array_equal(np.fromfile(p, dtype="<f4").reshape(300, 500), x), "fromfile"
+assert np.array_equal(np.fromfile(p, dtype="<f4", count=500, offset=2000 * 4), x[4]), "fromfile part"
+with open(p, "rb") as f:
+    f.seek(500 * 4 * 7)
+    assert np.array_equal(np.fromfile(f, dtype="<f4", count=1000), x[7:9].ravel()), "fromfile of a file object"
+    assert f.tell() == 500 * 4 * 9, f.tell()
+    b = bytearray(10)
+    f.readinto(b)
+    assert bytes(b) == x.tobytes()[500 * 4 * 9:500 * 4 * 9 + 10]
+with open(m + "/a.h5/c/tiles/1.0", "rb") as f:
+    assert f.read() == c[60:120].tobytes(), "read of a tile"
+fd = os.open(m + "/a.h5/c/data", os.O_RDONLY)
+assert os.pread(fd, 400, 400 * 70) == c[70].tobytes(), "pread across a chunk"
+a, b2 = bytearray(100), bytearray(300)
+assert os.preadv(fd, [a, b2], 400 * 59 + 200) == 400
+assert bytes(a + b2) == c.tobytes()[400 * 59 + 200:400 * 60 + 200], "preadv"
+d = os.dup(fd)
+os.lseek(fd, 1000, 0)
+assert os.read(d, 8) == c.tobytes()[1000:1008], "a duplicate shares the offset"
+assert os.lseek(fd, 0, 1) == 1008
+os.readv(fd, [a])
+assert bytes(a) == c.tobytes()[1008:1108] and os.lseek(d, 0, 1) == 1108, "readv"
+os.close(fd)
+assert os.read(d, 4) == c.tobytes()[1108:1112], "the duplicate outlives the original"
+os.close(d)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.fromfile(p, dtype="<f4").tobytes() == x.tobytes() else 1)
+assert os.waitpid(pid, 0)[1] == 0, "a forked child"
+mm = np.memmap(m + "/aligned.h5/x/data", dtype="<f4", mode="r", shape=(300, 500))
+assert np.array_equal(mm, x), "memmap"
+del mm
+with open(m + "/a.h5/x/data", "rb") as f:
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mp:
+        assert mp[:] == x.tobytes(), "unaligned mapping (through FUSE)"
+print("ok")
+"""
+
+
+def test_python_and_numpy_reads(mnt, tmp_path):
+    _, m = mnt
+    stats = str(tmp_path / "stats")
+    p = run([sys.executable, "-c", PY_READS, m], stats, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+    c = counters(stats)
+    assert c["mmaps_direct"] >= 1 and c["direct_bytes"] >= X.nbytes, c
+    assert c["fuse_bytes"] == 0, c
+    # The same script without the library: the checks themselves pass through FUSE.
+    p = run([sys.executable, "-c", PY_READS, m], stats, env={"H5TILEFS_DIRECT": "0"},
+            text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+@pytest.mark.parametrize("how", ["path", "file object"])
+def test_numpy_fromfile_is_direct(mnt, tmp_path, how):
+    """numpy.fromfile reads with fread on a stream of a duplicated descriptor."""
+    _, m = mnt
+    stats = str(tmp_path / "stats")
+    arg = "p" if how == "path" else "open(p, 'rb')"
+    code = ("import sys, numpy as np; p = sys.argv[1]; "
+            f"sys.stdout.buffer.write(np.fromfile({arg}, dtype='<f4').tobytes())")
+    p = run([sys.executable, "-c", code, os.path.join(m, "a.h5/x/data")], stats)
+    assert p.returncode == 0 and p.stdout == X.tobytes(), p.stderr
+    assert counters(stats)["direct_bytes"] == X.nbytes
+
+
+def test_direct_off_loads_nothing(mnt, tmp_path):
+    _, m = mnt
+    stats = str(tmp_path / "stats")
+    p = run([sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', ''))"],
+            stats, env={"H5TILEFS_DIRECT": "0"}, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "", p.stdout
+    assert not os.path.exists(stats)
+
+
+HOLD = r"""
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("open", flush=True)
+sys.stdin.readline()
+try:
+    b = os.pread(fd, 1 << 24, 0)
+    print(hashlib.md5(b).hexdigest(), len(b))
+except OSError as e:
+    print("error", e.errno)
+"""
+
+
+def test_replace_while_open_reads_as_fuse_does(tmp_path):
+    """A reader holding a file open across a replace of its HDF5 file gets what a
+    FUSE reader gets: the version it opened (or the same error)."""
+    with generated_mount("h5t-direct-replace-", _make) as (backing, m):
+        path = os.path.join(m, "a.h5/x/data")
+        stats = str(tmp_path / "stats")
+        env = dict(os.environ, H5TILEFS_DIRECT_STATS=stats)
+        env.pop("LD_PRELOAD", None)
+        procs = [subprocess.Popen(pre + [sys.executable, "-c", HOLD, path], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                 for pre in ([BIN, "run", "--"], [])]
+        try:
+            for p in procs:
+                assert p.stdout.readline().strip() == "open"
+            tmp = os.path.join(backing, ".new.h5")
+            with h5py.File(tmp, "w") as f:
+                f["x"] = X + 1
+            os.rename(tmp, os.path.join(backing, "a.h5"))
+            outs = [p.communicate("go\n", timeout=60)[0].strip() for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        assert outs[0] == outs[1], outs
+        assert outs[0] == f"{hashlib.md5(X.tobytes()).hexdigest()} {X.nbytes}", outs
+        assert counters(stats)["opens_direct"] == 1
+        # A file opened after the replace reads the new version, direct.
+        assert run(["cat", path]).stdout == (X + 1).astype("<f4").tobytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to read as another user")
+def test_backing_permissions_are_the_callers():
+    """The library opens backing files with the caller's credentials: a user who may
+    read the mount but not the backing directory gets the bytes through FUSE, and the
+    library holds no descriptor the user could not have opened."""
+    hidden = tempfile.mkdtemp(prefix="h5t-direct-perm-")  # 0700: only root traverses it
+    shown = tempfile.mkdtemp(prefix="h5t-direct-perm-mnt-")
+    os.chmod(shown, 0o755)
+    backing, m = os.path.join(hidden, "b"), os.path.join(shown, "m")
+    os.makedirs(backing)
+    os.makedirs(m)
+    _make(backing)
+    os.chmod(backing, 0o755)
+    for f in os.listdir(backing):
+        os.chmod(os.path.join(backing, f), 0o644)
+    mount(backing, m, "-o", "allow_other")
+    try:
+        stats = os.path.join(shown, "stats")  # where the other user may write
+        open(stats, "w").close()
+        os.chmod(stats, 0o666)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            BIN, "run", "--", "cat", os.path.join(m, "a.h5/x/data")],
+                           capture_output=True, timeout=60,
+                           env=dict(os.environ, H5TILEFS_DIRECT_STATS=stats))
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == X.tobytes()
+        c = counters(stats)
+        assert c["opens_direct"] == 0 and c["opens_fuse"] == 1 and c["direct_bytes"] == 0, c
+    finally:
+        assert unmount(m)
+        shutil.rmtree(hidden, ignore_errors=True)
+        shutil.rmtree(shown, ignore_errors=True)
+
+
+def test_no_library_is_a_clear_error(tmp_path):
+    p = subprocess.run([BIN, "run", "--", "true"], capture_output=True, text=True,
+                       env=dict(os.environ, H5TILEFS_PRELOAD=str(tmp_path / "missing.so")))
+    assert p.returncode == 1 and "H5TILEFS_PRELOAD" in p.stderr, p.stderr
