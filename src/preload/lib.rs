@@ -62,6 +62,11 @@ static DISABLED: AtomicBool = AtomicBool::new(false);
 /// Device numbers of h5tilefs mounts, and of other file systems seen.
 static DEVS: RwLock<(Vec<u64>, Vec<u64>)> = RwLock::new((Vec::new(), Vec::new()));
 
+/// Backing reads from this size on are announced with POSIX_FADV_WILLNEED first
+/// (`H5TILEFS_DIRECT_WILLNEED=0` turns that off, for comparisons).
+const WILLNEED_FROM: u64 = 1 << 20;
+static NO_WILLNEED: AtomicBool = AtomicBool::new(false);
+
 static DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
 static FUSE_BYTES: AtomicU64 = AtomicU64::new(0);
 static OPENS_DIRECT: AtomicU64 = AtomicU64::new(0);
@@ -153,11 +158,22 @@ fn sys_fstat(fd: c_int) -> Option<libc::stat> {
     (r == 0).then_some(st)
 }
 
+/// This process's id (getpid is a system call in glibc ≥ 2.25); reset in a forked child.
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn after_fork_in_child() {
+    // SAFETY: getpid takes no arguments.
+    PID.store(unsafe { libc::getpid() }, Relaxed);
+}
+
 /// Whether descriptor `fd` of this process is the open file description `hidden` is.
 fn same_description(fd: c_int, hidden: c_int) -> bool {
+    let mut pid = PID.load(Relaxed);
+    if pid == 0 {
+        // SAFETY: getpid takes no arguments.
+        pid = unsafe { libc::getpid() };
+    }
     // SAFETY: kcmp takes no pointers for KCMP_FILE.
-    let pid = unsafe { libc::getpid() };
-    // SAFETY: as above.
     unsafe {
         libc::syscall(libc::SYS_kcmp, pid, pid, 0 /* KCMP_FILE */, fd, hidden) == 0
     }
@@ -221,6 +237,12 @@ extern "C" fn init() {
         DISABLED.store(true, Relaxed);
         return;
     }
+    if std::env::var_os("H5TILEFS_DIRECT_WILLNEED").is_some_and(|v| v == "0") {
+        NO_WILLNEED.store(true, Relaxed);
+    }
+    after_fork_in_child();
+    // SAFETY: registers a plain extern "C" function for the child side of fork.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     // kcmp is how an entry proves its descriptor; without it nothing goes direct.
     let fd = sys_open_ro(c"/proc/self/exe");
     if fd < 0 || !same_description(fd, fd) {
@@ -505,6 +527,21 @@ unsafe fn pread_entry(
         let got = match r.file {
             // SAFETY: dst is valid for `take` bytes.
             Some(f) => {
+                if take >= WILLNEED_FROM && !NO_WILLNEED.load(Relaxed) {
+                    // One pread is one stream the kernel reads ahead of by a window; asking
+                    // for the whole range first queues all of it at once (a cold 8 MiB
+                    // tile on a virtual disk: see docs/direct.md). Cached pages cost a lookup.
+                    // SAFETY: fadvise takes no pointers.
+                    unsafe {
+                        libc::posix_fadvise(
+                            e.fds[f],
+                            (r.backing + into) as i64,
+                            take as i64,
+                            libc::POSIX_FADV_WILLNEED,
+                        )
+                    };
+                }
+                // SAFETY: dst is valid for `take` bytes.
                 unsafe { sys_pread_full(e.fds[f], dst, take, r.backing + into) }.inspect(|g| {
                     DIRECT_BYTES.fetch_add(*g, Relaxed);
                 })

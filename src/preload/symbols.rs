@@ -252,6 +252,45 @@ macro_rules! preadv_fn {
 preadv_fn!(preadv, "preadv");
 preadv_fn!(preadv64, "preadv64");
 
+macro_rules! preadv2_fn {
+    ($name:ident, $lit:literal) => {
+        /// Python's `os.preadv` calls this one. Offset -1 reads at the file offset, as
+        /// `readv`; flags (RWF_*) other than none go to libc.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const iovec,
+            cnt: c_int,
+            off: off_t,
+            flags: c_int,
+        ) -> ssize_t {
+            if flags == 0 && off >= -1 {
+                if let (Some(e), Some(v)) = (lookup(fd), iovs(iov, cnt)) {
+                    if off == -1 {
+                        // SAFETY: the caller's iovecs.
+                        if let Some(r) = unsafe { read_entry(fd, &e, &v) } {
+                            return r;
+                        }
+                    } else {
+                        // SAFETY: the caller's iovecs.
+                        return ret(unsafe { preadv_entry(fd, &e, &v, off as u64) });
+                    }
+                }
+            }
+            match real!(
+                $lit,
+                fn(c_int, *const iovec, c_int, off_t, c_int) -> ssize_t
+            ) {
+                // SAFETY: passed on.
+                Some(f) => unsafe { f(fd, iov, cnt, off, flags) },
+                None => missing(),
+            }
+        }
+    };
+}
+preadv2_fn!(preadv2, "preadv2");
+preadv2_fn!(preadv64v2, "preadv64v2");
+
 #[cfg(target_env = "gnu")]
 extern "C" {
     fn flockfile(fp: *mut FILE);

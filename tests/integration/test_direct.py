@@ -184,6 +184,19 @@ def test_numpy_fromfile_is_direct(mnt, tmp_path, how):
     assert counters(stats)["direct_bytes"] == X.nbytes
 
 
+def test_os_pread_and_preadv_are_direct(mnt, tmp_path):
+    """os.preadv is preadv2 in CPython; os.pread is pread64."""
+    _, m = mnt
+    stats = str(tmp_path / "stats")
+    code = ("import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); b = bytearray(1000); "
+            "assert os.preadv(fd, [b], 4000) == 1000; sys.stdout.buffer.write(bytes(b)); "
+            "sys.stdout.buffer.write(os.pread(fd, 2000, 100))")
+    p = run([sys.executable, "-c", code, os.path.join(m, "a.h5/x/data")], stats)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == X.tobytes()[4000:5000] + X.tobytes()[100:2100]
+    assert counters(stats)["direct_bytes"] == 3000
+
+
 def test_direct_off_loads_nothing(mnt, tmp_path):
     _, m = mnt
     stats = str(tmp_path / "stats")
