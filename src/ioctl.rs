@@ -181,6 +181,23 @@ impl Default for DirectFile {
 /// `flags` of a DIRECT_MAP reply: the handle's bytes may be read from the backing
 /// files by the caller (a committed view opened read-only).
 pub const DIRECT_READ: u32 = 1;
+/// `flags` of a DIRECT_MAP reply: a pending tile opened for writing whose bytes the
+/// caller may write into the backing runs itself, then record with RECORD_WRITE. The
+/// files' `size` and `mtime_ns` are 0 (other writers change them); `dev` and `ino` hold.
+pub const DIRECT_WRITE: u32 = 2;
+
+/// Records bytes `[file_offset, file_offset + length)` of a pending tile as written,
+/// after the caller wrote them into the runs DIRECT_MAP gave: what a `write()` through
+/// the mount records, for commit, fsync and `.status`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecordWrite {
+    pub version: u32,
+    pub flags: u32,
+    pub file_offset: u64,
+    pub length: u64,
+    pub reserved: u64,
+}
 
 /// Where the bytes of an open data file live, for the direct data path of
 /// `h5tilefs run` (src/bin/preload, docs/direct.md): like QUERY_EXTENTS, with the
@@ -254,13 +271,15 @@ pub const DIRECT_MAP: u32 = ioc(
     std::mem::size_of::<DirectMap>(),
 );
 
+pub const RECORD_WRITE: u32 = ioc(IOC_WRITE, MAGIC, 7, std::mem::size_of::<RecordWrite>());
+
 /// Plain-old-data structs that may be copied from and to ioctl byte buffers.
 ///
 /// # Safety
 /// Implementors must be `#[repr(C)]`, contain only integers and arrays of them, and
 /// accept every bit pattern.
 pub unsafe trait Pod: Copy + Default {}
-// SAFETY: all six are repr(C) structs of integers and integer arrays.
+// SAFETY: all seven are repr(C) structs of integers and integer arrays.
 unsafe impl Pod for RegisterBuffer {}
 // SAFETY: as above.
 unsafe impl Pod for UnregisterBuffer {}
@@ -272,6 +291,8 @@ unsafe impl Pod for QueryExtents {}
 unsafe impl Pod for WriteFromGpu {}
 // SAFETY: as above.
 unsafe impl Pod for DirectMap {}
+// SAFETY: as above.
+unsafe impl Pod for RecordWrite {}
 
 /// Decodes a request, checking its size and version: a bogus ioctl gets EINVAL.
 pub fn decode<T: Pod>(bytes: &[u8]) -> Result<T> {
@@ -331,6 +352,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<DirectFile>(), 32 + 256);
         assert_eq!(std::mem::size_of::<DirectMap>(), 40 + 4 * 288 + 64 * 32);
         assert_eq!(DIRECT_MAP, 0xC000_0000 | (3240 << 16) | 0x4806);
+        assert_eq!(std::mem::size_of::<RecordWrite>(), 32);
+        assert_eq!(RECORD_WRITE, 0x4020_4807);
     }
 
     #[test]

@@ -4,10 +4,11 @@
 
 use super::open::OpenFile;
 use super::vfs::Fs;
-use crate::error::{Error, Result};
+use crate::error::{Error, NamespaceError, Result};
 use crate::extent::{BackingFile, Src};
-use crate::ioctl::{self, DirectMap, ExtentRun, QueryExtents};
+use crate::ioctl::{self, DirectMap, ExtentRun, QueryExtents, RecordWrite};
 use crate::model::{flatten, DatasetModel};
+use crate::pending::TileTarget;
 use crate::selection::Hyperslab;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -19,17 +20,121 @@ impl Fs {
         query(&model, &sel, req)
     }
 
-    /// Only a committed view opened read-only is mapped: its backing bytes never change
-    /// while the handle lives (a replace writes a new inode). Pending views answer
-    /// "through FUSE" until direct writes record their ranges (docs/direct.md).
+    /// A committed view opened read-only is mapped for reading: its backing bytes never
+    /// change while the handle lives (a replace writes a new inode). A pending tile
+    /// opened for writing is mapped for writing (its source made now, as a first write
+    /// would); the client records what it wrote with RECORD_WRITE. Anything else
+    /// answers "through FUSE" (docs/direct.md).
     pub(super) fn direct_map(&self, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
         let req: DirectMap = ioctl::decode(input)?;
         let open = self.open.get(fh)?;
         match open.as_ref() {
             OpenFile::View { model, sel, .. } => direct_map(model, sel, req),
+            OpenFile::PendingIo {
+                file,
+                path,
+                meta,
+                tile: Some(idx),
+                writable: true,
+                ..
+            } if !self.mount.opts.read_only => {
+                let size = meta.tile_bytes(idx).ok_or_else(|| {
+                    Error::from(crate::error::PendingError::NoSuchTile {
+                        dataset: path.clone(),
+                        tile: crate::names::tile_name(idx),
+                    })
+                })?;
+                let t = self.mount.pending.tile(file, path, meta, idx, true)?;
+                match t {
+                    Some(t) => write_map(&t, size, req),
+                    None => Ok(ioctl::encode(&not_direct(req))),
+                }
+            }
             _ => Ok(ioctl::encode(&not_direct(req))),
         }
     }
+
+    /// RECORD_WRITE: bytes a client wrote into a pending tile's runs are recorded as a
+    /// write through the mount records them (the range checked against the tile).
+    pub(super) fn record_write(&self, ino: u64, fh: u64, input: &[u8]) -> Result<Vec<u8>> {
+        let req: RecordWrite = ioctl::decode(input)?;
+        self.writable()?;
+        let open = self.open.get(fh)?;
+        let OpenFile::PendingIo {
+            file,
+            path,
+            meta,
+            tile: Some(idx),
+            writable: true,
+            ..
+        } = open.as_ref()
+        else {
+            return Err(NamespaceError::NotOpenForWriting(format!(
+                "handle {fh}: RECORD_WRITE goes to a pending tile opened for writing"
+            ))
+            .into());
+        };
+        if req.length > 0 {
+            self.mount.pending.write_tile_with(
+                file,
+                path,
+                meta,
+                idx,
+                req.file_offset,
+                req.length,
+                &mut |_, _| Ok(()),
+            )?;
+            self.touch(file);
+            // The bytes changed behind the kernel: drop what it may cache of them.
+            if let Some(inv) = self.mount.invalidator() {
+                inv.inval_range(ino, req.file_offset, req.length);
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// DIRECT_MAP of a pending tile opened for writing, from `req.file_offset`: where each
+/// stretch of the tile's bytes goes in its source (one run, or one per row of an edge
+/// tile kept inside its whole chunk).
+fn write_map(t: &TileTarget, size: u64, req: DirectMap) -> Result<Vec<u8>> {
+    let mut out = not_direct(req);
+    let Ok(path) = path_bytes(&t.file) else {
+        return Ok(ioctl::encode(&out));
+    };
+    let m = t.file.file.metadata().map_err(|e| {
+        Error::from_io(format!("fstat of tile source {}", t.file.path.display()), e)
+    })?;
+    out.files[0] = ioctl::DirectFile {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: 0,
+        mtime_ns: 0,
+        path,
+    };
+    let start = req.file_offset.min(size);
+    let mut n = 0;
+    let mut next = size;
+    for (at, from, len) in t.runs(start, size - start) {
+        if n == ioctl::MAX_RUNS {
+            next = start + from;
+            break;
+        }
+        out.runs[n] = ExtentRun {
+            file_offset: start + from,
+            backing_offset: at,
+            length: len,
+            file_index: 0,
+            reserved: 0,
+        };
+        n += 1;
+    }
+    out.flags = ioctl::DIRECT_WRITE;
+    out.view_size = size;
+    out.next_offset = next;
+    out.nfiles = 1;
+    out.nruns = n as u32;
+    Ok(ioctl::encode(&out))
 }
 
 fn not_direct(mut req: DirectMap) -> DirectMap {

@@ -24,6 +24,7 @@ impl Fs {
             ioctl::WRITE_FROM_GPU => self.write_from_gpu(ino, fh, pid, input),
             ioctl::QUERY_EXTENTS => self.query_extents(fh, input),
             ioctl::DIRECT_MAP => self.direct_map(fh, input),
+            ioctl::RECORD_WRITE => self.record_write(ino, fh, input),
             _ => Err(NamespaceError::UnknownIoctl(cmd).into()),
         }
     }

@@ -12,6 +12,7 @@ pub const PATH_LEN: usize = 256;
 pub const DIRECT_FILES: usize = 4;
 pub const MAX_RUNS: usize = 64;
 pub const DIRECT_READ: u32 = 1;
+pub const DIRECT_WRITE: u32 = 2;
 /// Runs a map may hold (64 pages): a view cut into more is read through FUSE.
 pub const MAX_TOTAL_RUNS: usize = 4096;
 
@@ -75,6 +76,20 @@ impl DirectMap {
 pub const DIRECT_MAP: u32 =
     (3 << 30) | ((std::mem::size_of::<DirectMap>() as u32) << 16) | ((b'H' as u32) << 8) | 6;
 
+/// `_IOW('H', 7, sizeof(RecordWrite))`: bytes written into a tile's runs, recorded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecordWrite {
+    pub version: u32,
+    pub flags: u32,
+    pub file_offset: u64,
+    pub length: u64,
+    pub reserved: u64,
+}
+
+pub const RECORD_WRITE: u32 =
+    (1 << 30) | ((std::mem::size_of::<RecordWrite>() as u32) << 16) | ((b'H' as u32) << 8) | 7;
+
 /// What the daemon said a backing file is; the library's own open must match it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ident {
@@ -104,6 +119,9 @@ pub struct Run {
 #[derive(Debug, Default)]
 pub struct Map {
     pub size: u64,
+    /// A pending tile's map for writing (its files' size and mtime are not compared:
+    /// other writers change them); otherwise for reading.
+    pub write: bool,
     pub files: Vec<FileRef>,
     pub runs: Vec<Run>,
 }
@@ -134,14 +152,17 @@ impl Builder {
         if page.version != ABI_VERSION {
             return Err("unknown reply version");
         }
-        if page.flags & DIRECT_READ == 0 {
-            return Err("the daemon serves this file itself");
-        }
+        let write = match page.flags & (DIRECT_READ | DIRECT_WRITE) {
+            DIRECT_READ => false,
+            DIRECT_WRITE => true,
+            _ => return Err("the daemon serves this file itself"),
+        };
         if !self.started {
             self.map.size = page.view_size;
+            self.map.write = write;
             self.started = true;
-        } else if page.view_size != self.map.size {
-            return Err("view size changed between pages");
+        } else if page.view_size != self.map.size || write != self.map.write {
+            return Err("view size or kind changed between pages");
         }
         let (nfiles, nruns) = (page.nfiles as usize, page.nruns as usize);
         if nfiles > DIRECT_FILES || nruns > MAX_RUNS {
@@ -189,7 +210,7 @@ impl Builder {
                         .backing_offset
                         .checked_add(r.length)
                         .ok_or("run past 2^64")?;
-                    if bend > self.map.files[g].ident.size {
+                    if !write && bend > self.map.files[g].ident.size {
                         return Err("run past the end of its backing file");
                     }
                     Some(g)
@@ -255,6 +276,7 @@ mod tests {
     fn layout_matches_the_daemon() {
         assert_eq!(std::mem::size_of::<DirectMap>(), 3240);
         assert_eq!(DIRECT_MAP, 0xCCA8_4806);
+        assert_eq!(RECORD_WRITE, 0x4020_4807);
     }
 
     #[test]
@@ -318,7 +340,7 @@ mod tests {
         for _ in 0..20_000 {
             let mut p = DirectMap::request(0);
             p.version = if next() % 50 == 0 { 2 } else { 1 };
-            p.flags = (next() % 3) as u32;
+            p.flags = (next() % 4) as u32;
             p.view_size = next() % 300;
             p.nfiles = (next() % 6) as u32;
             p.nruns = (next() % 6) as u32;
@@ -344,7 +366,7 @@ mod tests {
                 for r in &m.runs {
                     assert_eq!(r.start, at);
                     at += r.len;
-                    if let Some(f) = r.file {
+                    if let (Some(f), false) = (r.file, m.write) {
                         assert!(r.backing + r.len <= m.files[f].ident.size);
                     }
                 }

@@ -72,6 +72,7 @@ static FUSE_BYTES: AtomicU64 = AtomicU64::new(0);
 static OPENS_DIRECT: AtomicU64 = AtomicU64::new(0);
 static OPENS_FUSE: AtomicU64 = AtomicU64::new(0);
 static MMAPS_DIRECT: AtomicU64 = AtomicU64::new(0);
+static WRITTEN_BYTES: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
@@ -263,13 +264,14 @@ extern "C" fn write_stats() {
     };
     let line = format!(
         "{{\"pid\": {}, \"direct_bytes\": {}, \"fuse_bytes\": {}, \"opens_direct\": {}, \
-         \"opens_fuse\": {}, \"mmaps_direct\": {}, \"disabled\": {}}}\n",
+         \"opens_fuse\": {}, \"mmaps_direct\": {}, \"written_bytes\": {}, \"disabled\": {}}}\n",
         std::process::id(),
         DIRECT_BYTES.load(Relaxed),
         FUSE_BYTES.load(Relaxed),
         OPENS_DIRECT.load(Relaxed),
         OPENS_FUSE.load(Relaxed),
         MMAPS_DIRECT.load(Relaxed),
+        WRITTEN_BYTES.load(Relaxed),
         DISABLED.load(Relaxed),
     );
     use std::io::Write;
@@ -279,6 +281,18 @@ extern "C" fn write_stats() {
         .open(path)
     {
         let _ = f.write_all(line.as_bytes());
+    }
+}
+
+fn sys_open_wo(path: &std::ffi::CStr) -> c_int {
+    // SAFETY: a NUL-terminated path; no mode without O_CREAT.
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        ) as c_int
     }
 }
 
@@ -379,6 +393,16 @@ fn lookup(fd: c_int) -> Option<Arc<Entry>> {
     }
 }
 
+/// The entry of `fd` if it is mapped for reading.
+fn lookup_read(fd: c_int) -> Option<Arc<Entry>> {
+    lookup(fd).filter(|e| !e.map.write)
+}
+
+/// The entry of `fd` if it is a pending tile mapped for writing.
+fn lookup_write(fd: c_int) -> Option<Arc<Entry>> {
+    lookup(fd).filter(|e| e.map.write)
+}
+
 /// A descriptor duplicated from `from` shares its entry.
 fn share(from: c_int, to: c_int) {
     if to < 0 || TRACKED.load(Relaxed) == 0 {
@@ -397,9 +421,12 @@ fn track(fd: c_int, flags: c_int) {
         return;
     }
     forget(fd); // a number reused after a close the library did not see
+                // Read-only opens are mapped for reading; opens for writing (not appending) of a
+                // pending tile for writing, whose reads then go through FUSE.
+    let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
     if DISABLED.load(Relaxed)
-        || flags & libc::O_ACCMODE != libc::O_RDONLY
         || flags & (libc::O_PATH | libc::O_DIRECTORY) != 0
+        || (write && flags & libc::O_APPEND != 0)
     {
         return;
     }
@@ -412,7 +439,7 @@ fn track(fd: c_int, flags: c_int) {
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || !is_h5tilefs(st.st_dev) {
         return;
     }
-    match build(fd) {
+    match build(fd, write, st.st_size as u64) {
         Some(e) => {
             OPENS_DIRECT.fetch_add(1, Relaxed);
             insert(fd, Arc::new(e));
@@ -423,8 +450,10 @@ fn track(fd: c_int, flags: c_int) {
     }
 }
 
-/// Asks the daemon for the map, opens and checks its backing files.
-fn build(fd: c_int) -> Option<Entry> {
+/// Asks the daemon for the map, opens and checks its backing files. A map for writing
+/// must cover exactly the tile (`size`, the mount's own st_size of it): no reply can
+/// make the library write past the tile.
+fn build(fd: c_int, write: bool, size: u64) -> Option<Entry> {
     let mut b = abi::Builder::default();
     loop {
         let mut req = abi::DirectMap::request(b.pos());
@@ -446,10 +475,20 @@ fn build(fd: c_int) -> Option<Entry> {
     if map.files.is_empty() {
         return None; // nothing to read direct: every byte comes from the daemon
     }
+    if map.write != write
+        || (write && (map.size != size || map.runs.iter().any(|r| r.file.is_none())))
+    {
+        tracing_off("a map of another kind than the open");
+        return None;
+    }
     let mut fds: Vec<c_int> = Vec::with_capacity(map.files.len());
     let close_all = |fds: &[c_int]| fds.iter().for_each(|&f| sys_close(f));
     for f in &map.files {
-        let low = sys_open_ro(&f.path);
+        let low = if write {
+            sys_open_wo(&f.path)
+        } else {
+            sys_open_ro(&f.path)
+        };
         if low < 0 {
             close_all(&fds);
             return None;
@@ -460,12 +499,13 @@ fn build(fd: c_int) -> Option<Entry> {
             && sys_fstat(bfd).is_some_and(|st| {
                 st.st_dev == f.ident.dev
                     && st.st_ino == f.ident.ino
-                    && st.st_size as u64 == f.ident.size
-                    && st
+                    && (write || st.st_size as u64 == f.ident.size)
+                    && (st
                         .st_mtime
                         .saturating_mul(1_000_000_000)
                         .saturating_add(st.st_mtime_nsec)
                         == f.ident.mtime_ns
+                        || write)
             });
         if bfd >= 0 {
             fds.push(bfd);
@@ -564,6 +604,127 @@ unsafe fn pread_entry(
         i += 1;
     }
     Ok(done)
+}
+
+/// Writes `n` bytes at `off` of a pending tile into its runs, then records them with
+/// the daemon (RECORD_WRITE), which checks the range as a write through the mount is
+/// checked. `None`: a write past the tile, which goes to FUSE for FUSE's own error.
+/// Bytes written but not recorded (an error between) count as never written.
+///
+/// # Safety
+/// `buf` must be valid for `n` bytes of reads.
+unsafe fn pwrite_entry(
+    fd: c_int,
+    e: &Entry,
+    buf: *const u8,
+    n: usize,
+    off: u64,
+) -> Option<Result<u64, c_int>> {
+    let end = off.checked_add(n as u64)?;
+    if end > e.map.size {
+        return None;
+    }
+    if n == 0 {
+        return Some(Ok(0));
+    }
+    let mut done = 0u64;
+    let mut i = e.map.find(off);
+    while done < n as u64 && i < e.map.runs.len() {
+        let r = e.map.runs[i];
+        let pos = off + done;
+        let into = pos - r.start;
+        let take = (r.len - into).min(n as u64 - done);
+        let f = r.file?;
+        let mut put = 0u64;
+        while put < take {
+            // SAFETY: `buf + done + put .. buf + done + take` lies inside the caller's buffer.
+            let w = unsafe {
+                libc::syscall(
+                    libc::SYS_pwrite64,
+                    e.fds[f],
+                    buf.add((done + put) as usize),
+                    (take - put) as usize,
+                    (r.backing + into + put) as i64,
+                )
+            };
+            if w < 0 {
+                let err = errno();
+                if err == libc::EINTR {
+                    continue;
+                }
+                return Some(Err(err));
+            }
+            if w == 0 {
+                return Some(Err(libc::EIO));
+            }
+            put += w as u64;
+        }
+        done += take;
+        i += 1;
+    }
+    let mut rec = abi::RecordWrite {
+        version: abi::ABI_VERSION,
+        file_offset: off,
+        length: done,
+        ..Default::default()
+    };
+    // SAFETY: RECORD_WRITE reads one RecordWrite, which `rec` is.
+    if unsafe {
+        libc::ioctl(
+            fd,
+            abi::RECORD_WRITE as _,
+            &mut rec as *mut abi::RecordWrite,
+        )
+    } != 0
+    {
+        return Some(Err(errno()));
+    }
+    WRITTEN_BYTES.fetch_add(done, Relaxed);
+    Some(Ok(done))
+}
+
+/// `write` on a tracked tile: at the kernel's file offset, which it then moves.
+///
+/// # Safety
+/// Every `(ptr, len)` of `iov` must be valid for reads.
+unsafe fn write_entry(fd: c_int, e: &Entry, iov: &[(*const u8, usize)]) -> Option<ssize_t> {
+    let _l = e.offset.lock().ok()?;
+    let pos = sys_lseek(fd, 0, libc::SEEK_CUR);
+    if pos < 0 {
+        return None;
+    }
+    // SAFETY: the caller's iovecs.
+    let r = unsafe { pwritev_entry(fd, e, iov, pos as u64) }?;
+    if let Ok(n) = r {
+        sys_lseek(fd, pos + n as i64, libc::SEEK_SET);
+    }
+    Some(ret(r))
+}
+
+/// # Safety
+/// Every `(ptr, len)` of `iov` must be valid for reads.
+unsafe fn pwritev_entry(
+    fd: c_int,
+    e: &Entry,
+    iov: &[(*const u8, usize)],
+    off: u64,
+) -> Option<Result<u64, c_int>> {
+    let total = iov
+        .iter()
+        .try_fold(0u64, |a, &(_, l)| a.checked_add(l as u64))?;
+    if off.checked_add(total)? > e.map.size {
+        return None;
+    }
+    let mut at = off;
+    for &(p, l) in iov {
+        // SAFETY: (p, l) is a buffer of the caller's.
+        match unsafe { pwrite_entry(fd, e, p, l, at) }? {
+            Ok(n) => at += n,
+            Err(err) if at == off => return Some(Err(err)),
+            Err(_) => break,
+        }
+    }
+    Some(Ok(at - off))
 }
 
 fn ret(r: Result<u64, c_int>) -> ssize_t {

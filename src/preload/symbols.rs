@@ -172,7 +172,7 @@ fcntl_fn!(fcntl64, "fcntl64");
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if let Some(e) = lookup(fd) {
+    if let Some(e) = lookup_read(fd) {
         // SAFETY: the caller's buffer.
         if let Some(r) = unsafe { read_entry(fd, &e, &[(buf.cast(), n)]) } {
             return r;
@@ -195,7 +195,7 @@ macro_rules! pread_fn {
             off: off_t,
         ) -> ssize_t {
             if off >= 0 {
-                if let Some(e) = lookup(fd) {
+                if let Some(e) = lookup_read(fd) {
                     // SAFETY: the caller's buffer.
                     return ret(unsafe { pread_entry(fd, &e, buf.cast(), n, off as u64) });
                 }
@@ -213,7 +213,7 @@ pread_fn!(pread64, "pread64");
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let (Some(e), Some(v)) = (lookup(fd), iovs(iov, cnt)) {
+    if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
         // SAFETY: the caller's iovecs.
         if let Some(r) = unsafe { read_entry(fd, &e, &v) } {
             return r;
@@ -236,7 +236,7 @@ macro_rules! preadv_fn {
             off: off_t,
         ) -> ssize_t {
             if off >= 0 {
-                if let (Some(e), Some(v)) = (lookup(fd), iovs(iov, cnt)) {
+                if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
                     // SAFETY: the caller's iovecs.
                     return ret(unsafe { preadv_entry(fd, &e, &v, off as u64) });
                 }
@@ -265,7 +265,7 @@ macro_rules! preadv2_fn {
             flags: c_int,
         ) -> ssize_t {
             if flags == 0 && off >= -1 {
-                if let (Some(e), Some(v)) = (lookup(fd), iovs(iov, cnt)) {
+                if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
                     if off == -1 {
                         // SAFETY: the caller's iovecs.
                         if let Some(r) = unsafe { read_entry(fd, &e, &v) } {
@@ -322,7 +322,7 @@ pub unsafe extern "C" fn fread(ptr: *mut c_void, size: size_t, n: size_t, fp: *m
     if TRACKED.load(Relaxed) != 0 && !fp.is_null() {
         // SAFETY: the caller's stream.
         let fd = unsafe { libc::fileno(fp) };
-        if let Some(e) = lookup(fd) {
+        if let Some(e) = lookup_read(fd) {
             // SAFETY: the caller's stream, locked while its state is read and used.
             unsafe { flockfile(fp) };
             // SAFETY: glibc's FILE starts with GlibcFile's fields.
@@ -393,7 +393,7 @@ macro_rules! mmap_fn {
         ) -> *mut c_void {
             let mut target = (fd, off);
             if prot & libc::PROT_WRITE == 0 && flags & libc::MAP_ANONYMOUS == 0 && off >= 0 {
-                if let Some(e) = lookup(fd) {
+                if let Some(e) = lookup_read(fd) {
                     if let Some(t) = mmap_target(&e, len as u64, off as u64) {
                         target = t;
                     }
@@ -430,7 +430,7 @@ fn mmap_target(e: &Entry, len: u64, off: u64) -> Option<(c_int, off_t)> {
     (end <= r.start + r.len && b % page == 0).then_some((e.fds[f], b as off_t))
 }
 
-/// Copies out of a tracked file go through `read`/`write` (cp and cat fall back on
+/// Copies out of or into a tracked file go through `read`/`write` (cp and cat fall back on
 /// EXDEV), which this library serves.
 #[no_mangle]
 pub unsafe extern "C" fn copy_file_range(
@@ -454,3 +454,132 @@ pub unsafe extern "C" fn copy_file_range(
         None => missing(),
     }
 }
+
+fn iovs_w(iov: *const iovec, cnt: c_int) -> Option<Vec<(*const u8, usize)>> {
+    iovs(iov, cnt).map(|v| v.into_iter().map(|(p, l)| (p as *const u8, l)).collect())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(e) = lookup_write(fd) {
+        // SAFETY: the caller's buffer.
+        if let Some(r) = unsafe { write_entry(fd, &e, &[(buf.cast(), n)]) } {
+            return r;
+        }
+    }
+    match real!("write", fn(c_int, *const c_void, size_t) -> ssize_t) {
+        // SAFETY: passed on.
+        Some(f) => unsafe { f(fd, buf, n) },
+        None => missing(),
+    }
+}
+
+macro_rules! pwrite_fn {
+    ($name:ident, $lit:literal) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            buf: *const c_void,
+            n: size_t,
+            off: off_t,
+        ) -> ssize_t {
+            if off >= 0 {
+                if let Some(e) = lookup_write(fd) {
+                    // SAFETY: the caller's buffer.
+                    if let Some(r) = unsafe { pwrite_entry(fd, &e, buf.cast(), n, off as u64) } {
+                        return ret(r);
+                    }
+                }
+            }
+            match real!($lit, fn(c_int, *const c_void, size_t, off_t) -> ssize_t) {
+                // SAFETY: passed on.
+                Some(f) => unsafe { f(fd, buf, n, off) },
+                None => missing(),
+            }
+        }
+    };
+}
+pwrite_fn!(pwrite, "pwrite");
+pwrite_fn!(pwrite64, "pwrite64");
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+        // SAFETY: the caller's iovecs.
+        if let Some(r) = unsafe { write_entry(fd, &e, &v) } {
+            return r;
+        }
+    }
+    match real!("writev", fn(c_int, *const iovec, c_int) -> ssize_t) {
+        // SAFETY: passed on.
+        Some(f) => unsafe { f(fd, iov, cnt) },
+        None => missing(),
+    }
+}
+
+macro_rules! pwritev_fn {
+    ($name:ident, $lit:literal) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const iovec,
+            cnt: c_int,
+            off: off_t,
+        ) -> ssize_t {
+            if off >= 0 {
+                if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+                    // SAFETY: the caller's iovecs.
+                    if let Some(r) = unsafe { pwritev_entry(fd, &e, &v, off as u64) } {
+                        return ret(r);
+                    }
+                }
+            }
+            match real!($lit, fn(c_int, *const iovec, c_int, off_t) -> ssize_t) {
+                // SAFETY: passed on.
+                Some(f) => unsafe { f(fd, iov, cnt, off) },
+                None => missing(),
+            }
+        }
+    };
+}
+pwritev_fn!(pwritev, "pwritev");
+pwritev_fn!(pwritev64, "pwritev64");
+
+macro_rules! pwritev2_fn {
+    ($name:ident, $lit:literal) => {
+        /// Python's `os.pwritev`; offset -1 writes at the file offset; flags go to libc.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const iovec,
+            cnt: c_int,
+            off: off_t,
+            flags: c_int,
+        ) -> ssize_t {
+            if flags == 0 && off >= -1 {
+                if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+                    let r = if off == -1 {
+                        // SAFETY: the caller's iovecs.
+                        unsafe { write_entry(fd, &e, &v) }
+                    } else {
+                        // SAFETY: the caller's iovecs.
+                        unsafe { pwritev_entry(fd, &e, &v, off as u64) }.map(ret)
+                    };
+                    if let Some(r) = r {
+                        return r;
+                    }
+                }
+            }
+            match real!(
+                $lit,
+                fn(c_int, *const iovec, c_int, off_t, c_int) -> ssize_t
+            ) {
+                // SAFETY: passed on.
+                Some(f) => unsafe { f(fd, iov, cnt, off, flags) },
+                None => missing(),
+            }
+        }
+    };
+}
+pwritev2_fn!(pwritev2, "pwritev2");
+pwritev2_fn!(pwritev64v2, "pwritev64v2");

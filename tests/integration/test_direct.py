@@ -287,3 +287,157 @@ def test_no_library_is_a_clear_error(tmp_path):
     p = subprocess.run([BIN, "run", "--", "true"], capture_output=True, text=True,
                        env=dict(os.environ, H5TILEFS_PRELOAD=str(tmp_path / "missing.so")))
     assert p.returncode == 1 and "H5TILEFS_PRELOAD" in p.stderr, p.stderr
+
+
+PKG = r"""
+import json, sys
+import numpy as np
+import h5tilefs
+from h5tilefs import direct
+m = sys.argv[1]
+x = h5tilefs.open(m + "/a.h5/x")
+c = h5tilefs.open(m + "/a.h5/c")
+p = h5tilefs.open(m + "/a.h5/partial")
+out = {
+    "x": np.asarray(x).tobytes().hex() == np.ascontiguousarray(x.read()).tobytes().hex(),
+    "xsum": float(np.asarray(x).astype("f8").sum()),
+    "rows": x[10:20].tolist() == np.asarray(x)[10:20].tolist(),
+    "tile": c.tile(c.tile_grid[0] - 1, 0).tolist(),
+    "partial": p[55:65, :3].tolist(),
+}
+print(json.dumps([out, direct.stats]))
+"""
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_python_package_reads_direct(mnt, off):
+    """h5tilefs.open(...) reads committed views from the backing files itself (no
+    preload); H5TILEFS_DIRECT=0 reads the same values through FUSE."""
+    backing, m = mnt
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "..", "src",
+                                                    "python"))
+    if off:
+        env["H5TILEFS_DIRECT"] = "0"
+    p = subprocess.run([sys.executable, "-c", PKG, m], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out, stats = json.loads(p.stdout)
+    assert out["x"] and out["rows"]
+    assert out["xsum"] == float(X.astype("f8").sum())
+    tile = np.asarray(out["tile"])
+    assert np.array_equal(tile, C[C.shape[0] - tile.shape[0]:, :tile.shape[1]])
+    want = np.zeros((240, 100), "<i4")
+    want[60:120] = C[60:120]
+    assert out["partial"] == want[55:65, :3].tolist()
+    if off:
+        assert stats["direct_bytes"] == 0 and stats["fuse_bytes"] > 0, stats
+    else:
+        assert stats["direct_bytes"] >= 3 * X.nbytes, stats
+
+
+WRITER = r"""
+import json, os, sys
+import numpy as np
+m, layout = sys.argv[1], sys.argv[2]
+x = np.arange(100 * 70, dtype="<f4").reshape(100, 70) * 0.25
+d = os.path.join(m, "w.h5", "v")
+os.makedirs(d)
+with open(os.path.join(d, "meta.json"), "w") as f:
+    meta = {"shape": [100, 70], "dtype": "<f4", "tile_shape": [30, 40], "layout": layout}
+    if layout == "gzip":
+        meta.update(layout="chunked", compression="gzip", shuffle=True)
+    json.dump(meta, f)
+errs = []
+for i in range(4):
+    for j in range(2):
+        b = np.ascontiguousarray(x[i * 30:(i + 1) * 30, j * 40:(j + 1) * 40]).tobytes()
+        fd = os.open(os.path.join(d, "tiles", f"{i}.{j}"), os.O_WRONLY)
+        try:
+            k = (i * 2 + j) % 3
+            if k == 0:  # two writes at the file offset
+                assert os.write(fd, b[:1000]) == 1000
+                assert os.write(fd, b[1000:]) == len(b) - 1000
+            elif k == 1:  # pwrite, second half first
+                h = len(b) // 2
+                assert os.pwrite(fd, b[h:], h) == len(b) - h
+                assert os.pwrite(fd, b[:h], 0) == h
+            else:  # pwritev (CPython: pwritev2)
+                assert os.pwritev(fd, [b[:8], b[8:]], 0) == len(b)
+            try:  # past the tile's end: the mount's own error
+                os.pwrite(fd, b"\0" * 16, len(b) - 8)
+                errs.append(0)
+            except OSError as e:
+                errs.append(e.errno)
+        finally:
+            os.close(fd)
+print(json.dumps(errs))
+"""
+
+
+@pytest.mark.parametrize("layout", ["virtual", "chunked", "gzip"])
+def test_direct_writes_then_commit_from_another_mount(tmp_path, layout):
+    """Tiles written under `h5tilefs run` (edge tiles included: the chunked layout keeps
+    their rows apart inside whole chunks) are recorded as FUSE writes are: `.status`
+    counts them, a second daemon on the same backing directory commits them, and h5py
+    reads every value. A write past a tile's end gets the mount's own error."""
+    x = np.arange(100 * 70, dtype="<f4").reshape(100, 70) * 0.25
+    with generated_mount("h5t-direct-w-", lambda b: None) as (backing, m):
+        stats = str(tmp_path / "stats")
+        p = run([sys.executable, "-c", WRITER, m, layout], stats, text=True)
+        assert p.returncode == 0, p.stderr
+        errs = json.loads(p.stdout)
+        c = counters(stats)
+        assert c["written_bytes"] == x.nbytes and c["opens_direct"] == 8, c
+        # The same refused write through FUSE.
+        p2 = subprocess.run([sys.executable, "-c",
+                             "import os, sys\n"
+                             "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+                             "try:\n os.pwrite(fd, b'\\0' * 16, 30 * 40 * 4 - 8); print(0)\n"
+                             "except OSError as e:\n print(e.errno)",
+                             os.path.join(m, "w.h5/v/tiles/0.0")],
+                            capture_output=True, text=True, timeout=60)
+        assert errs == [int(p2.stdout)] * 8 and errs[0] != 0, (errs, p2.stdout, p2.stderr)
+        with open(os.path.join(m, "w.h5", ".status")) as f:
+            st = json.load(f)["datasets"]["/v"]
+        assert (st["complete"], st["missing"]) == (8, 0), st
+        m2 = os.path.join(os.path.dirname(m), "mnt2")
+        os.makedirs(m2)
+        mount(backing, m2)
+        try:
+            r = subprocess.run([BIN, "commit", os.path.join(m2, "w.h5")], capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        finally:
+            assert unmount(m2)
+        with h5py.File(os.path.join(backing, "w.h5")) as f:
+            assert np.array_equal(f["v"][()], x)
+            assert (f["v"].is_virtual, f["v"].chunks, f["v"].compression) == {
+                "virtual": (True, None, None),
+                "chunked": (False, (30, 40), None),
+                "gzip": (False, (30, 40), "gzip")}[layout]
+
+
+def test_dd_and_cp_into_a_tile(tmp_path):
+    """dd (O_TRUNC) and cp (copy_file_range refused with EXDEV, then read/write) write a
+    pending tile through the library."""
+    with generated_mount("h5t-direct-dd-", lambda b: None) as (backing, m):
+        d = os.path.join(m, "w.h5", "v")
+        os.makedirs(d)
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump({"shape": [2, 1000], "dtype": "<i8", "tile_shape": [1, 1000]}, f)
+        src = tmp_path / "src"
+        a = np.arange(2000, dtype="<i8").reshape(2, 1000)
+        stats = str(tmp_path / "stats")
+        for i, tool in enumerate(["dd", "cp"]):
+            src.write_bytes(a[i].tobytes())
+            t = os.path.join(d, "tiles", str(i) + ".0")
+            args = ["dd", f"if={src}", f"of={t}", "bs=3000", "status=none"] if tool == "dd" \
+                else ["cp", str(src), t]
+            p = run(args, stats, text=True)
+            assert p.returncode == 0, p.stderr
+        assert counters(stats)["written_bytes"] == a.nbytes
+        r = subprocess.run([BIN, "commit", os.path.join(m, "w.h5")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        with h5py.File(os.path.join(backing, "w.h5")) as f:
+            assert np.array_equal(f["v"][()], a)

@@ -29,6 +29,8 @@ def test_abi_matches_rust():
     assert _abi.UNREGISTER_BUFFER == 0x40104802
     assert _abi.READ_TO_GPU == 0xC0404803
     assert _abi.QUERY_EXTENTS == 0xC0000000 | (4136 << 16) | 0x4804
+    assert ctypes.sizeof(_abi.DirectMap) == 3240
+    assert _abi.DIRECT_MAP == 0xCCA84806
     src = open(os.path.join(os.path.dirname(__file__), "..", "..", "src", "ioctl.rs")).read()
     assert f"pub const ABI_VERSION: u32 = {_abi.ABI_VERSION};" in src
 

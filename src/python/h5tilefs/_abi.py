@@ -80,8 +80,37 @@ class QueryExtents(ctypes.Structure):
     ]
 
 
+DIRECT_FILES = 4
+DIRECT_READ = 1
+
+
+class DirectFile(ctypes.Structure):
+    _fields_ = [
+        ("dev", ctypes.c_uint64),
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("mtime_ns", ctypes.c_int64),
+        ("path", ctypes.c_char * PATH_LEN),
+    ]
+
+
+class DirectMap(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("file_offset", ctypes.c_uint64),
+        ("view_size", ctypes.c_uint64),
+        ("next_offset", ctypes.c_uint64),
+        ("nfiles", ctypes.c_uint32),
+        ("nruns", ctypes.c_uint32),
+        ("files", DirectFile * DIRECT_FILES),
+        ("runs", ExtentRun * MAX_RUNS),
+    ]
+
+
 REGISTER_BUFFER = _ioc(3, 1, ctypes.sizeof(RegisterBuffer))
 UNREGISTER_BUFFER = _ioc(1, 2, ctypes.sizeof(UnregisterBuffer))
 READ_TO_GPU = _ioc(3, 3, ctypes.sizeof(ReadToGpu))
 QUERY_EXTENTS = _ioc(3, 4, ctypes.sizeof(QueryExtents))
 WRITE_FROM_GPU = _ioc(3, 5, ctypes.sizeof(WriteFromGpu))
+DIRECT_MAP = _ioc(3, 6, ctypes.sizeof(DirectMap))

@@ -51,49 +51,14 @@ def write_bytes(path: str, buf: memoryview) -> None:
 
 
 def read_bytes(path: str, buf: memoryview) -> None:
-    """Fills buf with the file's bytes: backing runs found with QUERY_EXTENTS are read
-    straight from the backing files (no FUSE copy); bytes that must be decoded are read
-    through the mount."""
-    from .extents import query_extents
+    """Fills buf with the file's bytes: backing runs are read straight from the backing
+    files, checked to be the inodes the daemon reads (h5tilefs.direct); bytes that must
+    be decoded are read through the mount."""
+    from .direct import read_into
 
-    try:
-        runs = query_extents(path, 0, len(buf))
-    except OSError:
-        runs = []
-    fds = {}
-    mount_fd = os.open(path, os.O_RDONLY)
-    try:
-        def get(run_path, src_off, a, b):
-            fd = mount_fd if run_path is None else fds[run_path]
-            done = a
-            while done < b:
-                n = os.preadv(fd, [buf[done:b]], src_off + (done - a))
-                if n <= 0:
-                    raise OSError(f"short read of {path}")
-                done += n
-        jobs = []
-        if not runs:
-            runs_ = [(None, 0, 0, len(buf))]
-        else:
-            runs_ = [(r.path, r.backing_offset if r.path else r.file_offset, r.file_offset, r.file_offset + r.length) for r in runs]
-        for rp, so, a, b in runs_:
-            if rp is not None and rp not in fds:
-                try:
-                    fds[rp] = os.open(rp, os.O_RDONLY)
-                except OSError:
-                    rp, so = None, a   # not readable here: go through the mount
-            for s in range(a, b, PIECE):
-                jobs.append((rp, so + (s - a), s, min(s + PIECE, b)))
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(STREAMS) as ex:
-            for r in ex.map(lambda j: get(*j), jobs):
-                pass
-    finally:
-        os.close(mount_fd)
-        for fd in fds.values():
-            os.close(fd)
-
-
+    n = read_into(path, buf)
+    if n != len(buf):
+        raise OSError(f"short read of {path}: {n} of {len(buf)} bytes")
 
 
 # ----------------------------------------------------------------------------- GPU

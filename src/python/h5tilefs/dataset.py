@@ -15,6 +15,7 @@ from typing import Tuple
 import numpy as np
 
 from ._mount import mount_root
+from .direct import read_into
 
 
 def _normalize(key, shape) -> Tuple[str, tuple]:
@@ -84,8 +85,13 @@ class Dataset:
                 f"tiles={self.tile_shape}>")
 
     def _read(self, f: str, shape: tuple) -> np.ndarray:
-        # an array type (dtype "(3,)<f4") adds its dimensions after the dataset's
-        return np.fromfile(f, dtype=self.dtype).reshape(shape + self.dtype.shape)
+        # Committed views' backing bytes are read from the backing files themselves
+        # (h5tilefs.direct); an array type (dtype "(3,)<f4") adds its dimensions.
+        out = np.empty(shape, dtype=self.dtype)
+        n = read_into(f, memoryview(out.reshape(-1).view(np.uint8)))
+        if n != out.nbytes:
+            raise OSError(f"{f}: {n} bytes where {out.nbytes} were expected")
+        return out
 
     def read(self) -> np.ndarray:
         """The whole dataset (``data``)."""
