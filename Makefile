@@ -26,7 +26,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt gluster-apt mpi-apt build test test-cluster test-legate test-legate-mr demo bench-read clean-venv fuzz
+.PHONY: setup apt gluster-apt mpi-apt build test test-cluster test-cluster-direct test-legate test-legate-mr demo bench-read clean-venv fuzz
 
 # Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
 # an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
@@ -84,6 +84,12 @@ test-cluster: build
 	  $(MAKE) --no-print-directory gluster-apt && \
 	  H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q -p no:cacheprovider tests/cluster; \
 	fi
+
+# The same two-node suites with every worker under the interception library of
+# `h5tilefs run` (docs/direct.md): reads and writes of the mounts go to the backing files.
+test-cluster-direct: build
+	$(MAKE) --no-print-directory gluster-apt
+	H5TILEFS_TEST_DIRECT=1 H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q -p no:cacheprovider tests/cluster
 
 $(LEGATE_PY):
 	python3 -m venv $(LEGATE_VENV)

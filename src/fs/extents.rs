@@ -356,6 +356,82 @@ mod tests {
         assert_eq!((d.nruns, d.next_offset), (0, 4000));
     }
 
+    /// A pending tile opened for writing maps to its source; bytes written there and
+    /// recorded make the tile complete for `.status` and commit, as FUSE writes do.
+    #[test]
+    fn write_map_then_record() {
+        use crate::fs::access::Caller;
+        use crate::fs::inodes::ROOT_INO;
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let opts = crate::fs::attr::FsOptions {
+            gpu: crate::gpu::GpuMode::Off,
+            ..Default::default()
+        };
+        let fs = Fs::new(dir.path(), opts).unwrap();
+        let file = fs.mkdir(ROOT_INO, "w.h5", 0o755, 0, 0).unwrap().ino;
+        let d = fs.mkdir(file, "u", 0o755, 0, 0).unwrap().ino;
+        let (_, fh) = fs.create(d, "meta.json").unwrap();
+        let meta = br#"{"shape": [4, 3], "dtype": "<i4", "tile_shape": [2, 3]}"#;
+        fs.write(fh, 0, meta).unwrap();
+        fs.flush(fh).unwrap();
+        fs.release(fh);
+        let tiles = fs.lookup(d, "tiles").unwrap().ino;
+        let tile = fs.lookup(tiles, "1.0").unwrap().ino; // 6 elements: 24 bytes
+        let map_of = |fh| -> DirectMap {
+            let req = ioctl::encode(&DirectMap {
+                version: ioctl::ABI_VERSION,
+                ..Default::default()
+            });
+            ioctl::decode(&fs.ioctl(tile, fh, 1, ioctl::DIRECT_MAP, &req).unwrap()).unwrap()
+        };
+        let record = |fh, off, len| {
+            let req = ioctl::encode(&RecordWrite {
+                version: ioctl::ABI_VERSION,
+                file_offset: off,
+                length: len,
+                ..Default::default()
+            });
+            fs.ioctl(tile, fh, 1, ioctl::RECORD_WRITE, &req)
+                .map(drop)
+                .map_err(|e| e.errno)
+        };
+        let rd = fs.open(tile, false, &Caller::DAEMON).unwrap().0;
+        assert_eq!(map_of(rd).flags, 0, "read-only: through FUSE");
+        assert_eq!(record(rd, 0, 24), Err(libc::EBADF));
+        let wr = fs.open(tile, true, &Caller::DAEMON).unwrap().0;
+        let m = map_of(wr);
+        assert_eq!(
+            (m.flags, m.view_size, m.nruns, m.nfiles),
+            (ioctl::DIRECT_WRITE, 24, 1, 1)
+        );
+        let r = m.runs[0];
+        assert_eq!((r.file_offset, r.length, r.file_index), (0, 24, 0));
+        let p = &m.files[0].path;
+        let path = std::str::from_utf8(&p[..p.iter().position(|&c| c == 0).unwrap()]).unwrap();
+        let src = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let bytes: Vec<u8> = (0..24u8).collect();
+        src.write_all_at(&bytes, r.backing_offset).unwrap();
+        let st = fs.lookup(file, crate::names::STATUS_NAME).unwrap().ino;
+        let status = || -> serde_json::Value {
+            let h = fs.open(st, false, &Caller::DAEMON).unwrap().0;
+            let b = fs.read(h, 0, 1 << 20).unwrap();
+            fs.release(h);
+            serde_json::from_slice(&b).unwrap()
+        };
+        assert_eq!(
+            status()["datasets"]["/u"]["complete"],
+            0,
+            "not recorded yet"
+        );
+        assert_eq!(record(wr, 20, 8), Err(libc::EFBIG), "past the tile");
+        record(wr, 0, 24).unwrap();
+        assert_eq!(status()["datasets"]["/u"]["complete"], 1);
+        // Through the mount the tile now reads what was written.
+        let rd2 = fs.open(tile, false, &Caller::DAEMON).unwrap().0;
+        assert_eq!(fs.read(rd2, 0, 24).unwrap(), bytes);
+    }
+
     #[test]
     fn fill_is_not_a_backing_run() {
         let m = DatasetModel::raw("/x", vec![8], "<f4", 4, vec![8], vec![0; 4], Storage::Fill);

@@ -169,6 +169,16 @@ class Future:
         raise e
 
 
+def direct_preload():
+    """The interception library beside the daemon binary when H5TILEFS_TEST_DIRECT=1."""
+    if os.environ.get("H5TILEFS_TEST_DIRECT") != "1":
+        return None
+    lib = os.path.join(os.path.dirname(os.path.abspath(BIN)), "libh5tilefs_preload.so")
+    if not os.path.exists(lib):
+        raise RuntimeError(f"H5TILEFS_TEST_DIRECT=1 but {lib} is missing (make build)")
+    return lib
+
+
 class Worker:
     """A process forked from pytest that runs functions inside a node's mount namespace.
     It keeps state between calls (e.g. an open file), so a test can address it."""
@@ -176,8 +186,25 @@ class Worker:
     def __init__(self, node, idx, ns_pid):
         self.node, self.idx = node, idx
         self.conn, child = mp.Pipe()
-        self.proc = mp.get_context("fork").Process(target=_worker_main, args=(ns_pid, child), daemon=True)
-        self.proc.start()
+        preload = direct_preload()
+        if preload:
+            # The direct data path on (H5TILEFS_TEST_DIRECT=1, docs/direct.md): a worker
+            # is a fresh interpreter started with the interception library preloaded, so
+            # its reads and writes of the node's mount go to the backing files.
+            old = os.environ.get("LD_PRELOAD")
+            os.environ["LD_PRELOAD"] = preload
+            try:
+                self.proc = mp.get_context("spawn").Process(
+                    target=_worker_main, args=(ns_pid, child), daemon=True)
+                self.proc.start()
+            finally:
+                if old is None:
+                    os.environ.pop("LD_PRELOAD", None)
+                else:
+                    os.environ["LD_PRELOAD"] = old
+        else:
+            self.proc = mp.get_context("fork").Process(target=_worker_main, args=(ns_pid, child), daemon=True)
+            self.proc.start()
         child.close()
         self.busy = False
 

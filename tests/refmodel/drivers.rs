@@ -7,7 +7,7 @@ use crate::common::mount::Mount;
 use crate::common::{errno, read_fh};
 use crate::harness::{resolve, Core};
 use h5tilefs::fs::{Caller, ROOT_INO};
-use h5tilefs::ioctl::{self, QueryExtents};
+use h5tilefs::ioctl::{self, DirectMap, QueryExtents, RecordWrite};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -49,6 +49,10 @@ pub(crate) trait Driver {
     fn create_write(&self, path: &[&str], data: &[u8]) -> Result<(), i32>;
     /// Opens an existing `path` for writing, writes `data` at `off`, closes it.
     fn write_at(&self, path: &[&str], off: u64, data: &[u8]) -> Result<usize, i32>;
+    /// `write_at` as the interception library of `h5tilefs run` writes (docs/direct.md):
+    /// DIRECT_MAP, the bytes written into the backing runs, RECORD_WRITE; through the
+    /// handle's own write where the map refuses or the write runs past the tile.
+    fn write_direct(&self, path: &[&str], off: u64, data: &[u8]) -> Result<usize, i32>;
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32>;
     fn pread(&self, fh: u64, off: u64, len: usize) -> Result<Vec<u8>, i32>;
     fn read_all(&self, fh: u64) -> Result<Vec<u8>, i32>;
@@ -94,6 +98,54 @@ pub(crate) trait Driver {
         }
     }
     fn query_once(&self, fh: u64, req: QueryExtents) -> Result<QueryExtents, i32>;
+}
+
+/// The request and checks of a direct write's map: `Some(map)` when the bytes may go
+/// to the backing runs, `None` when the write goes through the handle.
+fn write_map(m: &DirectMap, off: u64, len: usize) -> Option<DirectMap> {
+    let end = off.checked_add(len as u64)?;
+    (m.flags & ioctl::DIRECT_WRITE != 0 && end <= m.view_size && m.next_offset == m.view_size)
+        .then_some(*m)
+}
+
+fn map_request() -> DirectMap {
+    DirectMap {
+        version: ioctl::ABI_VERSION,
+        ..Default::default()
+    }
+}
+
+/// Writes `data` (tile bytes from `off`) into the runs of a write map, as the library does.
+fn put_direct(m: &DirectMap, off: u64, data: &[u8]) -> Result<(), i32> {
+    use std::os::unix::fs::FileExt;
+    let end = off + data.len() as u64;
+    for r in &m.runs[..m.nruns as usize] {
+        let (a, b) = (r.file_offset.max(off), (r.file_offset + r.length).min(end));
+        if a >= b {
+            continue;
+        }
+        let p = &m.files[r.file_index as usize].path;
+        let n = p.iter().position(|&c| c == 0).ok_or(libc::EPROTO)?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(std::ffi::OsStr::from_bytes(&p[..n]))
+            .map_err(os_err)?;
+        f.write_all_at(
+            &data[(a - off) as usize..(b - off) as usize],
+            r.backing_offset + (a - r.file_offset),
+        )
+        .map_err(os_err)?;
+    }
+    Ok(())
+}
+
+fn record_request(off: u64, len: usize) -> RecordWrite {
+    RecordWrite {
+        version: ioctl::ABI_VERSION,
+        file_offset: off,
+        length: len as u64,
+        ..Default::default()
+    }
 }
 
 impl Driver for Core {
@@ -152,6 +204,32 @@ impl Driver for Core {
         self.fs.release(fh);
         let n = w?;
         fl.map(|_| n as usize)
+    }
+    fn write_direct(&self, path: &[&str], off: u64, data: &[u8]) -> Result<usize, i32> {
+        let ino = resolve(self, path)?;
+        let (fh, _, _) = errno(self.fs.open(ino, true, &Caller::DAEMON))?;
+        let pid = std::process::id();
+        let w = (|| {
+            let out = errno(self.fs.ioctl(
+                ino,
+                fh,
+                pid,
+                ioctl::DIRECT_MAP,
+                &ioctl::encode(&map_request()),
+            ))?;
+            let m: DirectMap = errno(ioctl::decode(&out))?;
+            let Some(m) = write_map(&m, off, data.len()) else {
+                return errno(self.fs.write(fh, off, data)).map(|n| n as usize);
+            };
+            put_direct(&m, off, data)?;
+            let rec = ioctl::encode(&record_request(off, data.len()));
+            errno(self.fs.ioctl(ino, fh, pid, ioctl::RECORD_WRITE, &rec))?;
+            Ok(data.len())
+        })();
+        let fl = errno(self.fs.flush(fh));
+        self.fs.release(fh);
+        let n = w?;
+        fl.map(|_| n)
     }
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32> {
         let ino = resolve(self, path)?;
@@ -276,6 +354,50 @@ impl Driver for MountDriver {
         let c = close_file(f);
         w?;
         c.map(|_| data.len())
+    }
+    fn write_direct(&self, path: &[&str], off: u64, data: &[u8]) -> Result<usize, i32> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.path(path))
+            .map_err(os_err)?;
+        let w = (|| {
+            let mut m = map_request();
+            // SAFETY: `m` is a live, writable DirectMap, the size DIRECT_MAP encodes.
+            let r = unsafe {
+                libc::ioctl(
+                    f.as_raw_fd(),
+                    ioctl::DIRECT_MAP as _,
+                    &mut m as *mut DirectMap,
+                )
+            };
+            if r < 0 {
+                return Err(os_err(std::io::Error::last_os_error()));
+            }
+            let Some(m) = write_map(&m, off, data.len()) else {
+                return f
+                    .write_all_at(data, off)
+                    .map_err(os_err)
+                    .map(|_| data.len());
+            };
+            put_direct(&m, off, data)?;
+            let mut rec = record_request(off, data.len());
+            // SAFETY: `rec` is a live RecordWrite, the size RECORD_WRITE encodes.
+            let r = unsafe {
+                libc::ioctl(
+                    f.as_raw_fd(),
+                    ioctl::RECORD_WRITE as _,
+                    &mut rec as *mut RecordWrite,
+                )
+            };
+            if r < 0 {
+                return Err(os_err(std::io::Error::last_os_error()));
+            }
+            Ok(data.len())
+        })();
+        let c = close_file(f);
+        let n = w?;
+        c.map(|_| n)
     }
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32> {
         let f = std::fs::OpenOptions::new()
