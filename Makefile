@@ -87,6 +87,7 @@ test-cluster: build
 
 # The same two-node suites with every worker under the interception library of
 # `h5tilefs run` (docs/direct.md): reads and writes of the mounts go to the backing files.
+# (test-cluster itself runs node B's workers so, node A's through FUSE.)
 test-cluster-direct: build
 	$(MAKE) --no-print-directory gluster-apt
 	H5TILEFS_TEST_DIRECT=1 H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q -p no:cacheprovider tests/cluster

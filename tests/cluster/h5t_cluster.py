@@ -169,9 +169,13 @@ class Future:
         raise e
 
 
-def direct_preload():
-    """The interception library beside the daemon binary when H5TILEFS_TEST_DIRECT=1."""
-    if os.environ.get("H5TILEFS_TEST_DIRECT") != "1":
+def direct_preload(node):
+    """The interception library beside the daemon binary, for the workers of `node` that
+    run with the direct data path (docs/direct.md): H5TILEFS_TEST_DIRECT=1 all nodes, 0
+    none, unset node B only, so that by default every cross-node test has a FUSE client
+    on one side and a direct one on the other."""
+    mode = os.environ.get("H5TILEFS_TEST_DIRECT")
+    if mode == "0" or (mode != "1" and node != "B"):
         return None
     lib = os.path.join(os.path.dirname(os.path.abspath(BIN)), "libh5tilefs_preload.so")
     if not os.path.exists(lib):
@@ -186,9 +190,9 @@ class Worker:
     def __init__(self, node, idx, ns_pid):
         self.node, self.idx = node, idx
         self.conn, child = mp.Pipe()
-        preload = direct_preload()
+        preload = direct_preload(node)
         if preload:
-            # The direct data path on (H5TILEFS_TEST_DIRECT=1, docs/direct.md): a worker
+            # The direct data path on (see direct_preload): a worker
             # is a fresh interpreter started with the interception library preloaded, so
             # its reads and writes of the node's mount go to the backing files.
             old = os.environ.get("LD_PRELOAD")
