@@ -3,6 +3,7 @@ bytes of committed views from the backing files themselves, through the intercep
 library. Every read is compared with h5py and with the same read through FUSE, and the
 library's own counters (H5TILEFS_DIRECT_STATS) show which path the bytes took, so a
 test passes only when the direct path really served them."""
+import errno
 import hashlib
 import json
 import os
@@ -441,3 +442,47 @@ def test_dd_and_cp_into_a_tile(tmp_path):
         assert r.returncode == 0, r.stderr
         with h5py.File(os.path.join(backing, "w.h5")) as f:
             assert np.array_equal(f["v"][()], a)
+
+
+PKG_WRITE = r"""
+import errno, json, os, sys
+import numpy as np
+from h5tilefs import direct
+m = sys.argv[1]
+d = os.path.join(m, "p.h5", "v")
+os.makedirs(d)
+with open(os.path.join(d, "meta.json"), "w") as f:
+    json.dump({"shape": [90, 64], "dtype": "<f8", "tile_shape": [40, 64], "layout": sys.argv[2]}, f)
+x = np.arange(90 * 64, dtype="<f8").reshape(90, 64)
+for i in range(3):
+    t = np.ascontiguousarray(x[i * 40:(i + 1) * 40])
+    direct.write_from(os.path.join(d, "tiles", f"{i}.0"), memoryview(t).cast("B"))
+try:
+    direct.write_from(os.path.join(d, "tiles", "2.0"), memoryview(b"x" * 16), 10 * 64 * 8 - 8)
+    err = 0
+except OSError as e:
+    err = e.errno
+print(json.dumps([direct.stats, err]))
+"""
+
+
+@pytest.mark.parametrize("layout,off", [("chunked", False), ("virtual", False), ("chunked", True)])
+def test_python_package_writes_direct(tmp_path, layout, off):
+    """h5tilefs.direct.write_from (the adapter's tile writes) writes pending tiles into
+    their backing runs and records them; the commit makes the file h5py reads."""
+    with generated_mount("h5t-direct-pkgw-", lambda b: None) as (backing, m):
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "..",
+                                                        "src", "python"))
+        if off:
+            env["H5TILEFS_DIRECT"] = "0"
+        p = subprocess.run([sys.executable, "-c", PKG_WRITE, m, layout], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        stats, err = json.loads(p.stdout)
+        assert err == errno.EFBIG, err
+        assert stats["written_bytes"] == (0 if off else 90 * 64 * 8), stats
+        r = subprocess.run([BIN, "commit", os.path.join(m, "p.h5")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        with h5py.File(os.path.join(backing, "p.h5")) as f:
+            assert np.array_equal(f["v"][()], np.arange(90 * 64, dtype="<f8").reshape(90, 64))

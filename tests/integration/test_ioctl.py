@@ -31,6 +31,8 @@ def test_abi_matches_rust():
     assert _abi.QUERY_EXTENTS == 0xC0000000 | (4136 << 16) | 0x4804
     assert ctypes.sizeof(_abi.DirectMap) == 3240
     assert _abi.DIRECT_MAP == 0xCCA84806
+    assert ctypes.sizeof(_abi.RecordWrite) == 32
+    assert _abi.RECORD_WRITE == 0x40204807
     src = open(os.path.join(os.path.dirname(__file__), "..", "..", "src", "ioctl.rs")).read()
     assert f"pub const ABI_VERSION: u32 = {_abi.ABI_VERSION};" in src
 

@@ -82,6 +82,7 @@ class QueryExtents(ctypes.Structure):
 
 DIRECT_FILES = 4
 DIRECT_READ = 1
+DIRECT_WRITE = 2
 
 
 class DirectFile(ctypes.Structure):
@@ -108,9 +109,20 @@ class DirectMap(ctypes.Structure):
     ]
 
 
+class RecordWrite(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("file_offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
 REGISTER_BUFFER = _ioc(3, 1, ctypes.sizeof(RegisterBuffer))
 UNREGISTER_BUFFER = _ioc(1, 2, ctypes.sizeof(UnregisterBuffer))
 READ_TO_GPU = _ioc(3, 3, ctypes.sizeof(ReadToGpu))
 QUERY_EXTENTS = _ioc(3, 4, ctypes.sizeof(QueryExtents))
 WRITE_FROM_GPU = _ioc(3, 5, ctypes.sizeof(WriteFromGpu))
 DIRECT_MAP = _ioc(3, 6, ctypes.sizeof(DirectMap))
+RECORD_WRITE = _ioc(1, 7, ctypes.sizeof(RecordWrite))

@@ -1,5 +1,6 @@
 """Tile I/O of the adapter's point tasks, free of Legate so that it can be used (and
-tested) on its own: host reads and writes in parallel pieces, and the GPU paths.
+tested) on its own: host reads and writes (h5tilefs.direct: the backing files where the
+daemon maps them, else the mount, in parallel pieces), and the GPU paths.
 
 GPU reads go through READ_TO_GPU: the daemon reads the backing bytes (cuFile, or its
 pinned staging) straight into the task's device buffer. GPU writes go through its
@@ -17,37 +18,13 @@ import os
 
 import numpy as np
 
-#: Bytes per pwrite/pread piece, and parallel pieces per tile: several FUSE requests in
-#: flight keep the daemon's threads busy (one write() is split into 1 MiB requests).
-PIECE = 16 << 20
-STREAMS = 4
-
-
-def parallel(n_bytes: int, fn) -> None:
-    """Runs fn(start, stop) over PIECE-sized pieces of [0, n_bytes) on STREAMS threads
-    (the GIL is released during pread/pwrite)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pieces = [(s, min(s + PIECE, n_bytes)) for s in range(0, n_bytes, PIECE)]
-    if len(pieces) <= 1:
-        for a, b in pieces:
-            fn(a, b)
-        return
-    with ThreadPoolExecutor(STREAMS) as ex:
-        for r in ex.map(lambda p: fn(*p), pieces):
-            pass
-
 
 def write_bytes(path: str, buf: memoryview) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        def put(a, b):
-            done = a
-            while done < b:
-                done += os.pwrite(fd, buf[done:b], done)
-        parallel(len(buf), put)
-    finally:
-        os.close(fd)
+    """Writes a whole tile: into its backing runs and recorded (h5tilefs.direct) when the
+    daemon maps it, else through the mount in parallel pieces."""
+    from .direct import write_from
+
+    write_from(path, buf)
 
 
 def read_bytes(path: str, buf: memoryview) -> None:

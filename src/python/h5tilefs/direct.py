@@ -1,11 +1,13 @@
 """The package's own direct data path (docs/direct.md): bytes of committed views read
-from the backing files, without `h5tilefs run`.
+from the backing files, and pending tiles written into them, without `h5tilefs run`.
 
 The mount's file is opened first and stays open; DIRECT_MAP on it says where its bytes
 are and which inode each backing file is. The backing files are opened with this
 process's own credentials and must be those inodes (a replace in between, or a file
 this user may not open, sends the read through FUSE). Bytes the daemon must produce
-(fill, decoded chunks) are read through the mount. ``H5TILEFS_DIRECT=0`` turns it off.
+(fill, decoded chunks) are read through the mount. A pending tile opened for writing
+maps to where its bytes go; they are written there and recorded with RECORD_WRITE, as a
+write through the mount records them. ``H5TILEFS_DIRECT=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ PIECE = 16 << 20
 STREAMS = 4
 
 #: Counters, for tests and benchmarks: bytes read from backing files / through FUSE.
-stats = {"direct_bytes": 0, "fuse_bytes": 0}
+stats = {"direct_bytes": 0, "fuse_bytes": 0, "written_bytes": 0}
 _stats_lock = threading.Lock()
 
 
@@ -36,6 +38,7 @@ class Run(NamedTuple):
 
 class Map(NamedTuple):
     size: int
+    write: bool
     #: (path, (dev, ino, size, mtime_ns)) per backing file
     files: List[Tuple[str, tuple]]
     runs: List[Run]
@@ -53,12 +56,14 @@ def direct_map(fd: int) -> Optional[Map]:
             fcntl.ioctl(fd, _abi.DIRECT_MAP, m)
         except OSError:
             return None
-        if not m.flags & _abi.DIRECT_READ or m.nfiles > _abi.DIRECT_FILES \
+        kind = m.flags & (_abi.DIRECT_READ | _abi.DIRECT_WRITE)
+        if kind not in (_abi.DIRECT_READ, _abi.DIRECT_WRITE) or m.nfiles > _abi.DIRECT_FILES \
                 or m.nruns > _abi.MAX_RUNS:
             return None
+        write = kind == _abi.DIRECT_WRITE
         if size is None:
-            size = m.view_size
-        elif size != m.view_size:
+            size, was_write = m.view_size, write
+        elif size != m.view_size or write != was_write:
             return None
         local = []
         for f in m.files[: m.nfiles]:
@@ -77,7 +82,7 @@ def direct_map(fd: int) -> Optional[Map]:
                 fi = None
             elif 0 <= r.file_index < len(local):
                 fi = local[r.file_index]
-                if r.backing_offset + r.length > files[fi][1][2]:
+                if not write and r.backing_offset + r.length > files[fi][1][2]:
                     return None
             else:
                 return None
@@ -86,22 +91,83 @@ def direct_map(fd: int) -> Optional[Map]:
         if m.next_offset != pos:
             return None
         if pos == size:
-            return Map(size, files, runs)
+            return Map(size, write, files, runs)
         if m.nruns == 0:
             return None
     return None  # more runs than 64 pages: read through FUSE
 
 
-def _open_checked(path: str, ident: tuple) -> Optional[int]:
+def _open_checked(path: str, ident: tuple, write: bool = False) -> Optional[int]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, (os.O_WRONLY if write else os.O_RDONLY) | os.O_CLOEXEC)
     except OSError:
         return None
     st = os.fstat(fd)
-    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != ident:
+    got = (st.st_dev, st.st_ino) if write else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if got != (ident[:2] if write else ident):
         os.close(fd)
         return None
     return fd
+
+
+def _run_jobs(jobs, fn):
+    if len(jobs) <= 1:
+        for j in jobs:
+            fn(j)
+    else:
+        with ThreadPoolExecutor(STREAMS) as ex:
+            for _ in ex.map(fn, jobs):
+                pass
+
+
+def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
+    """Writes ``buf`` at ``offset`` of a pending tile (``path``, a ``tiles/`` file):
+    into the tile's backing runs and recorded with RECORD_WRITE when the daemon maps it,
+    else through the mount. Errors are the mount's (a write past the tile: EFBIG)."""
+    buf = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+    fd = os.open(path, os.O_WRONLY)
+    bfds: List[int] = []
+    try:
+        m = None if os.environ.get("H5TILEFS_DIRECT") == "0" else direct_map(fd)
+        end = offset + len(buf)
+        if m is not None and (not m.write or end > m.size or m.size != os.fstat(fd).st_size
+                              or any(r.file is None for r in m.runs)):
+            m = None
+        if m is not None:
+            for p, ident in m.files:
+                b = _open_checked(p, ident, write=True)
+                if b is None:
+                    m = None
+                    break
+                bfds.append(b)
+        jobs = []
+        for r in (m.runs if m is not None else [Run(0, max(end, offset), None, 0)]):
+            a, b = max(r.start, offset), min(r.start + r.length, end)
+            for s in range(a, b, PIECE):
+                t = min(s + PIECE, b)
+                if r.file is None:
+                    jobs.append((fd, s, s - offset, t - offset))
+                else:
+                    jobs.append((bfds[r.file], r.backing + (s - r.start), s - offset,
+                                 t - offset))
+
+        def put(job):
+            dst, dst_off, a, b = job
+            done = a
+            while done < b:
+                done += os.pwrite(dst, buf[done:b], dst_off + (done - a))
+
+        _run_jobs(jobs, put)
+        if m is not None and len(buf):
+            rec = _abi.RecordWrite(version=_abi.ABI_VERSION, file_offset=offset,
+                                   length=len(buf))
+            fcntl.ioctl(fd, _abi.RECORD_WRITE, rec)
+            with _stats_lock:
+                stats["written_bytes"] += len(buf)
+    finally:
+        os.close(fd)
+        for b in bfds:
+            os.close(b)
 
 
 def read_into(path: str, buf: memoryview, offset: int = 0) -> int:
@@ -112,6 +178,8 @@ def read_into(path: str, buf: memoryview, offset: int = 0) -> int:
     bfds: List[int] = []
     try:
         m = None if os.environ.get("H5TILEFS_DIRECT") == "0" else direct_map(fd)
+        if m is not None and m.write:
+            m = None
         if m is not None:
             for p, ident in m.files:
                 b = _open_checked(p, ident)
@@ -144,13 +212,7 @@ def read_into(path: str, buf: memoryview, offset: int = 0) -> int:
             with _stats_lock:
                 stats["direct_bytes" if direct else "fuse_bytes"] += b - a
 
-        if len(jobs) <= 1:
-            for j in jobs:
-                get(j)
-        else:
-            with ThreadPoolExecutor(STREAMS) as ex:
-                for _ in ex.map(get, jobs):
-                    pass
+        _run_jobs(jobs, get)
         return max(0, end - offset)
     finally:
         os.close(fd)
