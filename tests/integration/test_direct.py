@@ -486,3 +486,33 @@ def test_python_package_writes_direct(tmp_path, layout, off):
         assert r.returncode == 0, r.stderr
         with h5py.File(os.path.join(backing, "p.h5")) as f:
             assert np.array_equal(f["v"][()], np.arange(90 * 64, dtype="<f8").reshape(90, 64))
+
+
+ZARR_READ = r"""
+import json, sys
+import numpy as np
+import zarr
+from h5tilefs import direct
+from h5tilefs.zarr import MountStore
+a = zarr.open_array(store=MountStore(sys.argv[1]), mode="r")[...]
+print(json.dumps([a.tolist(), direct.stats]))
+"""
+
+
+@pytest.mark.parametrize("ds,direct", [("c", True), ("z", False)])
+def test_zarr_mount_store_reads_chunks_direct(mnt, ds, direct):
+    """MountStore on the CPU reads a chunk that is plain backing bytes from the backing
+    file; a gzip chunk through the mount."""
+    pytest.importorskip("zarr")
+    _, m = mnt
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "..", "src",
+                                                    "python"))
+    p = subprocess.run([sys.executable, "-c", ZARR_READ, os.path.join(m, "a.h5", ds)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got, stats = json.loads(p.stdout)
+    assert np.array_equal(np.asarray(got), C)
+    if direct:
+        assert stats["direct_bytes"] == C.nbytes and stats["fuse_bytes"] == 0, stats
+    else:
+        assert stats["direct_bytes"] == 0, stats

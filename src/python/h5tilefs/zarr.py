@@ -131,6 +131,12 @@ class MountStore(LocalStore):
             dev = cp.cuda.runtime.getDevice()
             # In a thread, as LocalStore reads files: zarr fetches chunks concurrently.
             return await asyncio.to_thread(self._gpu_get, path, prototype, byte_range, dev)
+        if prototype is not None and _is_chunk(key) and os.environ.get("H5TILEFS_DIRECT") != "0":
+            # A chunk that is plain backing bytes is read from the backing file itself
+            # (h5tilefs.direct); others through the mount, by the same call.
+            path = os.path.join(str(self.root), key)
+            data = await asyncio.to_thread(_host_get, path, byte_range)
+            return None if data is None else prototype.buffer.from_bytes(data)
         return await super().get(key, prototype, byte_range)
 
     def _gpu_get(self, path, prototype, byte_range, dev):
@@ -160,6 +166,19 @@ class MountStore(LocalStore):
                     out = cp.asarray(bytearray(f.read(end - start)), dtype=cp.uint8)
                 self.gpu_fallbacks += 1
         return prototype.buffer.from_array_like(out)
+
+
+def _host_get(path, byte_range):
+    from .direct import read_into
+
+    try:
+        size = os.stat(path).st_size
+        start, end = _range(size, byte_range)
+        buf = bytearray(end - start)
+        n = read_into(path, memoryview(buf), start) if buf else 0
+    except FileNotFoundError:
+        return None
+    return bytes(buf[:n])
 
 
 def _range(size: int, byte_range) -> tuple[int, int]:
