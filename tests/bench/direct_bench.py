@@ -7,6 +7,7 @@ each (or warm with --warm); the median of --reps is reported:
   direct : the backing bytes, read by the same loop at the offsets h5py gives
   fuse   : the mount's files, read through FUSE
   run    : the mount's files, read under `h5tilefs run` (the interception library)
+  pkg    : the mount's files, read by the Python package (h5tilefs.direct.read_into)
 Cases: `tiles` (every tile of a chunked dataset, chunk = tile, one after another),
 `fromfile` (numpy.fromfile of one tile, repeated over tiles; directly: of the tile's
 bytes in the HDF5 file, with numpy's offset and count), `data` (the `data` file
@@ -41,11 +42,16 @@ with open(sys.argv[2]) as f:
 # page fault per page, which is not what is measured here.
 buf = bytearray(b"\x01") * max(l for _, _, l in spec)
 mv = memoryview(buf)
+if how == "pkg":
+    from h5tilefs.direct import read_into
 n = 0
 t = time.perf_counter()
 if how == "fromfile":
     for p, off, length in spec:
         n += np.fromfile(p, dtype="<u1", count=length, offset=off).nbytes
+elif how == "pkg":
+    for p, off, length in spec:
+        n += read_into(p, mv[:length], off)
 else:
     for p, off, length in spec:
         fd = os.open(p, os.O_RDONLY)
@@ -59,7 +65,11 @@ else:
             n += got
         finally:
             os.close(fd)
-print(json.dumps({"bytes": n, "s": time.perf_counter() - t}))
+out = {"bytes": n, "s": time.perf_counter() - t}
+if how == "pkg":
+    from h5tilefs.direct import stats
+    out["direct"] = stats["direct_bytes"]
+print(json.dumps(out))
 """
 
 
@@ -69,14 +79,15 @@ def reader(how, spec, preload_bin=None):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     stats = f.name + ".stats"
-    env = dict(os.environ, H5TILEFS_DIRECT_STATS=stats)
+    env = dict(os.environ, H5TILEFS_DIRECT_STATS=stats,
+               PYTHONPATH=os.path.join(REPO, "src", "python"))
     cmd = [sys.executable, "-c", READER, how, f.name]
     if preload_bin:
         cmd = [preload_bin, "run", "--"] + cmd
     try:
         out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
                                         env=env).stdout)
-        if preload_bin:
+        if preload_bin and "direct" not in out:
             with open(stats) as s:
                 out["direct"] = sum(json.loads(line)["direct_bytes"] for line in s)
     finally:
@@ -137,15 +148,19 @@ def main():
         for name, c in cases.items():
             runs = {}
             for _ in range(a.reps):
-                for way in ("direct", "fuse", "run"):
+                for way in ("direct", "fuse", "run", "pkg"):
                     how, spec = c["direct"] if way == "direct" else c["view"]
+                    if way == "pkg":
+                        if how == "fromfile":
+                            continue
+                        how = "pkg"
                     if a.warm:
                         reader(how, spec)
                     elif not drop_caches(root):
                         sys.exit("cannot drop caches: run as root")
                     r = reader(how, spec, a.bin if way == "run" else None)
                     runs.setdefault(way, []).append(r["bytes"] / r["s"] / 1e9)
-                    if way == "run" and r["direct"] != r["bytes"]:
+                    if way in ("run", "pkg") and r["direct"] != r["bytes"]:
                         sys.exit(f"{name}: only {r['direct']} of {r['bytes']} bytes were "
                                  "read by the library itself")
             # The median: cold reads of a virtual disk vary by tens of percent.
@@ -157,10 +172,13 @@ def main():
     temp = "warm" if a.warm else "cold"
     print(f"{a.mib} MiB, tiles of {a.tile_mib} MiB, {temp}, median of {a.reps}, GB/s "
           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
-    print(f"{'case':10} {'direct':>8} {'fuse':>8} {'run':>8} {'fuse/dir':>9} {'run/dir':>8}")
+    print(f"{'case':10} {'direct':>8} {'fuse':>8} {'run':>8} {'pkg':>8} {'fuse/dir':>9} "
+          f"{'run/dir':>8} {'pkg/dir':>8}")
     for name, b in results.items():
-        print(f"{name:10} {b['direct']:8.2f} {b['fuse']:8.2f} {b['run']:8.2f} "
-              f"{b['fuse'] / b['direct']:9.2f} {b['run'] / b['direct']:8.2f}")
+        pkg = b.get("pkg", float("nan"))
+        print(f"{name:10} {b['direct']:8.2f} {b['fuse']:8.2f} {b['run']:8.2f} {pkg:8.2f} "
+              f"{b['fuse'] / b['direct']:9.2f} {b['run'] / b['direct']:8.2f} "
+              f"{pkg / b['direct']:8.2f}")
     if a.json:
         print(json.dumps(results))
 

@@ -7,6 +7,7 @@ tile, close) three ways, interleaved, the median of --reps reported:
   direct : plain files of the tiles' size in a directory of the same file system
   fuse   : the tiles of a pending dataset of the mount
   run    : the same, the writers run under `h5tilefs run` (the interception library)
+  pkg    : the same, written by the Python package (h5tilefs.direct.write_from)
 Times run from a common start (the writers wait, data in memory, until told to go)
 until the last writer is done, then until `sync` returns ("synced").
 
@@ -28,11 +29,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 WRITER = r"""
 import json, os, sys, time
-paths, tb = json.loads(sys.argv[1]), int(sys.argv[2])
+paths, tb, pkg = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "pkg"
 data = os.urandom(tb)
+if pkg:
+    from h5tilefs.direct import write_from
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()
 for p in paths:
+    if pkg:
+        write_from(p, memoryview(data))
+        continue
     fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         done = 0
@@ -40,15 +46,21 @@ for p in paths:
             done += os.pwrite(fd, memoryview(data)[done:], done)
     finally:
         os.close(fd)
-print(json.dumps({"end": time.time()}))
+out = {"end": time.time()}
+if pkg:
+    from h5tilefs.direct import stats
+    out["written"] = stats["written_bytes"]
+print(json.dumps(out))
 """
 
 
-def one(paths, tb, procs, preload_bin, stats):
-    env = dict(os.environ, H5TILEFS_DIRECT_STATS=stats)
+def one(paths, tb, procs, preload_bin, stats, pkg=False):
+    env = dict(os.environ, H5TILEFS_DIRECT_STATS=stats,
+               PYTHONPATH=os.path.join(REPO, "src", "python"))
     kids = []
     for k in range(procs):
-        cmd = [sys.executable, "-c", WRITER, json.dumps(paths[k::procs]), str(tb)]
+        cmd = [sys.executable, "-c", WRITER, json.dumps(paths[k::procs]), str(tb),
+               "pkg" if pkg else "-"]
         if preload_bin:
             cmd = [preload_bin, "run", "--"] + cmd
         kids.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -59,14 +71,16 @@ def one(paths, tb, procs, preload_bin, stats):
     for c in kids:
         c.stdin.write("go\n")
         c.stdin.flush()
-    ends = []
+    ends, written = [], 0
     for c in kids:
         out, _ = c.communicate(timeout=600)
         assert c.returncode == 0
-        ends.append(json.loads(out)["end"])
+        r = json.loads(out)
+        ends.append(r["end"])
+        written += r.get("written", 0)
     t1 = max(ends)
     os.sync()
-    return t1 - t0, time.time() - t0
+    return t1 - t0, time.time() - t0, written
 
 
 def main():
@@ -91,7 +105,7 @@ def main():
         for procs in a.procs:
             runs = {}
             for rep in range(a.reps):
-                for way in ("direct", "fuse", "run"):
+                for way in ("direct", "fuse", "run", "pkg"):
                     stats = os.path.join(root, "stats")
                     if way == "direct":
                         d = os.path.join(backing, f"plain{rep}")
@@ -104,7 +118,10 @@ def main():
                             json.dump({"shape": [ntiles, tb], "dtype": "u1",
                                        "tile_shape": [1, tb], "layout": a.layout}, f)
                         paths = [os.path.join(d, "tiles", f"{i}.0") for i in range(ntiles)]
-                    w, s = one(paths, tb, procs, a.bin if way == "run" else None, stats)
+                    w, s, written = one(paths, tb, procs, a.bin if way == "run" else None,
+                                        stats, pkg=way == "pkg")
+                    if way == "pkg" and written != ntiles * tb:
+                        sys.exit(f"only {written} of {ntiles * tb} bytes written direct")
                     if way == "run":
                         with open(stats) as f:
                             got = sum(json.loads(line)["written_bytes"] for line in f)
@@ -128,11 +145,14 @@ def main():
     print(f"{ntiles} tiles of {tb / (1 << 20):g} MiB ({a.layout} layout), median of "
           f"{a.reps}, GB/s written / until synced "
           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
-    print(f"{'procs':6} {'direct':>13} {'fuse':>13} {'run':>13} {'fuse/dir':>13} {'run/dir':>13}")
+    print(f"{'procs':6} {'direct':>13} {'fuse':>13} {'run':>13} {'pkg':>13} {'fuse/dir':>13} "
+          f"{'run/dir':>13} {'pkg/dir':>13}")
     for p, r in res.items():
-        d, f, u = r["direct"], r["fuse"], r["run"]
+        d, f, u, k = r["direct"], r["fuse"], r["run"], r["pkg"]
         print(f"{p:<6} {d[0]:6.2f}/{d[1]:<6.2f} {f[0]:6.2f}/{f[1]:<6.2f} {u[0]:6.2f}/{u[1]:<6.2f} "
-              f"{f[0] / d[0]:6.2f}/{f[1] / d[1]:<6.2f} {u[0] / d[0]:6.2f}/{u[1] / d[1]:<6.2f}")
+              f"{k[0]:6.2f}/{k[1]:<6.2f} "
+              f"{f[0] / d[0]:6.2f}/{f[1] / d[1]:<6.2f} {u[0] / d[0]:6.2f}/{u[1] / d[1]:<6.2f} "
+              f"{k[0] / d[0]:6.2f}/{k[1] / d[1]:<6.2f}")
     print(json.dumps({str(k): v for k, v in res.items()}))
 
 
