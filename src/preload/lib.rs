@@ -256,6 +256,13 @@ extern "C" fn init() {
     }
 }
 
+/// Writes the counters now, for a process that will leave with `_exit` (atexit
+/// handlers do not run then): benchmarks' forked writers call it through ctypes.
+#[no_mangle]
+pub extern "C" fn h5tilefs_direct_stats_flush() {
+    write_stats();
+}
+
 /// Appends one JSON line of counters to `$H5TILEFS_DIRECT_STATS` (tests, benchmarks).
 extern "C" fn write_stats() {
     let _b = Busy::enter();

@@ -13,7 +13,8 @@ the backing file system, same writers, same run):
   (b) commit of COMMIT_TILES small tiles written from both nodes (seconds, and the
       commit's own phases from `.status` where the binary reports them);
   (c) SMALL_TILES tiles of 256 KiB, WRITERS writers over the two nodes.
-Not part of `make test`.
+With H5TILEFS_TEST_DIRECT=1 every writer runs with the interception library of
+`h5tilefs run` (docs/direct.md); =0 every writer through FUSE. Not part of `make test`.
 """
 import argparse
 import json
@@ -76,6 +77,15 @@ def _write_one(path, nbytes, chunk, create):
         os.close(fd)
 
 
+def _flush_direct_stats():
+    """The interception library's counters of this process (os._exit skips atexit)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).h5tilefs_direct_stats_flush()
+    except (OSError, AttributeError):
+        pass
+
+
 def par_write(groups, nbytes, chunk, create, t0):
     """One forked process per group of paths (workers are daemonic: no multiprocessing);
     each writes `nbytes` into each of its paths. Returns (start, end) wall-clock times."""
@@ -92,6 +102,7 @@ def par_write(groups, nbytes, chunk, create, t0):
             except BaseException as e:  # noqa: BLE001 - reported through the exit code
                 sys.stderr.write(f"writer failed: {e!r}\n")
                 code = 1
+            _flush_direct_stats()
             os._exit(code)
         pids.append(pid)
     bad = 0
@@ -240,7 +251,9 @@ def main():
         if row == "b":
             ph = ""
             if extra:
-                ph = " (" + ", ".join(f"{k} {v:.2f}" for k, v in extra.items()) + ")"
+                # a phase the binary did not time is None
+                ph = " (" + ", ".join(f"{k} {v:.2f}" for k, v in extra.items()
+                                      if isinstance(v, (int, float))) + ")"
             print(f"| {fs} | {label} | {row} | {what} | {tm:.2f} s{ph} | | |")
         else:
             print(f"| {fs} | {label} | {row} | {what} | {extra / tm / MiB:.0f} MiB/s | {extra / td / MiB:.0f} MiB/s "
