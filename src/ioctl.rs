@@ -271,6 +271,11 @@ pub const DIRECT_MAP: u32 = ioc(
     std::mem::size_of::<DirectMap>(),
 );
 
+/// `flags` of a RecordWrite: only check that the range may be written now (the tile's
+/// dataset still pending, the range inside the tile); nothing is recorded. A client asks
+/// before it writes, so a map kept past a commit never touches committed bytes.
+pub const RECORD_CHECK: u32 = 1;
+
 pub const RECORD_WRITE: u32 = ioc(IOC_WRITE, MAGIC, 7, std::mem::size_of::<RecordWrite>());
 
 /// Plain-old-data structs that may be copied from and to ioctl byte buffers.

@@ -87,6 +87,10 @@ pub struct RecordWrite {
     pub reserved: u64,
 }
 
+/// `flags` of a RecordWrite: only check that the range may be written now (the dataset
+/// still pending, the range inside the tile); record nothing.
+pub const RECORD_CHECK: u32 = 1;
+
 pub const RECORD_WRITE: u32 =
     (1 << 30) | ((std::mem::size_of::<RecordWrite>() as u32) << 16) | ((b'H' as u32) << 8) | 7;
 

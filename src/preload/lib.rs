@@ -338,6 +338,19 @@ fn is_h5tilefs(dev: u64) -> bool {
         if fstype != "fuse.h5tilefs" && !(fstype == "fuse" && source.starts_with("h5tilefs:")) {
             continue;
         }
+        // Any user may mount a FUSE file system of that name: only a daemon of root or
+        // of this user is believed about which files to open (and write).
+        let owner = post
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|u| u.parse::<u32>().ok());
+        // SAFETY: getuid takes no arguments.
+        let me = unsafe { libc::getuid() };
+        if !owner.is_some_and(|u| u == 0 || u == me) {
+            continue;
+        }
         let Some((ma, mi)) = pre.split(' ').nth(2).and_then(|m| m.split_once(':')) else {
             continue;
         };
@@ -390,7 +403,9 @@ fn lookup(fd: c_int) -> Option<Arc<Entry>> {
     if TRACKED.load(Relaxed) == 0 || fd < 0 {
         return None;
     }
-    let e = TABLE.read().ok()?.as_ref()?.get(&fd)?.clone();
+    // try_read: a signal handler's write, or a child forked while another thread held
+    // the lock, must not wait for it; FUSE is always a correct fallback.
+    let e = TABLE.try_read().ok()?.as_ref()?.get(&fd)?.clone();
     if same_description(fd, e.hidden) {
         Some(e)
     } else {
@@ -550,13 +565,10 @@ fn tracing_off(why: &str) {
 ///
 /// # Safety
 /// `buf` must be valid for `n` bytes of writes.
-unsafe fn pread_entry(
-    fd: c_int,
-    e: &Entry,
-    buf: *mut u8,
-    n: usize,
-    off: u64,
-) -> Result<u64, c_int> {
+unsafe fn pread_entry(e: &Entry, buf: *mut u8, n: usize, off: u64) -> Result<u64, c_int> {
+    // The hidden duplicate is the caller's open file description under a number no
+    // other thread can close and reuse meanwhile.
+    let fd = e.hidden;
     let size = e.map.size;
     if off >= size || n == 0 {
         return Ok(0);
@@ -621,18 +633,39 @@ unsafe fn pread_entry(
 /// # Safety
 /// `buf` must be valid for `n` bytes of reads.
 unsafe fn pwrite_entry(
-    fd: c_int,
     e: &Entry,
     buf: *const u8,
     n: usize,
     off: u64,
 ) -> Option<Result<u64, c_int>> {
+    let fd = e.hidden;
     let end = off.checked_add(n as u64)?;
-    if end > e.map.size {
+    if end > e.map.size || !plain_writes(fd) {
         return None;
     }
     if n == 0 {
         return Some(Ok(0));
+    }
+    // Asked first: is the tile still pending, the range inside it? A map lives as long
+    // as the descriptor, and the file may have been committed (or the dataset removed)
+    // since: its bytes must then not be touched. FUSE's own write checks as late.
+    let mut check = abi::RecordWrite {
+        version: abi::ABI_VERSION,
+        flags: abi::RECORD_CHECK,
+        file_offset: off,
+        length: n as u64,
+        ..Default::default()
+    };
+    // SAFETY: RECORD_WRITE reads one RecordWrite, which `check` is.
+    if unsafe {
+        libc::ioctl(
+            fd,
+            abi::RECORD_WRITE as _,
+            &mut check as *mut abi::RecordWrite,
+        )
+    } != 0
+    {
+        return Some(Err(errno()));
     }
     let mut done = 0u64;
     let mut i = e.map.find(off);
@@ -690,18 +723,27 @@ unsafe fn pwrite_entry(
     Some(Ok(done))
 }
 
+/// Whether writes of this open file description may go direct: not O_APPEND (set
+/// after open with F_SETFL) nor O_SYNC/O_DSYNC, whose semantics FUSE keeps.
+fn plain_writes(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no pointer.
+    let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) } as c_int;
+    fl >= 0 && fl & (libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC) == 0
+}
+
 /// `write` on a tracked tile: at the kernel's file offset, which it then moves.
 ///
 /// # Safety
 /// Every `(ptr, len)` of `iov` must be valid for reads.
-unsafe fn write_entry(fd: c_int, e: &Entry, iov: &[(*const u8, usize)]) -> Option<ssize_t> {
-    let _l = e.offset.lock().ok()?;
+unsafe fn write_entry(e: &Entry, iov: &[(*const u8, usize)]) -> Option<ssize_t> {
+    let fd = e.hidden;
+    let _l = e.offset.try_lock().ok()?;
     let pos = sys_lseek(fd, 0, libc::SEEK_CUR);
     if pos < 0 {
         return None;
     }
     // SAFETY: the caller's iovecs.
-    let r = unsafe { pwritev_entry(fd, e, iov, pos as u64) }?;
+    let r = unsafe { pwritev_entry(e, iov, pos as u64) }?;
     if let Ok(n) = r {
         sys_lseek(fd, pos + n as i64, libc::SEEK_SET);
     }
@@ -711,7 +753,6 @@ unsafe fn write_entry(fd: c_int, e: &Entry, iov: &[(*const u8, usize)]) -> Optio
 /// # Safety
 /// Every `(ptr, len)` of `iov` must be valid for reads.
 unsafe fn pwritev_entry(
-    fd: c_int,
     e: &Entry,
     iov: &[(*const u8, usize)],
     off: u64,
@@ -725,7 +766,7 @@ unsafe fn pwritev_entry(
     let mut at = off;
     for &(p, l) in iov {
         // SAFETY: (p, l) is a buffer of the caller's.
-        match unsafe { pwrite_entry(fd, e, p, l, at) }? {
+        match unsafe { pwrite_entry(e, p, l, at) }? {
             Ok(n) => at += n,
             Err(err) if at == off => return Some(Err(err)),
             Err(_) => break,
@@ -745,14 +786,15 @@ fn ret(r: Result<u64, c_int>) -> ssize_t {
 }
 
 /// `read` on a tracked descriptor: at the kernel's file offset, which it then moves.
-unsafe fn read_entry(fd: c_int, e: &Entry, iov: &[(*mut u8, usize)]) -> Option<ssize_t> {
-    let _l = e.offset.lock().ok()?;
+unsafe fn read_entry(e: &Entry, iov: &[(*mut u8, usize)]) -> Option<ssize_t> {
+    let fd = e.hidden;
+    let _l = e.offset.try_lock().ok()?;
     let pos = sys_lseek(fd, 0, libc::SEEK_CUR);
     if pos < 0 {
         return None;
     }
     // SAFETY: the caller's iovecs are valid.
-    let r = unsafe { preadv_entry(fd, e, iov, pos as u64) };
+    let r = unsafe { preadv_entry(e, iov, pos as u64) };
     if let Ok(n) = r {
         sys_lseek(fd, pos + n as i64, libc::SEEK_SET);
     }
@@ -761,16 +803,11 @@ unsafe fn read_entry(fd: c_int, e: &Entry, iov: &[(*mut u8, usize)]) -> Option<s
 
 /// # Safety
 /// Every `(ptr, len)` of `iov` must be valid for writes.
-unsafe fn preadv_entry(
-    fd: c_int,
-    e: &Entry,
-    iov: &[(*mut u8, usize)],
-    off: u64,
-) -> Result<u64, c_int> {
+unsafe fn preadv_entry(e: &Entry, iov: &[(*mut u8, usize)], off: u64) -> Result<u64, c_int> {
     let mut total = 0u64;
     for &(p, l) in iov {
         // SAFETY: (p, l) is a buffer of the caller's.
-        match unsafe { pread_entry(fd, e, p, l, off + total) } {
+        match unsafe { pread_entry(e, p, l, off + total) } {
             Ok(n) => {
                 total += n;
                 if n < l as u64 {

@@ -174,7 +174,7 @@ fcntl_fn!(fcntl64, "fcntl64");
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     if let Some(e) = lookup_read(fd) {
         // SAFETY: the caller's buffer.
-        if let Some(r) = unsafe { read_entry(fd, &e, &[(buf.cast(), n)]) } {
+        if let Some(r) = unsafe { read_entry(&e, &[(buf.cast(), n)]) } {
             return r;
         }
     }
@@ -197,7 +197,7 @@ macro_rules! pread_fn {
             if off >= 0 {
                 if let Some(e) = lookup_read(fd) {
                     // SAFETY: the caller's buffer.
-                    return ret(unsafe { pread_entry(fd, &e, buf.cast(), n, off as u64) });
+                    return ret(unsafe { pread_entry(&e, buf.cast(), n, off as u64) });
                 }
             }
             match real!($lit, fn(c_int, *mut c_void, size_t, off_t) -> ssize_t) {
@@ -213,9 +213,9 @@ pread_fn!(pread64, "pread64");
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
+    if let Some((e, v)) = lookup_read(fd).and_then(|e| iovs(iov, cnt).map(|v| (e, v))) {
         // SAFETY: the caller's iovecs.
-        if let Some(r) = unsafe { read_entry(fd, &e, &v) } {
+        if let Some(r) = unsafe { read_entry(&e, &v) } {
             return r;
         }
     }
@@ -236,9 +236,9 @@ macro_rules! preadv_fn {
             off: off_t,
         ) -> ssize_t {
             if off >= 0 {
-                if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
+                if let Some((e, v)) = lookup_read(fd).and_then(|e| iovs(iov, cnt).map(|v| (e, v))) {
                     // SAFETY: the caller's iovecs.
-                    return ret(unsafe { preadv_entry(fd, &e, &v, off as u64) });
+                    return ret(unsafe { preadv_entry(&e, &v, off as u64) });
                 }
             }
             match real!($lit, fn(c_int, *const iovec, c_int, off_t) -> ssize_t) {
@@ -265,15 +265,15 @@ macro_rules! preadv2_fn {
             flags: c_int,
         ) -> ssize_t {
             if flags == 0 && off >= -1 {
-                if let (Some(e), Some(v)) = (lookup_read(fd), iovs(iov, cnt)) {
+                if let Some((e, v)) = lookup_read(fd).and_then(|e| iovs(iov, cnt).map(|v| (e, v))) {
                     if off == -1 {
                         // SAFETY: the caller's iovecs.
-                        if let Some(r) = unsafe { read_entry(fd, &e, &v) } {
+                        if let Some(r) = unsafe { read_entry(&e, &v) } {
                             return r;
                         }
                     } else {
                         // SAFETY: the caller's iovecs.
-                        return ret(unsafe { preadv_entry(fd, &e, &v, off as u64) });
+                        return ret(unsafe { preadv_entry(&e, &v, off as u64) });
                     }
                 }
             }
@@ -310,6 +310,21 @@ struct GlibcFile {
     write_ptr: *mut c_char,
     write_end: *mut c_char,
     buf_base: *mut c_char,
+    buf_end: *mut c_char,
+    save_base: *mut c_char,
+    backup_base: *mut c_char,
+    save_end: *mut c_char,
+    markers: *mut c_void,
+    chain: *mut c_void,
+    fileno: c_int,
+    flags2: c_int,
+    old_offset: libc::c_long,
+    cur_column: u16,
+    vtable_offset: i8,
+    shortbuf: [c_char; 1],
+    lock: *mut c_void,
+    /// The file offset glibc believes the descriptor has (`_IO_pos_BAD`, -1: unknown).
+    offset: i64,
 }
 
 /// `fread` of a tracked stream whose buffer is empty and was never filled (numpy's
@@ -326,7 +341,7 @@ pub unsafe extern "C" fn fread(ptr: *mut c_void, size: size_t, n: size_t, fp: *m
             // SAFETY: the caller's stream, locked while its state is read and used.
             unsafe { flockfile(fp) };
             // SAFETY: glibc's FILE starts with GlibcFile's fields.
-            let r = unsafe { fread_entry(fd, &e, ptr, size, n, &*(fp as *const GlibcFile)) };
+            let r = unsafe { fread_entry(&e, ptr, size, n, &mut *(fp as *mut GlibcFile)) };
             // SAFETY: locked above.
             unsafe { funlockfile(fp) };
             if let Some(r) = r {
@@ -346,12 +361,11 @@ pub unsafe extern "C" fn fread(ptr: *mut c_void, size: size_t, n: size_t, fp: *m
 
 #[cfg(target_env = "gnu")]
 unsafe fn fread_entry(
-    fd: c_int,
     e: &Entry,
     ptr: *mut c_void,
     size: size_t,
     n: size_t,
-    f: &GlibcFile,
+    f: &mut GlibcFile,
 ) -> Option<size_t> {
     const IN_BACKUP: c_int = 0x100;
     const CURRENTLY_PUTTING: c_int = 0x800;
@@ -363,15 +377,19 @@ unsafe fn fread_entry(
     if !empty || total == 0 {
         return None;
     }
-    let _l = e.offset.lock().ok()?;
+    let fd = e.hidden;
+    let _l = e.offset.try_lock().ok()?;
     let pos = sys_lseek(fd, 0, libc::SEEK_CUR);
     if pos < 0 || (pos as u64).checked_add(total as u64)? > e.map.size {
         return None;
     }
     // SAFETY: fread's buffer holds size * n bytes.
-    match unsafe { pread_entry(fd, e, ptr.cast(), total, pos as u64) } {
+    match unsafe { pread_entry(e, ptr.cast(), total, pos as u64) } {
         Ok(got) if got == total as u64 => {
             sys_lseek(fd, pos + total as i64, libc::SEEK_SET);
+            // glibc caches the descriptor's offset (ftell, and fseek within the buffer,
+            // trust it): the library moved it, so the cache is now unknown.
+            f.offset = -1;
             Some(n)
         }
         _ => None,
@@ -463,7 +481,7 @@ fn iovs_w(iov: *const iovec, cnt: c_int) -> Option<Vec<(*const u8, usize)>> {
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     if let Some(e) = lookup_write(fd) {
         // SAFETY: the caller's buffer.
-        if let Some(r) = unsafe { write_entry(fd, &e, &[(buf.cast(), n)]) } {
+        if let Some(r) = unsafe { write_entry(&e, &[(buf.cast(), n)]) } {
             return r;
         }
     }
@@ -486,7 +504,7 @@ macro_rules! pwrite_fn {
             if off >= 0 {
                 if let Some(e) = lookup_write(fd) {
                     // SAFETY: the caller's buffer.
-                    if let Some(r) = unsafe { pwrite_entry(fd, &e, buf.cast(), n, off as u64) } {
+                    if let Some(r) = unsafe { pwrite_entry(&e, buf.cast(), n, off as u64) } {
                         return ret(r);
                     }
                 }
@@ -504,9 +522,9 @@ pwrite_fn!(pwrite64, "pwrite64");
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+    if let Some((e, v)) = lookup_write(fd).and_then(|e| iovs_w(iov, cnt).map(|v| (e, v))) {
         // SAFETY: the caller's iovecs.
-        if let Some(r) = unsafe { write_entry(fd, &e, &v) } {
+        if let Some(r) = unsafe { write_entry(&e, &v) } {
             return r;
         }
     }
@@ -527,9 +545,11 @@ macro_rules! pwritev_fn {
             off: off_t,
         ) -> ssize_t {
             if off >= 0 {
-                if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+                if let Some((e, v)) =
+                    lookup_write(fd).and_then(|e| iovs_w(iov, cnt).map(|v| (e, v)))
+                {
                     // SAFETY: the caller's iovecs.
-                    if let Some(r) = unsafe { pwritev_entry(fd, &e, &v, off as u64) } {
+                    if let Some(r) = unsafe { pwritev_entry(&e, &v, off as u64) } {
                         return ret(r);
                     }
                 }
@@ -557,13 +577,15 @@ macro_rules! pwritev2_fn {
             flags: c_int,
         ) -> ssize_t {
             if flags == 0 && off >= -1 {
-                if let (Some(e), Some(v)) = (lookup_write(fd), iovs_w(iov, cnt)) {
+                if let Some((e, v)) =
+                    lookup_write(fd).and_then(|e| iovs_w(iov, cnt).map(|v| (e, v)))
+                {
                     let r = if off == -1 {
                         // SAFETY: the caller's iovecs.
-                        unsafe { write_entry(fd, &e, &v) }
+                        unsafe { write_entry(&e, &v) }
                     } else {
                         // SAFETY: the caller's iovecs.
-                        unsafe { pwritev_entry(fd, &e, &v, off as u64) }.map(ret)
+                        unsafe { pwritev_entry(&e, &v, off as u64) }.map(ret)
                     };
                     if let Some(r) = r {
                         return r;

@@ -128,6 +128,11 @@ with open(p, "rb") as f:
     b = bytearray(10)
     f.readinto(b)
     assert bytes(b) == x.tobytes()[500 * 4 * 9:500 * 4 * 9 + 10]
+with open(p, "rb") as f:  # numpy's fdopen + fseek + fread + ftell, twice on one file
+    a1 = np.fromfile(f, dtype="<f4", count=500)
+    a2 = np.fromfile(f, dtype="<f4", count=500)
+    assert np.array_equal(a1, x[0]) and np.array_equal(a2, x[1]), "fromfile twice"
+    assert f.tell() == 4000, f.tell()
 with open(m + "/a.h5/c/tiles/1.0", "rb") as f:
     assert f.read() == c[60:120].tobytes(), "read of a tile"
 fd = os.open(m + "/a.h5/c/data", os.O_RDONLY)
@@ -516,3 +521,41 @@ def test_zarr_mount_store_reads_chunks_direct(mnt, ds, direct):
         assert stats["direct_bytes"] == C.nbytes and stats["fuse_bytes"] == 0, stats
     else:
         assert stats["direct_bytes"] == 0, stats
+
+
+LATE_WRITER = r"""
+import json, os, subprocess, sys
+m, binary, layout = sys.argv[1], sys.argv[2], sys.argv[3]
+d = os.path.join(m, "late.h5", "v")
+os.makedirs(d)
+with open(os.path.join(d, "meta.json"), "w") as f:
+    json.dump({"shape": [2, 512], "dtype": "u1", "tile_shape": [1, 512], "layout": layout}, f)
+fds = [os.open(os.path.join(d, "tiles", f"{i}.0"), os.O_WRONLY) for i in range(2)]
+for i, fd in enumerate(fds):
+    os.pwrite(fd, bytes([i + 1]) * 512, 0)
+r = subprocess.run([binary, "commit", os.path.join(m, "late.h5")], capture_output=True)
+assert r.returncode == 0, r.stderr
+try:  # a write on a descriptor opened before the commit
+    os.pwrite(fds[0], b"\xee" * 512, 0)
+    err = 0
+except OSError as e:
+    err = e.errno
+print(err)
+"""
+
+
+@pytest.mark.parametrize("layout", ["chunked", "virtual"])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_write_after_the_commit_changes_nothing(tmp_path, layout, direct):
+    """A tile kept open across the commit of its file: a later write is refused, as
+    through FUSE, and the committed bytes stay as they were (the library asks the
+    daemon before it writes, since its map outlives the commit)."""
+    with generated_mount("h5t-direct-late-", lambda b: None) as (backing, m):
+        env = {} if direct else {"H5TILEFS_DIRECT": "0"}
+        p = run([sys.executable, "-c", LATE_WRITER, m, BIN, layout], str(tmp_path / "st"),
+                env=env, text=True)
+        assert p.returncode == 0, p.stderr
+        assert int(p.stdout) != 0, "the late write was accepted"
+        with h5py.File(os.path.join(backing, "late.h5")) as f:
+            got = f["v"][()]
+        assert (got[0] == 1).all() and (got[1] == 2).all(), got

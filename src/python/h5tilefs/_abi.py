@@ -83,6 +83,7 @@ class QueryExtents(ctypes.Structure):
 DIRECT_FILES = 4
 DIRECT_READ = 1
 DIRECT_WRITE = 2
+RECORD_CHECK = 1
 
 
 class DirectFile(ctypes.Structure):

@@ -137,6 +137,11 @@ def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
                               or any(r.file is None for r in m.runs)):
             m = None
         if m is not None:
+            # Asked first: is the tile still pending? The file may have been committed
+            # since the map was made; committed bytes must not be touched.
+            chk = _abi.RecordWrite(version=_abi.ABI_VERSION, flags=_abi.RECORD_CHECK,
+                                   file_offset=offset, length=len(buf))
+            fcntl.ioctl(fd, _abi.RECORD_WRITE, chk)
             for p, ident in m.files:
                 b = _open_checked(p, ident, write=True)
                 if b is None:
