@@ -221,6 +221,12 @@ impl Driver for Core {
             let Some(m) = write_map(&m, off, data.len()) else {
                 return errno(self.fs.write(fh, off, data)).map(|n| n as usize);
             };
+            let mut check = record_request(off, data.len());
+            check.flags = ioctl::RECORD_CHECK;
+            errno(
+                self.fs
+                    .ioctl(ino, fh, pid, ioctl::RECORD_WRITE, &ioctl::encode(&check)),
+            )?;
             put_direct(&m, off, data)?;
             let rec = ioctl::encode(&record_request(off, data.len()));
             errno(self.fs.ioctl(ino, fh, pid, ioctl::RECORD_WRITE, &rec))?;
