@@ -151,6 +151,38 @@ unsafe fn sys_pread_full(fd: c_int, buf: *mut u8, len: u64, off: u64) -> Result<
     Ok(done)
 }
 
+/// pwrite all `len` bytes (retrying EINTR and short writes); a write of 0 is EIO.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of reads.
+unsafe fn sys_pwrite_all(fd: c_int, buf: *const u8, len: u64, off: u64) -> Result<(), c_int> {
+    let mut put = 0u64;
+    while put < len {
+        // SAFETY: `buf + put .. buf + len` is inside the caller's buffer.
+        let w = unsafe {
+            libc::syscall(
+                libc::SYS_pwrite64,
+                fd,
+                buf.add(put as usize),
+                (len - put) as usize,
+                (off + put) as i64,
+            )
+        };
+        if w < 0 {
+            let err = errno();
+            if err == libc::EINTR {
+                continue;
+            }
+            return Err(err);
+        }
+        if w == 0 {
+            return Err(libc::EIO);
+        }
+        put += w as u64;
+    }
+    Ok(())
+}
+
 fn sys_fstat(fd: c_int) -> Option<libc::stat> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -649,23 +681,8 @@ unsafe fn pwrite_entry(
     // Asked first: is the tile still pending, the range inside it? A map lives as long
     // as the descriptor, and the file may have been committed (or the dataset removed)
     // since: its bytes must then not be touched. FUSE's own write checks as late.
-    let mut check = abi::RecordWrite {
-        version: abi::ABI_VERSION,
-        flags: abi::RECORD_CHECK,
-        file_offset: off,
-        length: n as u64,
-        ..Default::default()
-    };
-    // SAFETY: RECORD_WRITE reads one RecordWrite, which `check` is.
-    if unsafe {
-        libc::ioctl(
-            fd,
-            abi::RECORD_WRITE as _,
-            &mut check as *mut abi::RecordWrite,
-        )
-    } != 0
-    {
-        return Some(Err(errno()));
+    if let Err(err) = record(fd, abi::RECORD_CHECK, off, n as u64) {
+        return Some(Err(err));
     }
     let mut done = 0u64;
     let mut i = e.map.find(off);
@@ -675,52 +692,45 @@ unsafe fn pwrite_entry(
         let into = pos - r.start;
         let take = (r.len - into).min(n as u64 - done);
         let f = r.file?;
-        let mut put = 0u64;
-        while put < take {
-            // SAFETY: `buf + done + put .. buf + done + take` lies inside the caller's buffer.
-            let w = unsafe {
-                libc::syscall(
-                    libc::SYS_pwrite64,
-                    e.fds[f],
-                    buf.add((done + put) as usize),
-                    (take - put) as usize,
-                    (r.backing + into + put) as i64,
-                )
-            };
-            if w < 0 {
-                let err = errno();
-                if err == libc::EINTR {
-                    continue;
-                }
-                return Some(Err(err));
-            }
-            if w == 0 {
-                return Some(Err(libc::EIO));
-            }
-            put += w as u64;
+        // SAFETY: `buf + done .. buf + done + take` lies inside the caller's buffer.
+        if let Err(err) =
+            unsafe { sys_pwrite_all(e.fds[f], buf.add(done as usize), take, r.backing + into) }
+        {
+            return Some(Err(err));
         }
         done += take;
         i += 1;
     }
-    let mut rec = abi::RecordWrite {
-        version: abi::ABI_VERSION,
-        file_offset: off,
-        length: done,
-        ..Default::default()
-    };
-    // SAFETY: RECORD_WRITE reads one RecordWrite, which `rec` is.
-    if unsafe {
-        libc::ioctl(
-            fd,
-            abi::RECORD_WRITE as _,
-            &mut rec as *mut abi::RecordWrite,
-        )
-    } != 0
-    {
-        return Some(Err(errno()));
+    if let Err(err) = record(fd, 0, off, done) {
+        return Some(Err(err));
     }
     WRITTEN_BYTES.fetch_add(done, Relaxed);
     Some(Ok(done))
+}
+
+/// RECORD_WRITE of `[off, off + len)` on the mount's descriptor: with `RECORD_CHECK`
+/// only asked whether the range may be written now, else recorded as written.
+fn record(fd: c_int, flags: u32, off: u64, len: u64) -> Result<(), c_int> {
+    let mut req = abi::RecordWrite {
+        version: abi::ABI_VERSION,
+        flags,
+        file_offset: off,
+        length: len,
+        ..Default::default()
+    };
+    // SAFETY: RECORD_WRITE reads one RecordWrite, which `req` is.
+    let r = unsafe {
+        libc::ioctl(
+            fd,
+            abi::RECORD_WRITE as _,
+            &mut req as *mut abi::RecordWrite,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
 }
 
 /// Whether writes of this open file description may go direct: not O_APPEND (set
