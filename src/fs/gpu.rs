@@ -288,7 +288,8 @@ impl Fs {
             // where a write's time goes (RUST_LOG=h5tilefs::fs::gpu=debug)
             let t0 = std::time::Instant::now();
             let mut t_io = std::time::Duration::ZERO;
-            self.mount.pending.write_tile_with(
+            self.put_tile_range(
+                ino,
                 file,
                 path,
                 meta,
@@ -311,12 +312,6 @@ impl Fs {
                 total_s = t0.elapsed().as_secs_f64(),
                 "WRITE_FROM_GPU"
             );
-            self.touch(file);
-            // The bytes changed behind the kernel: drop what it may cache of this range
-            // of the tile file, as its own write through the mount would.
-            if let Some(inv) = self.mount.invalidator() {
-                inv.inval_range(ino, req.file_offset, req.length);
-            }
         }
         req.bytes_written = req.length;
         req.direct_bytes = direct;

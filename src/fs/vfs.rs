@@ -150,6 +150,33 @@ impl Fs {
         }
     }
 
+    /// Writes `len` bytes at `off` of pending tile `idx` with `put` (WRITE_FROM_GPU) or
+    /// records bytes a client put there itself (RECORD_WRITE, a `put` that does
+    /// nothing), as a write through the mount records them; then notes the file and
+    /// drops what the kernel caches of that range of the tile (`ino`): the bytes changed
+    /// behind it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn put_tile_range(
+        &self,
+        ino: u64,
+        file: &Path,
+        path: &str,
+        meta: &crate::staging::PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+        put: &mut crate::pending::PutRuns,
+    ) -> Result<()> {
+        self.mount
+            .pending
+            .write_tile_with(file, path, meta, idx, off, len, put)?;
+        self.touch(file);
+        if let Some(inv) = self.mount.invalidator() {
+            inv.inval_range(ino, off, len);
+        }
+        Ok(())
+    }
+
     /// Pending files this daemon touched that are still pending (committed or removed
     /// ones are dropped from the set here).
     pub fn pending_files(&self) -> Vec<PathBuf> {
