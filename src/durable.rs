@@ -77,6 +77,63 @@ pub fn create_dir_all(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))
 }
 
+/// How long a name made in a directory this node just made (or found made) may read as
+/// missing or stale on a distributed file system before it counts as really missing.
+const NEW_DIR_WINDOW: Duration = Duration::from_secs(5);
+
+/// Runs `op`, which makes or opens a name inside `dir`, after making `dir`; while `op`
+/// fails with ENOENT or ESTALE, makes `dir` again and retries (up to `NEW_DIR_WINDOW`).
+/// On GlusterFS, when two clients make one new directory at once, the one whose `mkdir`
+/// met EEXIST can get ESTALE, then ENOENT, for a name inside it a few ms later (seen:
+/// a pending file's lock, once in 80 declares of one new file from two nodes;
+/// docs/reliability.md).
+pub fn in_dir<T>(
+    dir: &Path,
+    what: impl Fn() -> String,
+    mut op: impl FnMut() -> std::io::Result<T>,
+) -> Result<T> {
+    let t0 = Instant::now();
+    let mut wait = Duration::from_millis(2);
+    loop {
+        create_dir_all(dir)?;
+        match op() {
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESTALE))
+                    && t0.elapsed() < NEW_DIR_WINDOW =>
+            {
+                tracing::debug!(dir = %dir.display(), error = %e, "new directory not there yet; retrying");
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_millis(200));
+            }
+            r => return r.map_err(|e| Error::from_io(what(), e)),
+        }
+    }
+}
+
+/// Creates `path` (O_EXCL, read-write) in `dir`, making `dir` when it is missing (see
+/// `in_dir`). The inner error is the create's own: EEXIST when another writer or node
+/// made it first.
+pub fn create_new_in(dir: &Path, path: &Path) -> Result<std::io::Result<std::fs::File>> {
+    let open_new = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+    };
+    match open_new() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => in_dir(
+            dir,
+            || format!("creating {}", path.display()),
+            || match open_new() {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Err(e)),
+                r => r.map(Ok),
+            },
+        ),
+        r => Ok(r),
+    }
+}
+
 /// Runs `op` again (up to about 150 ms in all) while it fails with ENOENT: on GlusterFS a
 /// name another client just made can read as missing for a moment (seen as a tile
 /// write failing with ENOENT in about one round in fifty of two nodes writing one tile).
@@ -269,7 +326,9 @@ impl Stamp {
 pub type Previous = (Stamp, (i64, i64));
 
 impl FileLock {
+    /// Opens (making it if needed) the lock file, and the directory it lives in.
     fn open(path: &Path) -> Result<std::fs::File> {
+        let dir = path.parent().unwrap_or(Path::new("."));
         let open = |create: bool| {
             std::fs::OpenOptions::new()
                 .create(create)
@@ -278,22 +337,29 @@ impl FileLock {
                 .write(true)
                 .open(path)
         };
-        // GlusterFS answers an O_CREAT open (without O_EXCL) with EEXIST when another
-        // client creates the same name at that moment; the file is there, so open it
-        // (and if it reads as missing for a moment, create it again).
-        let mut r = open(true);
-        for _ in 0..20 {
-            match &r {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    r = retry_missing(|| open(false));
-                    if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-                        r = open(true);
+        in_dir(
+            dir,
+            || format!("opening lock {}", path.display()),
+            || {
+                // GlusterFS answers an O_CREAT open (without O_EXCL) with EEXIST when
+                // another client creates the same name at that moment; the file is
+                // there, so open it (and if it reads as missing for a moment, create it
+                // again).
+                let mut r = open(true);
+                for _ in 0..20 {
+                    match &r {
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            r = retry_missing(|| open(false));
+                            if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                                r = open(true);
+                            }
+                        }
+                        _ => break,
                     }
                 }
-                _ => break,
-            }
-        }
-        r.map_err(io(format!("opening lock {}", path.display())))
+                r
+            },
+        )
     }
 
     /// The transition number the lock file suggests: a hint only (a client may show
@@ -316,20 +382,25 @@ impl FileLock {
     /// tried) but never show old content for it. (A stamp rewritten in one file was
     /// read stale from a GlusterFS client's cache, O_DIRECT or not.)
     pub fn begin(&self, dir: &Path) -> Result<(u64, Option<Previous>)> {
-        create_dir_all(dir)?;
-        let mut k = self.hint().saturating_add(1).max(1);
-        loop {
-            let p = dir.join(k.to_string());
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&p)
-            {
-                Ok(_) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => k += 1,
-                Err(e) => return Err(Error::from_io(format!("creating {}", p.display()), e)),
-            }
-        }
+        let first = self.hint().saturating_add(1).max(1);
+        let k = in_dir(
+            dir,
+            || format!("claiming a transition number in {}", dir.display()),
+            || {
+                let mut k = first;
+                loop {
+                    match std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(dir.join(k.to_string()))
+                    {
+                        Ok(_) => return Ok(k),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => k += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
+            },
+        )?;
         // with the time the previous transition ended (the file system's clock, as the
         // file's own change times)
         let prev = match k.checked_sub(1).filter(|&j| j > 0) {
@@ -421,6 +492,40 @@ impl FileLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The directory a lock lives in vanishes (or reads as missing) right after it was
+    /// made, as a GlusterFS client showed when another node made it at that moment:
+    /// `in_dir` makes it again and the open succeeds; a name that stays missing still
+    /// fails, after the window, naming what was tried.
+    #[test]
+    fn in_dir_makes_the_directory_again_while_a_name_in_it_is_missing() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("stage/f.h5");
+        let mut tries = 0;
+        let f = in_dir(
+            &dir,
+            || "opening lock".into(),
+            || {
+                tries += 1;
+                if tries < 3 {
+                    std::fs::remove_dir(&dir).unwrap();
+                }
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(dir.join("commit.lock"))
+            },
+        );
+        assert!(f.is_ok() && tries == 3, "{tries} tries: {f:?}");
+        let lock = FileLock::try_lock(&d.path().join("other/g.h5/commit.lock"));
+        assert!(matches!(lock, Ok(Some(_))));
+        let t0 = Instant::now();
+        let e = in_dir(&dir, || "reading x".into(), || std::fs::read(dir.join("x"))).unwrap_err();
+        assert_eq!(e.errno, libc::ENOENT);
+        assert!(e.message.contains("reading x"), "{e}");
+        assert!(t0.elapsed() >= NEW_DIR_WINDOW);
+    }
 
     #[test]
     fn write_atomic_leaves_no_temporary_and_replaces() {

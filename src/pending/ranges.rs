@@ -2,7 +2,6 @@
 //! and syncing this daemon's logs, merging every daemon's logs, and what keeps a
 //! commit back (the log format and writer are in `rangelog`).
 
-use super::base::io;
 use super::layout::PendingDataset;
 use super::rangelog::{
     open_log, read_fresh, start_flusher, DatasetLog, LogState, RangeLogs, Record, SyncJob, Syncer,
@@ -60,16 +59,16 @@ impl Ranges {
         let p = log.log_name(&self.writer_id, 0);
         let f = match open_log(&p) {
             Ok(f) => f,
-            Err(e) if e.errno == libc::ENOENT => {
-                crate::durable::create_dir_all(&dir)?;
-                crate::durable::retry_missing(|| {
+            Err(e) if e.errno == libc::ENOENT => crate::durable::in_dir(
+                &dir,
+                || format!("opening range log {}", p.display()),
+                || {
                     std::fs::OpenOptions::new()
                         .append(true)
                         .create(true)
                         .open(&p)
-                })
-                .map_err(io(format!("opening range log {}", p.display())))?
-            }
+                },
+            )?,
             Err(e) => return Err(e),
         };
         log.state.lock().file = Some(Arc::new(f));

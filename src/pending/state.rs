@@ -169,7 +169,6 @@ pub(super) fn transition<T>(
 ) -> Result<T> {
     let what = format!("{:?} of {}", t, file.display());
     let stage = layout.stage_dir(file);
-    crate::durable::create_dir_all(&stage)?;
     let lock_path = stage.join(COMMIT_LOCK);
     let _lock = match t.wait() {
         Some(limit) => FileLock::lock(&lock_path, limit, &what)?,

@@ -628,20 +628,8 @@ impl Tiles {
                 .open(&path)
         };
         let (file, offset) = if create {
-            let open_new = || {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)
-            };
-            let made = match open_new() {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    crate::durable::create_dir_all(dir)?;
-                    open_new()
-                }
-                r => r,
-            };
+            // Ok(Err(EEXIST)): another writer or daemon made it first
+            let made = crate::durable::create_new_in(dir, &path)?;
             match made {
                 Ok(f) => {
                     // GlusterFS can answer for a moment as if a file another call just
