@@ -89,12 +89,13 @@ pub fn attr_in(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> 
     };
     a.volatile |= match (node, r) {
         (Node::Commit { .. } | Node::Status { .. } | Node::Control, _) => true,
+        // A directory of a file (its root, a group, a dataset, `tiles/`), pending or
+        // not, stays a directory whatever happens to the file, and its children are
+        // resolved afresh at every lookup: its entry and attributes follow the TTL, so
+        // a path walk to a tile does not ask the daemon about every directory on the way
+        // (docs/architecture.md). A removed group's answer is volatile (`attr_of_gone`).
+        (Node::In(_, NodeKind::Object | NodeKind::Tiles), _) => false,
         (_, Resolved::Pending { .. }) => true,
-        // a group only pending nodes below it hold up (see `resolve`)
-        (Node::In(_, NodeKind::Object), Resolved::Group { file: None }) => true,
-        (Node::In(ObjRef { file, path }, NodeKind::Object), Resolved::Group { .. }) => {
-            path == "/" && cx.pending.is_pending(file)
-        }
         _ => false,
     };
     Ok(a)

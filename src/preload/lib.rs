@@ -67,6 +67,12 @@ static DEVS: RwLock<(Vec<u64>, Vec<u64>)> = RwLock::new((Vec::new(), Vec::new())
 const WILLNEED_FROM: u64 = 1 << 20;
 static NO_WILLNEED: AtomicBool = AtomicBool::new(false);
 
+/// Tiles smaller than this (1 MiB; `H5TILEFS_DIRECT_WRITE_FROM=BYTES` sets it, 0 maps
+/// every tile) are written through FUSE: for a 256 KiB tile the map, the backing open
+/// and the two RECORD_WRITE round trips cost more than FUSE's one write request
+/// (0.28 against 0.47 GB/s, docs/direct.md).
+static WRITE_FROM: AtomicU64 = AtomicU64::new(1 << 20);
+
 static DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
 static FUSE_BYTES: AtomicU64 = AtomicU64::new(0);
 static OPENS_DIRECT: AtomicU64 = AtomicU64::new(0);
@@ -272,6 +278,12 @@ extern "C" fn init() {
     }
     if std::env::var_os("H5TILEFS_DIRECT_WILLNEED").is_some_and(|v| v == "0") {
         NO_WILLNEED.store(true, Relaxed);
+    }
+    if let Some(n) = std::env::var("H5TILEFS_DIRECT_WRITE_FROM")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        WRITE_FROM.store(n, Relaxed);
     }
     after_fork_in_child();
     // SAFETY: registers a plain extern "C" function for the child side of fork.
@@ -491,6 +503,10 @@ fn track(fd: c_int, flags: c_int) {
         return;
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || !is_h5tilefs(st.st_dev) {
+        return;
+    }
+    if write && (st.st_size as u64) < WRITE_FROM.load(Relaxed) {
+        OPENS_FUSE.fetch_add(1, Relaxed);
         return;
     }
     match build(fd, write, st.st_size as u64) {

@@ -195,17 +195,21 @@ class Worker:
             # The direct data path on (see direct_preload): a worker
             # is a fresh interpreter started with the interception library preloaded, so
             # its reads and writes of the node's mount go to the backing files.
-            old = os.environ.get("LD_PRELOAD")
-            os.environ["LD_PRELOAD"] = preload
+            # Small tiles too: the library writes tiles under 1 MiB through FUSE unless
+            # told otherwise, and these suites' tiles are small.
+            set_env = {"LD_PRELOAD": preload, "H5TILEFS_DIRECT_WRITE_FROM": "0"}
+            old = {k: os.environ.get(k) for k in set_env}
+            os.environ.update(set_env)
             try:
                 self.proc = mp.get_context("spawn").Process(
                     target=_worker_main, args=(ns_pid, child), daemon=True)
                 self.proc.start()
             finally:
-                if old is None:
-                    os.environ.pop("LD_PRELOAD", None)
-                else:
-                    os.environ["LD_PRELOAD"] = old
+                for k, v in old.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         else:
             self.proc = mp.get_context("fork").Process(target=_worker_main, args=(ns_pid, child), daemon=True)
             self.proc.start()

@@ -123,6 +123,16 @@ def _run_jobs(jobs, fn):
                 pass
 
 
+def _write_from() -> int:
+    """Writes shorter than this go through the mount: below 1 MiB the map and the two
+    RECORD_WRITE round trips cost more than one FUSE write (docs/direct.md).
+    ``H5TILEFS_DIRECT_WRITE_FROM=BYTES`` sets it, as for ``h5tilefs run``."""
+    try:
+        return int(os.environ.get("H5TILEFS_DIRECT_WRITE_FROM", 1 << 20))
+    except ValueError:
+        return 1 << 20
+
+
 def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
     """Writes ``buf`` at ``offset`` of a pending tile (``path``, a ``tiles/`` file):
     into the tile's backing runs and recorded with RECORD_WRITE when the daemon maps it,
@@ -131,7 +141,8 @@ def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
     fd = os.open(path, os.O_WRONLY)
     bfds: List[int] = []
     try:
-        m = None if os.environ.get("H5TILEFS_DIRECT") == "0" else direct_map(fd)
+        small = len(buf) < _write_from()
+        m = None if os.environ.get("H5TILEFS_DIRECT") == "0" or small else direct_map(fd)
         end = offset + len(buf)
         if m is not None and (not m.write or end > m.size or m.size != os.fstat(fd).st_size
                               or any(r.file is None for r in m.runs)):
