@@ -110,6 +110,9 @@ def main():
                     help="touch at most this much free memory first (default: all but 2 GiB)")
     ap.add_argument("--raw-streams", type=int, default=4, help="threads of the raw-disk ceiling")
     ap.add_argument("--json", default=None, help="also write the medians and every run here")
+    ap.add_argument("--fuse-too", action="store_true",
+                    help="also time ours with the direct data path off (H5TILEFS_DIRECT=0, "
+                         "docs/direct.md): to_file and cold from_file through FUSE")
     args = ap.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="h5tilefs-abench-")
     backing, mnt = os.path.join(root, "b"), os.path.join(root, "m")
@@ -128,7 +131,7 @@ def main():
             fence()
             nbytes = n * 8
             ours_path, lg_path = os.path.join(mnt, "o.h5"), os.path.join(backing, "l.h5")
-            r = {k: [] for k in ("ow", "lw", "ls", "orc", "lrc", "orw", "lrw", "rw", "rr")}
+            r = {k: [] for k in ("ow", "lw", "ls", "orc", "lrc", "orw", "lrw", "rw", "rr", "fw", "frc")}
             host = np.arange(n, dtype=np.float64)
             raw_path = os.path.join(backing, "raw.bin")
             cold = False
@@ -137,6 +140,21 @@ def main():
                 if os.path.isdir(ours_path):
                     os.rmdir(ours_path)
                 r["ow"].append(timed(lambda: ours.to_file(array=a, path=ours_path, dataset_name="/x")))
+
+            def fuse_only(fn):
+                """FN with the package's direct data path off: every byte through FUSE."""
+                def run():
+                    os.environ["H5TILEFS_DIRECT"] = "0"
+                    try:
+                        fn()
+                    finally:
+                        os.environ.pop("H5TILEFS_DIRECT", None)
+                return run
+
+            def ours_fw():
+                if os.path.isdir(ours_path):
+                    os.rmdir(ours_path)
+                r["fw"].append(timed(lambda: ours.to_file(array=a, path=ours_path, dataset_name="/x")))
 
             def lg_w():
                 if os.path.exists(lg_path):
@@ -159,7 +177,8 @@ def main():
             # first.
             for rep in range(args.reps + 1):
                 # alternate who goes first, so neither side always meets a busier disk
-                for w in ((ours_w, lg_w) if rep % 2 == 0 else (lg_w, ours_w)):
+                writers = [ours_w, lg_w] + ([fuse_only(ours_fw)] if args.fuse_too else [])
+                for w in (writers if rep % 2 == 0 else writers[::-1]):
                     w()
                 t = time.perf_counter()
                 raw_write(raw_path, host, streams=args.raw_streams)
@@ -171,12 +190,15 @@ def main():
                 os.remove(raw_path)
                 os.sync()
                 time.sleep(1.1)
-                for side in ((ours_r, lg_r) if rep % 2 == 0 else (lg_r, ours_r)):
+                cold_sides = [(ours_r, "orc"), (lg_r, "lrc")]
+                if args.fuse_too:
+                    cold_sides.append((fuse_only(lambda: ours_r("frc")), None))
+                for side, key in (cold_sides if rep % 2 == 0 else cold_sides[::-1]):
                     cold = drop_caches(backing)
-                    side("orc" if side is ours_r else "lrc")
+                    side(key) if key else side()
                 for side in ((ours_r, lg_r) if rep % 2 == 0 else (lg_r, ours_r)):
                     side("orw" if side is ours_r else "lrw")
-            rows.append((nbytes, {k: med(v[1:]) for k, v in r.items()}, cold))
+            rows.append((nbytes, {k: med(v[1:]) for k, v in r.items() if v[1:]}, cold))
             runs.append({"bytes": nbytes, "runs": r})
             os.rmdir(ours_path)
             os.remove(lg_path)
@@ -208,6 +230,14 @@ def main():
         lws = m["lw"] + m["ls"]
         print(f"| {nb >> 20} MiB | {m['rw']:.2f} s ({gb / m['rw']:.2f} GB/s) | {m['rw'] / m['ow']:.2f} | {m['rw'] / lws:.2f} | "
               f"{m['rr']:.2f} s ({gb / m['rr']:.2f} GB/s) | {m['rr'] / m['orc']:.2f} | {m['rr'] / m['lrc']:.2f} |")
+    if args.fuse_too:
+        print("\nThe direct data path's gain (ours with it on / ours through FUSE, H5TILEFS_DIRECT=0; same run):\n")
+        print("| array | to_file direct | to_file FUSE | gain | from_file cold direct | from_file cold FUSE | gain |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for nb, m, cold in rows:
+            gb = nb / 1e9
+            print(f"| {nb >> 20} MiB | {gb / m['ow']:.2f} GB/s | {gb / m['fw']:.2f} GB/s | {m['fw'] / m['ow']:.2f}x | "
+                  f"{gb / m['orc']:.2f} GB/s | {gb / m['frc']:.2f} GB/s | {m['frc'] / m['orc']:.2f}x |")
     if args.json:
         import json
         with open(args.json, "w") as f:

@@ -196,8 +196,9 @@ class Worker:
             # is a fresh interpreter started with the interception library preloaded, so
             # its reads and writes of the node's mount go to the backing files.
             # Small tiles too: the library writes tiles under 1 MiB through FUSE unless
-            # told otherwise, and these suites' tiles are small.
-            set_env = {"LD_PRELOAD": preload, "H5TILEFS_DIRECT_WRITE_FROM": "0"}
+            # told otherwise, and these suites' tiles are small (a benchmark may set it).
+            set_env = {"LD_PRELOAD": preload, "H5TILEFS_DIRECT_WRITE_FROM":
+                       os.environ.get("H5TILEFS_DIRECT_WRITE_FROM", "0")}
             old = {k: os.environ.get(k) for k in set_env}
             os.environ.update(set_env)
             try:

@@ -21,6 +21,10 @@ from . import _abi
 
 #: Bytes per read piece, and pieces read at once (a cold disk wants several in flight).
 PIECE = 16 << 20
+# Writes go in 1 MiB pieces, each recorded once written: the daemon then starts each
+# piece's writeback, as for FUSE's 1 MiB write requests. 16 MiB pieces ran at 0.7 GB/s
+# on the dev VM where 1 MiB pieces and FUSE ran at 2.6 (two 256 MiB tiles).
+WRITE_PIECE = 1 << 20
 STREAMS = 4
 #: Backing reads from this size on are announced with POSIX_FADV_WILLNEED (as the
 #: interception library does).
@@ -162,8 +166,8 @@ def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
         jobs = []
         for r in (m.runs if m is not None else [Run(0, max(end, offset), None, 0)]):
             a, b = max(r.start, offset), min(r.start + r.length, end)
-            for s in range(a, b, PIECE):
-                t = min(s + PIECE, b)
+            for s in range(a, b, WRITE_PIECE):
+                t = min(s + WRITE_PIECE, b)
                 if r.file is None:
                     jobs.append((fd, s, s - offset, t - offset))
                 else:
@@ -175,14 +179,17 @@ def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
             done = a
             while done < b:
                 done += os.pwrite(dst, buf[done:b], dst_off + (done - a))
+            if dst != fd:
+                # Recorded piece by piece, as FUSE records each write: the daemon starts
+                # the piece's writeback now, instead of a tile's worth of dirty pages
+                # meeting the kernel's dirty limits at once.
+                rec = _abi.RecordWrite(version=_abi.ABI_VERSION, file_offset=offset + a,
+                                       length=b - a)
+                fcntl.ioctl(fd, _abi.RECORD_WRITE, rec)
+                with _stats_lock:
+                    stats["written_bytes"] += b - a
 
         _run_jobs(jobs, put)
-        if m is not None and len(buf):
-            rec = _abi.RecordWrite(version=_abi.ABI_VERSION, file_offset=offset,
-                                   length=len(buf))
-            fcntl.ioctl(fd, _abi.RECORD_WRITE, rec)
-            with _stats_lock:
-                stats["written_bytes"] += len(buf)
     finally:
         os.close(fd)
         for b in bfds:
