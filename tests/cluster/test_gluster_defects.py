@@ -57,13 +57,14 @@ class Reads:
     one file per thread, each call stamped, merged by time afterwards)."""
 
     CALL = re.compile(r"^(\d+\.\d+) (\w+)\((.*)$")
-    RET_FD = re.compile(r"= (\d+)<(.*)>$")
+    RET_FD = re.compile(r"= (\d+)<(.*)> <[\d.]+>$")
+    TOOK = re.compile(r" <(\d+\.\d+)>$")
     FD_ARG = re.compile(r"^(\d+)<([^>]*)>")
 
     def __init__(self, pid, out):
         self.pid, self.out = pid, out
         self.proc = subprocess.Popen(
-            ["strace", "-ff", "-ttt", "-y", "-o", out, "-p", str(pid),
+            ["strace", "-ff", "-ttt", "-T", "-y", "-o", out, "-p", str(pid),
              "-e", "trace=open,openat,close,read,pread64,readv,preadv,preadv2"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: _tracer_pid(pid) != 0, 10, f"strace to attach to {pid}")
@@ -82,7 +83,16 @@ class Reads:
                     for ln in f:
                         m = self.CALL.match(ln.rstrip("\n"))
                         if m:
-                            out.append((float(m.group(1)), m.group(2), m.group(3)))
+                            t, call, rest = float(m.group(1)), m.group(2), m.group(3)
+                            took = self.TOOK.search(rest)
+                            if call in ("open", "openat") and took:
+                                # An open holds its descriptor from its return: by its
+                                # start, another thread could still be using (and then
+                                # close) the same number (a false "page cache read" in
+                                # CI when an O_RDWR open of the source started after an
+                                # O_DIRECT one and returned first).
+                                t += float(took.group(1))
+                            out.append((t, call, rest))
         return sorted(out)
 
     def page_cache_reads(self, is_source):
