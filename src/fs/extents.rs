@@ -75,28 +75,14 @@ impl Fs {
             .into());
         };
         if req.flags & ioctl::RECORD_CHECK != 0 {
-            let size = meta.tile_bytes(idx).unwrap_or(0);
-            let end = req.file_offset.checked_add(req.length);
-            if end.is_none_or(|e| e > size) {
-                return Err(crate::error::PendingError::PastTileEnd {
-                    dataset: path.clone(),
-                    tile: crate::names::tile_name(idx),
-                    start: req.file_offset,
-                    end: end.unwrap_or(u64::MAX),
-                    size,
-                }
-                .into());
-            }
-            // The dataset must still be pending and its tile's source in place.
-            self.mount
-                .pending
-                .tile(file, path, meta, idx, false)?
-                .ok_or_else(|| {
-                    Error::from(crate::error::PendingError::NoSuchTile {
-                        dataset: path.clone(),
-                        tile: crate::names::tile_name(idx),
-                    })
-                })?;
+            self.mount.pending.check_tile_write(
+                file,
+                path,
+                meta,
+                idx,
+                req.file_offset,
+                req.length,
+            )?;
             return Ok(Vec::new());
         }
         if req.length > 0 {

@@ -309,6 +309,31 @@ impl Pending {
             .tile(&self.ranges, &self.sources(&ds)?, meta, idx, create)
     }
 
+    /// Whether `len` bytes at `off` of a tile may be written now, as `write_tile_with`
+    /// would check them: the range inside the tile (EFBIG) and the tile's source in
+    /// place, so the dataset is still pending (ENOENT). Makes and records nothing
+    /// (RECORD_CHECK, asked before a client writes a source itself).
+    pub fn check_tile_write(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        tiles::check_range(meta, idx, off, len, h5path)?;
+        self.tile(file_rel, h5path, meta, idx, false)?
+            .map(|_| ())
+            .ok_or_else(|| {
+                crate::error::PendingError::NoSuchTile {
+                    dataset: h5path.to_string(),
+                    tile: crate::geometry::tile_name(idx),
+                }
+                .into()
+            })
+    }
+
     /// Writes `data` at `off` of a tile and records the range (in memory: appended to
     /// this daemon's range log at close, fsync, or within the flush interval).
     pub fn write_tile(

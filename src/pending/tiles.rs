@@ -888,20 +888,7 @@ impl Tiles {
         let h5path = &src.ds.path;
         // Checked before the tile's source is made: a refused write leaves nothing
         // behind (no source, no record), so the dataset does not count as written.
-        let size = tile_bytes(meta, idx, h5path)?;
-        let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
-            what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
-        })?;
-        if end > size {
-            return Err(PendingError::PastTileEnd {
-                dataset: h5path.to_string(),
-                tile: tile_name(idx),
-                start: off,
-                end,
-                size,
-            }
-            .into());
-        }
+        let end = check_range(meta, idx, off, len, h5path)?;
         let t = self
             .tile(ranges, src, meta, idx, true)?
             .ok_or_else(|| PendingError::Corrupt {
@@ -922,6 +909,31 @@ impl Tiles {
 }
 
 /// Bytes of tile `idx` of a dataset described by `meta` (edge tiles are smaller).
+/// The end of a write of `len` bytes at `off` of tile `idx`; EFBIG if it does not fit.
+pub(super) fn check_range(
+    meta: &PendingMeta,
+    idx: &[u64],
+    off: u64,
+    len: u64,
+    h5path: &str,
+) -> Result<u64> {
+    let size = tile_bytes(meta, idx, h5path)?;
+    let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
+        what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
+    })?;
+    if end > size {
+        return Err(PendingError::PastTileEnd {
+            dataset: h5path.to_string(),
+            tile: tile_name(idx),
+            start: off,
+            end,
+            size,
+        }
+        .into());
+    }
+    Ok(end)
+}
+
 fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
     let slab = meta
         .grid()

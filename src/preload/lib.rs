@@ -131,15 +131,36 @@ fn sys_lseek(fd: c_int, off: i64, whence: c_int) -> i64 {
     unsafe { libc::lseek64(fd, off, whence) }
 }
 
+/// Calls `call(done)`, one pread or pwrite of the bytes from `done` on, until `len`
+/// bytes are done, a call returns 0 or one fails with an error other than EINTR.
+/// Returns the bytes done and the error that stopped it.
+fn sys_io_loop(len: u64, mut call: impl FnMut(u64) -> libc::c_long) -> (u64, Option<c_int>) {
+    let mut done = 0u64;
+    while done < len {
+        let r = call(done);
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return (done, Some(e));
+        }
+        if r == 0 {
+            break;
+        }
+        done += r as u64;
+    }
+    (done, None)
+}
+
 /// pread until `len` bytes, end of file or an error other than EINTR.
 ///
 /// # Safety
 /// `buf` must be valid for `len` bytes of writes.
 unsafe fn sys_pread_full(fd: c_int, buf: *mut u8, len: u64, off: u64) -> Result<u64, c_int> {
-    let mut done = 0u64;
-    while done < len {
+    let (done, err) = sys_io_loop(len, |done| {
         // SAFETY: `buf + done .. buf + len` is inside the caller's buffer.
-        let r = unsafe {
+        unsafe {
             libc::syscall(
                 libc::SYS_pread64,
                 fd,
@@ -147,20 +168,12 @@ unsafe fn sys_pread_full(fd: c_int, buf: *mut u8, len: u64, off: u64) -> Result<
                 (len - done) as usize,
                 (off + done) as i64,
             )
-        };
-        if r < 0 {
-            let e = errno();
-            if e == libc::EINTR {
-                continue;
-            }
-            return if done > 0 { Ok(done) } else { Err(e) };
         }
-        if r == 0 {
-            break;
-        }
-        done += r as u64;
+    });
+    match err {
+        Some(e) if done == 0 => Err(e),
+        _ => Ok(done),
     }
-    Ok(done)
 }
 
 /// pwrite all `len` bytes (retrying EINTR and short writes); a write of 0 is EIO.
@@ -168,10 +181,9 @@ unsafe fn sys_pread_full(fd: c_int, buf: *mut u8, len: u64, off: u64) -> Result<
 /// # Safety
 /// `buf` must be valid for `len` bytes of reads.
 unsafe fn sys_pwrite_all(fd: c_int, buf: *const u8, len: u64, off: u64) -> Result<(), c_int> {
-    let mut put = 0u64;
-    while put < len {
+    let (put, err) = sys_io_loop(len, |put| {
         // SAFETY: `buf + put .. buf + len` is inside the caller's buffer.
-        let w = unsafe {
+        unsafe {
             libc::syscall(
                 libc::SYS_pwrite64,
                 fd,
@@ -179,20 +191,13 @@ unsafe fn sys_pwrite_all(fd: c_int, buf: *const u8, len: u64, off: u64) -> Resul
                 (len - put) as usize,
                 (off + put) as i64,
             )
-        };
-        if w < 0 {
-            let err = errno();
-            if err == libc::EINTR {
-                continue;
-            }
-            return Err(err);
         }
-        if w == 0 {
-            return Err(libc::EIO);
-        }
-        put += w as u64;
+    });
+    match err {
+        Some(e) => Err(e),
+        None if put < len => Err(libc::EIO),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn sys_fstat(fd: c_int) -> Option<libc::stat> {
