@@ -52,8 +52,16 @@ const STAGE_AHEAD: u64 = 64 << 20;
 
 /// Pinned images of stored chunks the daemon keeps for nvCOMP windows, and the largest
 /// one kept (LZ4 stores a 128 MiB window in about 16 MiB; an image of incompressible
-/// data, about 128 MiB, is freed after its window).
-const IMAGES_KEPT: usize = 8;
+/// data, about 128 MiB, is freed after its window). As many as two requests have
+/// windows in flight (one client per GPU of a two-GPU node): with 8 kept, half the
+/// windows of such a pair pinned and freed an image of their own, and the pair ran no
+/// faster than one client (2 x H200, 2026-11-29).
+const IMAGES_KEPT: usize = 16;
+/// Device scratches (decoded chunks and nvCOMP's arena) kept per GPU for later windows,
+/// and the largest kept (`devmem::ScratchPool`): at most 8 x 384 MiB of a GPU's memory,
+/// for 10 s after the last window that used it.
+const SCRATCHES_KEPT: usize = 8;
+const SCRATCH_KEPT_BYTES: usize = 384 << 20;
 const IMAGE_KEPT_BYTES: usize = wire::IMAGE_KEPT_BYTES as usize;
 
 /// A verbatim run longer than this is split into pieces of this size read by several
@@ -170,7 +178,7 @@ enum Dir {
 
 struct Loaded {
     /// Primary context per device ordinal.
-    ctxs: Mutex<Vec<(i32, usize)>>,
+    ctxs: Arc<Mutex<Vec<(i32, usize)>>>,
     cufile: bool,
     /// cuFile handles (or refusals) per version of a backing inode.
     files: IdentCache<CuFile, BackingFile>,
@@ -183,6 +191,8 @@ struct Loaded {
     images: Mutex<Vec<devmem::PinnedImage>>,
     /// Images of stored chunks for the decoder process, reused across transfers.
     shared_images: Mutex<Vec<decoder::SharedImage>>,
+    /// Device scratches by device ordinal, reused across transfers.
+    scratches: devmem::ScratchPool,
 }
 
 pub struct Gpu {
@@ -266,8 +276,10 @@ impl Gpu {
                 e.err == cf::CUfileOpError::CU_FILE_SUCCESS
             };
             tracing::info!(cufile, ms = t0.elapsed().as_millis() as u64, "CUDA loaded");
+            let ctxs = Arc::new(Mutex::new(Vec::new()));
             Ok(Loaded {
-                ctxs: Mutex::new(Vec::new()),
+                scratches: devmem::ScratchPool::new(ctxs.clone()),
+                ctxs,
                 cufile,
                 files: IdentCache::new(MAX_CUFILE_HANDLES),
                 wfiles: IdentCache::new(MAX_CUFILE_HANDLES),
@@ -422,9 +434,10 @@ impl Gpu {
         }
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: allocates STAGE_BYTES of pinned host memory in the bound context; it is
-        // kept in the pool for the daemon's lifetime.
+        // kept in the pool for the daemon's lifetime. (portable: pinned for every
+        // context, as the pool serves transfers to every device)
         cu_ok(
-            unsafe { cu::cuMemHostAlloc(&mut p, STAGE_BYTES, 0) },
+            unsafe { cu::cuMemHostAlloc(&mut p, STAGE_BYTES, cu::CU_MEMHOSTALLOC_PORTABLE) },
             "cuMemHostAlloc",
         )?;
         Ok(p as usize)
@@ -543,9 +556,9 @@ impl Gpu {
         )?;
         let mut bufs = [0usize; 2];
         let mut events: [cu::CUevent; 2] = [std::ptr::null_mut(); 2];
-        // Device memory for chunks decoded on the GPU, kept for the transfer and given
-        // back after the stream's last synchronization below.
-        let mut scratch = devmem::Scratch::default();
+        // Device memory for chunks decoded on the GPU, kept for the transfer and put
+        // back in the pool (or given back) after the stream's last synchronization below.
+        let mut scratch = l.scratches.take(m.device);
         let result = (|| -> Result<(u64, u64)> {
             for k in 0..2 {
                 bufs[k] = self.take_pinned(l)?;
@@ -821,8 +834,9 @@ impl Gpu {
             }
             cu::cuStreamDestroy_v2(stream);
         }
-        let mut pool = l.pinned.lock();
-        pool.extend(bufs.iter().filter(|&&b| b != 0));
+        l.pinned.lock().extend(bufs.iter().filter(|&&b| b != 0));
+        l.scratches
+            .put(m.device, scratch, SCRATCHES_KEPT, SCRATCH_KEPT_BYTES);
         result
     }
 

@@ -149,6 +149,11 @@ impl Scratch {
         Ok(self.ptr)
     }
 
+    /// Device bytes held (the decoded chunks' room and nvCOMP's arena).
+    pub(super) fn bytes(&self) -> usize {
+        self.len + self.arena.bytes()
+    }
+
     fn release(&mut self) {
         if self.ptr != 0 {
             // SAFETY: allocated by cuMemAlloc in this context; `ensure` and the transfer
@@ -221,5 +226,85 @@ impl PinnedImage {
             // synchronized its stream.
             unsafe { cu::cuMemFreeHost(self.ptr as *mut std::ffi::c_void) };
         }
+    }
+}
+
+/// Device scratches kept between the daemon's transfers, per device: allocating and
+/// freeing one per window serialized concurrent requests in the driver. One unused for
+/// [`SCRATCH_IDLE`] is freed by a background thread (bound to its device's primary
+/// context there), so an idle daemon holds no GPU memory for decoding.
+pub(super) struct ScratchPool {
+    inner: std::sync::Arc<PoolInner>,
+}
+
+struct PoolInner {
+    entries: parking_lot::Mutex<Vec<(i32, std::time::Instant, Scratch)>>,
+    ctxs: std::sync::Arc<parking_lot::Mutex<Vec<(i32, usize)>>>,
+    releaser: std::sync::Once,
+}
+
+/// How long a kept scratch may stay unused.
+const SCRATCH_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl ScratchPool {
+    /// A pool whose scratches belong to the primary contexts in `ctxs`.
+    pub(super) fn new(ctxs: std::sync::Arc<parking_lot::Mutex<Vec<(i32, usize)>>>) -> Self {
+        ScratchPool {
+            inner: std::sync::Arc::new(PoolInner {
+                entries: parking_lot::Mutex::new(Vec::new()),
+                ctxs,
+                releaser: std::sync::Once::new(),
+            }),
+        }
+    }
+
+    /// A kept scratch of `device`, or an empty one.
+    pub(super) fn take(&self, device: i32) -> Scratch {
+        let mut e = self.inner.entries.lock();
+        match e.iter().position(|(d, _, _)| *d == device) {
+            Some(i) => e.swap_remove(i).2,
+            None => Scratch::default(),
+        }
+    }
+
+    /// Keeps `s` (of `device`, whose context is bound here, its stream synchronized)
+    /// when fewer than `kept` of that device are kept and it holds at most `max_bytes`;
+    /// else frees it here.
+    pub(super) fn put(&self, device: i32, s: Scratch, kept: usize, max_bytes: usize) {
+        if s.bytes() == 0 || s.bytes() > max_bytes {
+            return;
+        }
+        let mut e = self.inner.entries.lock();
+        if e.iter().filter(|(d, _, _)| *d == device).count() >= kept {
+            drop(e);
+            drop(s);
+            return;
+        }
+        e.push((device, std::time::Instant::now(), s));
+        drop(e);
+        let inner = self.inner.clone();
+        self.inner.releaser.call_once(move || {
+            let _ = std::thread::Builder::new()
+                .name("h5tilefs-gpu-scratch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(SCRATCH_IDLE / 2);
+                    let stale: Vec<(i32, std::time::Instant, Scratch)> = {
+                        let mut e = inner.entries.lock();
+                        let (old, keep) = std::mem::take(&mut *e)
+                            .into_iter()
+                            .partition(|(_, t, _)| t.elapsed() >= SCRATCH_IDLE);
+                        *e = keep;
+                        old
+                    };
+                    for (d, _, s) in stale {
+                        match bind_primary(&inner.ctxs, d) {
+                            Ok(_) => drop(s),
+                            // (no context to free it in: leaked rather than freed in
+                            // another device's context)
+                            Err(_) => std::mem::forget(s),
+                        }
+                    }
+                });
+        });
     }
 }

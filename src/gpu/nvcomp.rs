@@ -555,6 +555,11 @@ pub struct Arena {
 }
 
 impl Arena {
+    /// Device bytes held.
+    pub(super) fn bytes(&self) -> usize {
+        self.bufs.iter().map(|b| b.1).sum()
+    }
+
     pub(super) fn get(&mut self, i: usize, n: usize) -> Result<u64, String> {
         let (p, len) = self.bufs[i];
         if len >= n {

@@ -39,6 +39,30 @@ impl Padded {
 }
 
 impl TileTarget {
+    /// Whether the source was deleted outside h5tilefs while open (link count 0). Asks the
+    /// kernel for the link count alone: a full fstat of a file being written makes a
+    /// GlusterFS client flush its write-behind first (2.6 ms a call, once per write
+    /// request, measured), where a link count the kernel holds (fresh within the file
+    /// system's attribute timeout; an unlink through the same kernel updates it at once)
+    /// needs no round trip.
+    pub fn source_deleted(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: statx reads the fd we hold open (borrowed for the call) and writes the
+        // zeroed struct we own; the empty path with AT_EMPTY_PATH names that fd.
+        let (r, st) = unsafe {
+            let mut st: libc::statx = std::mem::zeroed();
+            let r = libc::statx(
+                self.file.file.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_STATX_SYNC_AS_STAT,
+                libc::STATX_NLINK,
+                &mut st,
+            );
+            (r, st)
+        };
+        r == 0 && st.stx_mask & libc::STATX_NLINK != 0 && st.stx_nlink == 0
+    }
+
     /// The file ranges `(file offset, offset into the bytes, length)` that tile bytes
     /// `[off, off + len)` lie in: one range, or one per row of a padded edge tile.
     pub fn runs(&self, off: u64, len: u64) -> Vec<(u64, u64, u64)> {

@@ -600,8 +600,7 @@ impl Tiles {
         if let Some(t) = cached {
             // Deleted (or replaced) outside h5tilefs while open: bytes written to it now
             // would be lost, so refuse (commit refuses too: see `commit_locked`).
-            use std::os::unix::fs::MetadataExt;
-            if t.file.file.metadata().is_ok_and(|m| m.nlink() == 0) {
+            if t.source_deleted() {
                 return Err(PendingError::SourceDeleted {
                     dataset: h5path.to_string(),
                     tile: name,

@@ -66,12 +66,17 @@ def worker(dev, mnt, data, n, reps, barrier, q):
         q.put((dev, ok, ts))
 
 
-def run(devs, mnt, data, n, reps, other=None):
+def run(devs, mnt, data, n, reps, other=None, mnt2=None):
+    """One client per entry of `devs` (a GPU index); the second client reads `other`
+    (another file) and goes through `mnt2` (another daemon) when given."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(devs))
     q = ctx.Queue()
-    ps = [ctx.Process(target=worker, args=(d, mnt, other if (other and d) else data, n, reps, barrier, q))
-          for d in devs]
+    def path(k):
+        p = other if (other and k) else data
+        return p.replace(mnt, mnt2, 1) if (mnt2 and k) else p
+    ps = [ctx.Process(target=worker, args=(d, (mnt2 if (mnt2 and k) else mnt), path(k), n, reps, barrier, q))
+          for k, d in enumerate(devs)]
     for p in ps:
         p.start()
     out = [q.get(timeout=300) for _ in ps]
@@ -79,7 +84,28 @@ def run(devs, mnt, data, n, reps, other=None):
         p.join()
     # per rep: the pair's span (first start to last end), best of the reps
     spans = [max(o[2][k][1] for o in out) - min(o[2][k][0] for o in out) for k in range(reps)]
-    return all(o[1] for o in out), min(spans), {o[0]: o[1] for o in out}
+    return all(o[1] for o in out), min(spans), {f"{k}:gpu{o[0]}": o[1] for k, o in enumerate(out)}
+
+
+def window_lines(logs):
+    """The daemons' "nvCOMP window" lines so far (RUST_LOG=h5tilefs::gpu=debug)."""
+    out = []
+    for log in logs:
+        if os.path.exists(log):
+            out += [ln for ln in open(log, errors="replace") if "nvCOMP window" in ln]
+    return out
+
+
+def window_summary(lines):
+    """Median milliseconds of each step of a window (read, frame, gpu, scatter), for
+    telling a host-bound pair from a GPU-bound one."""
+    import re
+    import statistics
+    steps = {}
+    for ln in lines:
+        for k, v in re.findall(r"(read_ms|frame_ms|gpu_ms|scatter_ms)=([0-9.]+)", ln):
+            steps.setdefault(k, []).append(float(v))
+    return {k: round(statistics.median(v), 1) for k, v in steps.items()} | {"windows": len(lines)}
 
 
 def main():
@@ -92,6 +118,11 @@ def main():
     ap.add_argument("--filters", nargs="+", default=list(FILTERS))
     ap.add_argument("--separate", action="store_true",
                     help="the second GPU's client reads a copy of the file (no dataset shared)")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="both clients on GPU 0: what one GPU gives two clients (a diagnosis)")
+    ap.add_argument("--two-daemons", action="store_true",
+                    help="the second client reads through a second daemon's mount of the same "
+                         "backing directory (a diagnosis: is the limit inside one daemon?)")
     a = ap.parse_args()
     import cupy as cp
     import h5py
@@ -115,19 +146,31 @@ def main():
     log = os.path.join(root, "daemon.log")
     env = {**os.environ, "H5TILEFS_NVCOMP": a.nvcomp, "RUST_LOG": "info,h5tilefs::gpu=debug"}
     subprocess.run([a.bin, "mount", backing, mnt, "--gpu", "preload", "--log-file", log], check=True, env=env)
+    mnt2 = None
+    if a.two_daemons:
+        mnt2 = os.path.join(root, "m2")
+        os.makedirs(mnt2)
+        subprocess.run([a.bin, "mount", backing, mnt2, "--gpu", "preload", "--log-file", log + ".2"],
+                       check=True, env=env)
     results = []
     try:
         print(f"{ngpu} GPUs: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, {n}x{n} float32", flush=True)
         gb = n * n * 4 / 1e9
         for name in a.filters:
             data = os.path.join(mnt, f"{name}.h5", "x", "data")
+            logs = [log, log + ".2"]
+            w0 = len(window_lines(logs))
             ok1, t1, _ = run([0], mnt, data, n, a.reps)
+            w1 = window_lines(logs)
             other = os.path.join(mnt, f"{name}-b.h5", "x", "data") if a.separate else None
-            ok2, t2, each = run(list(range(min(ngpu, 2))), mnt, data, n, a.reps, other)
+            devs = [0, 0] if a.same_gpu else list(range(min(ngpu, 2)))
+            ok2, t2, each = run(devs, mnt, data, n, a.reps, other, mnt2)
             row = {"filter": name, "one_gpu_gbs": round(gb / t1, 2),
                    "two_gpus_gbs": round(2 * gb / t2, 2), "scaling": round(t1 * 2 / t2, 2),
-                   "bytes_equal": {"one": ok1, **{f"gpu{d}": v for d, v in each.items()}}}
-            results.append(ok1 and ok2 and ngpu >= 2)
+                   "bytes_equal": {"one": ok1, **each},
+                   "windows_one": window_summary(w1[w0:]),
+                   "windows_two": window_summary(window_lines(logs)[len(w1):])}
+            results.append(ok1 and ok2 and (ngpu >= 2 or a.same_gpu))
             print(json.dumps(row), flush=True)
         lines = [ln for ln in open(log, errors="replace") if "nvCOMP window" in ln]
         print(f"nvCOMP windows in the log: {len(lines)}", flush=True)
@@ -137,6 +180,8 @@ def main():
         results.append(not proc)
     finally:
         subprocess.run([a.bin, "umount", mnt], check=False)
+        if mnt2:
+            subprocess.run([a.bin, "umount", mnt2], check=False)
         shutil.rmtree(root, ignore_errors=True)
     print(f"passed {sum(results)}/{len(results)}")
     return 0 if all(results) else 1
