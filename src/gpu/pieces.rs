@@ -197,7 +197,19 @@ pub(super) fn window_codec(nv: &Nvcomp, pieces: &[(&[Block], u64)]) -> Option<(C
         .iter()
         .flat_map(|(blocks, _)| blocks.iter())
         .find_map(|b| codec_of(&b.cell.source.stored(b.cell.index)?).filter(|p| nv.has(p.codec)))
-        .map(|p| (p.codec, !p.codec.checked() || p.kind != Kind::Plain))
+        .map(|p| {
+            (
+                p.codec,
+                !p.codec.checked() || p.kind != Kind::Plain || lz4_in_process(),
+            )
+        })
+}
+
+/// `H5TILEFS_GPU_LZ4_PROCESS=1`: LZ4 batches too run in the decoder process (a
+/// measurement knob: one route against the other).
+fn lz4_in_process() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var("H5TILEFS_GPU_LZ4_PROCESS").is_ok_and(|v| v == "1"))
 }
 
 /// The client's allocation, as the decoder process maps it.
