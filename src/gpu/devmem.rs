@@ -232,7 +232,8 @@ impl PinnedImage {
 /// Device scratches kept between the daemon's transfers, per device: allocating and
 /// freeing one per window serialized concurrent requests in the driver. One unused for
 /// [`SCRATCH_IDLE`] is freed by a background thread (bound to its device's primary
-/// context there), so an idle daemon holds no GPU memory for decoding.
+/// context there), so an idle daemon holds no GPU memory for decoding. Lock: `entries`
+/// alone (a leaf), never held across a CUDA call.
 pub(super) struct ScratchPool {
     inner: std::sync::Arc<PoolInner>,
 }
