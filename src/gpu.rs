@@ -825,18 +825,23 @@ impl Gpu {
         })();
         // SAFETY: everything queued on the stream has completed or failed; the events and
         // the stream are ours; the pinned buffers go back to the pool.
-        unsafe {
-            cu::cuStreamSynchronize(stream);
+        let synced = unsafe {
+            let synced = cu::cuStreamSynchronize(stream) == cu::CUresult::CUDA_SUCCESS;
             for ev in events {
                 if !ev.is_null() {
                     cu::cuEventDestroy_v2(ev);
                 }
             }
             cu::cuStreamDestroy_v2(stream);
-        }
+            synced
+        };
         l.pinned.lock().extend(bufs.iter().filter(|&&b| b != 0));
-        l.scratches
-            .put(m.device, scratch, SCRATCHES_KEPT, SCRATCH_KEPT_BYTES);
+        // (a stream that failed may have left the context unusable: its scratch is
+        // freed, not kept for another window)
+        if synced {
+            l.scratches
+                .put(m.device, scratch, SCRATCHES_KEPT, SCRATCH_KEPT_BYTES);
+        }
         result
     }
 

@@ -156,9 +156,10 @@ impl Scratch {
 
     fn release(&mut self) {
         if self.ptr != 0 {
-            // SAFETY: allocated by cuMemAlloc in this context; `ensure` and the transfer
-            // (which drops the scratch after its last synchronization) wait for the
-            // stream first, so no copy reads it any more.
+            // SAFETY: allocated by cuMemAlloc in this context (bound by whoever drops
+            // it: the transfer, or the pool's thread after `bind_primary`); `ensure` and
+            // the transfer (which pools or drops the scratch after its last
+            // synchronization) wait for the stream first, so no copy reads it any more.
             unsafe { cu::cuMemFree_v2(self.ptr) };
         }
         self.ptr = 0;
@@ -242,6 +243,8 @@ struct PoolInner {
     entries: parking_lot::Mutex<Vec<(i32, std::time::Instant, Scratch)>>,
     ctxs: std::sync::Arc<parking_lot::Mutex<Vec<(i32, usize)>>>,
     releaser: std::sync::Once,
+    /// Set once the releasing thread started.
+    running: std::sync::atomic::AtomicBool,
 }
 
 /// How long a kept scratch may stay unused.
@@ -255,6 +258,7 @@ impl ScratchPool {
                 entries: parking_lot::Mutex::new(Vec::new()),
                 ctxs,
                 releaser: std::sync::Once::new(),
+                running: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -275,17 +279,11 @@ impl ScratchPool {
         if s.bytes() == 0 || s.bytes() > max_bytes {
             return;
         }
-        let mut e = self.inner.entries.lock();
-        if e.iter().filter(|(d, _, _)| *d == device).count() >= kept {
-            drop(e);
-            drop(s);
-            return;
-        }
-        e.push((device, std::time::Instant::now(), s));
-        drop(e);
         let inner = self.inner.clone();
+        let flagged = self.inner.clone();
         self.inner.releaser.call_once(move || {
-            let _ = std::thread::Builder::new()
+            let inner_flag = &flagged.running;
+            let started = std::thread::Builder::new()
                 .name("h5tilefs-gpu-scratch".into())
                 .spawn(move || loop {
                     std::thread::sleep(SCRATCH_IDLE / 2);
@@ -306,6 +304,30 @@ impl ScratchPool {
                         }
                     }
                 });
+            match started {
+                Ok(_) => inner_flag.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread to free idle GPU scratches: none is kept")
+                }
+            }
         });
+        // (without the thread nothing would ever free a kept scratch)
+        if !self.releasing() {
+            return;
+        }
+        let mut e = self.inner.entries.lock();
+        if e.iter().filter(|(d, _, _)| *d == device).count() >= kept {
+            drop(e);
+            drop(s);
+            return;
+        }
+        e.push((device, std::time::Instant::now(), s));
+    }
+
+    /// Whether the thread that frees idle scratches runs.
+    fn releasing(&self) -> bool {
+        self.inner
+            .running
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 }

@@ -394,6 +394,24 @@ impl Nvcomp {
         items: &[ImageItem],
         stream: cu::CUstream,
     ) -> Result<(), BatchError> {
+        let r = self.decode_image_queued(codec, arena, image, items, stream);
+        if r.is_err() {
+            // A failure after the image's upload was queued: the caller may pool or free
+            // the image (and the arena) once this returns, so nothing may still read it.
+            // SAFETY: the caller's live stream (or the default stream).
+            unsafe { cu::cuStreamSynchronize(stream) };
+        }
+        r
+    }
+
+    fn decode_image_queued(
+        &self,
+        codec: Codec,
+        arena: &mut Arena,
+        image: &[u8],
+        items: &[ImageItem],
+        stream: cu::CUstream,
+    ) -> Result<(), BatchError> {
         let name = codec.name();
         let fns = self.fns(codec)?;
         if items.is_empty() {

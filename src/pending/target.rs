@@ -60,7 +60,12 @@ impl TileTarget {
             );
             (r, st)
         };
-        r == 0 && st.stx_mask & libc::STATX_NLINK != 0 && st.stx_nlink == 0
+        if r == 0 && st.stx_mask & libc::STATX_NLINK != 0 {
+            return st.stx_nlink == 0;
+        }
+        // (statx refused, e.g. by a sandbox's filter, or no link count: a full fstat)
+        use std::os::unix::fs::MetadataExt;
+        self.file.file.metadata().is_ok_and(|m| m.nlink() == 0)
     }
 
     /// The file ranges `(file offset, offset into the bytes, length)` that tile bytes
