@@ -907,7 +907,6 @@ impl Tiles {
     }
 }
 
-/// Bytes of tile `idx` of a dataset described by `meta` (edge tiles are smaller).
 /// The end of a write of `len` bytes at `off` of tile `idx`; EFBIG if it does not fit.
 pub(super) fn check_range(
     meta: &PendingMeta,
@@ -933,6 +932,7 @@ pub(super) fn check_range(
     Ok(end)
 }
 
+/// Bytes of tile `idx` of a dataset described by `meta` (edge tiles are smaller).
 fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
     let slab = meta
         .grid()
