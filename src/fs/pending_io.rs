@@ -643,7 +643,11 @@ pub fn write_data(
     let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
     let mut runs = TileRuns::default();
     let mut whole = false;
-    for e in extents {
+    // the tiles of the last extent's file: a band's extents all lie in one file (the
+    // chunked layout's) or a few, and looking each up by path cost more than the copy
+    type InFile<'a> = &'a [(u64, Vec<u64>, Arc<crate::pending::TileTarget>)];
+    let mut last_file: Option<(&Arc<crate::extent::BackingFile>, InFile)> = None;
+    for e in &extents {
         let crate::extent::Src::File { file: bf, offset } = &e.src else {
             return Err(Error::io("pending data maps to a missing tile"));
         };
@@ -652,9 +656,16 @@ pub fn write_data(
         if cs >= ct {
             continue;
         }
-        let in_file = tiles
-            .get(&bf.path)
-            .ok_or_else(|| Error::io("unknown tile source"))?;
+        let in_file = match last_file {
+            Some((f, v)) if Arc::ptr_eq(f, bf) => v,
+            _ => {
+                let v = tiles
+                    .get(&bf.path)
+                    .ok_or_else(|| Error::io("unknown tile source"))?;
+                last_file = Some((bf, v));
+                v
+            }
+        };
         // One extent may cover several tiles: the chunked layout's chunks follow each
         // other in one file, and the plan joins ranges contiguous there.
         let mut c = cs;

@@ -21,7 +21,7 @@ mod storage;
 mod vds;
 
 pub use dataset::{
-    DatasetModel, LazySource, ModelOptions, SourceFile, SourceOpener, Storage, VBlock,
+    DatasetModel, LazySource, ModelOptions, SourceFile, SourceOpener, Storage, VBlock, VBlocks,
 };
 pub use exec::{execute, execute_window, read_selection, recycle};
 pub use plan::{cells_of, flatten, flatten_owned, selection_bytes};

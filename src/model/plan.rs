@@ -106,14 +106,21 @@ impl DatasetModel {
                     .into());
                 }
                 // Blocks may overlap: their sum can exceed u64 where the dataset cannot.
-                let covered: u128 = blocks
-                    .iter()
-                    .map(|b| b.count.iter().map(|&c| c as u128).product::<u128>())
-                    .fold(0u128, |a, n| a.saturating_add(n));
-                if covered < self.shape.iter().map(|&c| c as u128).product::<u128>() {
+                if blocks.covered < self.shape.iter().map(|&c| c as u128).product::<u128>() {
                     emit_block(sel, &zeros, &self.shape, &self.shape, &fill(), es, dst, out);
                 }
-                for b in blocks {
+                // the selection's first and last element in the first dimension
+                let touching = match sel.dims.first() {
+                    Some(d) => {
+                        let last = (d.count - 1)
+                            .checked_mul(d.step)
+                            .and_then(|n| n.checked_add(d.start))
+                            .unwrap_or(u64::MAX);
+                        blocks.touching(d.start, last)
+                    }
+                    None => blocks,
+                };
+                for b in touching {
                     let mut lo = Vec::with_capacity(sel.rank());
                     let mut cnt = Vec::with_capacity(sel.rank());
                     for (d, dsel) in sel.dims.iter().enumerate() {

@@ -181,7 +181,7 @@ pub(super) fn place(
                             if let Some(t) = regular_grid(&blocks, &shape) {
                                 tile_shape = t;
                             }
-                            Storage::Virtual(blocks)
+                            Storage::Virtual(super::dataset::VBlocks::new(blocks))
                         }
                         Err(why) => match escaping_source(&maps, file.abs(), &opts.root) {
                             // HDF5 would follow it; we may run as root.

@@ -244,16 +244,21 @@ impl Commit<'_> {
         // chunks of compressed datasets the commit encoded (not their writers)
         let mut encoded_here = 0;
         let mut chunked_steps = Value::Null;
+        // staging files the committed file no longer needs (deleted with the trash)
+        let mut discard = Vec::new();
         let t_vds = if plan.chunked.is_empty() {
             self.publish(file, stage, &dir, &target, &plan)?
         } else {
-            let (t, n, steps) = self.publish_chunked(file, stage, &dir, &target, &plan)?;
+            let (t, n, steps) =
+                self.publish_chunked(file, stage, &dir, &target, &plan, &mut discard)?;
             encoded_here = n;
             chunked_steps = steps;
             t
         };
-        self.retire(file, stage, &nodes)?;
+        let t_published = t0.elapsed();
+        self.retire(file, stage, &nodes, &discard)?;
         let _ = std::fs::remove_file(stage.join(RENAMED));
+        let t_retired = t0.elapsed();
         let CommitPlan {
             specs,
             groups,
@@ -274,6 +279,7 @@ impl Commit<'_> {
             "vds_s": t_vds.as_secs_f64(),
             "encoded_by_commit": encoded_here,
             "chunked_steps": chunked_steps,
+            "retire_s": (t_retired - t_published).as_secs_f64(),
             "total_s": t0.elapsed().as_secs_f64(),
         });
         tracing::info!(tiles = committed.len(), %phases, "commit phases");
@@ -552,6 +558,7 @@ impl Commit<'_> {
         dir: &Path,
         target: &Path,
         plan: &CommitPlan,
+        discard: &mut Vec<PathBuf>,
     ) -> Result<(std::time::Duration, u64, Value)> {
         let t = std::time::Instant::now();
         // seconds since `t` at each step, for the commit's phases
@@ -610,8 +617,13 @@ impl Commit<'_> {
                             .map_err(io(format!("filling a chunk of {}", c.path)))?;
                     }
                 }
-                if c.compressed.is_some() {
-                    // every node's tile bytes are on the staging file before they are read
+                if c.compressed
+                    .as_ref()
+                    .is_some_and(|z| !c.fill_chunks.is_empty() || z.reads_staging())
+                {
+                    // every node's tile bytes are on the staging file before they are
+                    // read (not when every chunk's writer encoded it: then none is read,
+                    // and the raw tiles, never needed, are not written to disk at all)
                     f.sync_data()
                         .map_err(io(format!("fsync {}", c.tiles.display())))?;
                 }
@@ -660,6 +672,7 @@ impl Commit<'_> {
         std::fs::rename(&product, target)
             .map_err(|e| Error::from_io(format!("renaming into {}", target.display()), e))?;
         fsync_dir(dir)?;
+        mark("renamed_s");
         super::chunked::forget_base(&product);
         if std::env::var_os("H5TILEFS_FAULT_ABORT_AFTER_RENAME").is_some() {
             // test hook (docs/operations.md): the daemon dies between the rename and
@@ -672,13 +685,22 @@ impl Commit<'_> {
         self.tiles.close_under(&self.layout.product(file));
         for c in plan.chunked.iter().filter(|c| c.compressed.is_some()) {
             self.tiles.close_under(&c.tiles);
-            let _ = std::fs::remove_file(&c.tiles);
+            // Unlinking a staging file of hundreds of MiB whose pages are still
+            // dirty took 50 ms, most of a commit's own time: it goes with the trash,
+            // in the background, after a rename that frees its name at once.
+            discard.push(c.tiles.clone());
         }
         Ok((took, encoded_here, Value::Object(steps)))
     }
 
     /// After the rename: the committed nodes' pending state and older generations go.
-    fn retire(&self, file: &PendingFile, stage: &Path, nodes: &[PendingNode]) -> Result<()> {
+    fn retire(
+        &self,
+        file: &PendingFile,
+        stage: &Path,
+        nodes: &[PendingNode],
+        discard: &[PathBuf],
+    ) -> Result<()> {
         // Committed. The pending state (range logs: one per daemon) and older
         // generations of replaced datasets go: renamed out of the way now, so a dataset
         // created again at once starts clean, and deleted in the background.
@@ -702,7 +724,12 @@ impl Commit<'_> {
                 Err(e) => {
                     tracing::warn!(path = %p.display(), error = %e,
                         "moving committed pending state to the trash failed; deleting it in place");
-                    if let Err(e) = std::fs::remove_dir_all(p) {
+                    let removed = if p.is_dir() {
+                        std::fs::remove_dir_all(p)
+                    } else {
+                        std::fs::remove_file(p)
+                    };
+                    if let Err(e) = removed {
                         if e.kind() != std::io::ErrorKind::NotFound {
                             tracing::error!(path = %p.display(), error = %e,
                                 "committed pending state could not be removed: remove it by hand");
@@ -711,6 +738,9 @@ impl Commit<'_> {
                 }
             }
         };
+        for p in discard {
+            to_trash(p);
+        }
         for n in nodes {
             let ds = self.layout.dataset(file, &n.path);
             let gen = self.nodes.gen(&ds).ok();

@@ -37,6 +37,7 @@ mod status;
 mod target;
 mod tiles;
 mod view;
+mod writeback;
 
 pub use crate::durable::write_atomic;
 /// Name of the hidden per-directory staging area.

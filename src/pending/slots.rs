@@ -44,6 +44,20 @@ pub(super) struct Compressed {
     pub(super) regions: Vec<(u64, u64)>,
 }
 
+impl Compressed {
+    /// Whether [`store`] reads the staging file: for a single chunk, or for any chunk
+    /// its writers did not encode (where their encoding lies, as `store` finds it).
+    pub(super) fn reads_staging(&self) -> bool {
+        self.slots.index == 0
+            || (0..self.chunks).any(|k| {
+                !self
+                    .encoded
+                    .get(&k)
+                    .is_some_and(|s| s.at.is_some() || self.slots.slot_bytes > 0)
+            })
+    }
+}
+
 /// The file being built, open for the writers' encodings: one descriptor per daemon.
 /// Encoders hand their encodings over and go on; the thread that finds no placer
 /// running becomes it, and takes every encoding finished meanwhile as one batch: it
@@ -305,6 +319,8 @@ impl SlotFile {
             tracing::debug!(file = %self.path.display(), "encodings dropped: the file is no longer being built");
             return;
         }
+        let t0 = std::time::Instant::now();
+        let n_batch = batch.len();
         batch.sort_by(|a, b| (&a.log.gen, a.chunk).cmp(&(&b.log.gen, b.chunk)));
         // A region holds the rest of the batch's encodings of its dataset if it can:
         // each claim is a transition of the file (its lock and a few fsyncs), and
@@ -317,8 +333,10 @@ impl SlotFile {
             rest[i] = own.saturating_add(same.map_or(0, |_| rest[i + 1]));
         }
         let mut written: Vec<(Encoding, Stored)> = Vec::with_capacity(batch.len());
+        let mut t_claim = std::time::Duration::ZERO;
         for (w, rest) in batch.into_iter().zip(rest) {
             let len = w.bytes.len() as u64;
+            let tc = std::time::Instant::now();
             let at = match &w.place {
                 Place::Slot(at) => Ok(*at),
                 Place::Packed { bytes, reserve } => self
@@ -331,6 +349,7 @@ impl SlotFile {
                     // (the region's entry is its record: the commit reads them all)
                     .map(|(at, _)| at),
             };
+            t_claim += tc.elapsed();
             let r = at.and_then(|at| {
                 self.file.write_all_at(&w.bytes, at).map_err(io(format!(
                     "writing an encoded chunk to {}",
@@ -352,10 +371,12 @@ impl SlotFile {
                 }
             }
         }
+        let t_written = t0.elapsed();
         if let Err(e) = self.file.sync_data() {
             tracing::debug!(path = %self.path.display(), error = %e, "encoded tiles not synced; left to the commit");
             return;
         }
+        let t_synced = t0.elapsed();
         let mut logs: Vec<(Arc<DatasetLog>, String)> = Vec::new();
         for (w, stored) in written {
             if w.log.mark_encoded(&w.tile, w.epoch, stored)
@@ -369,6 +390,15 @@ impl SlotFile {
                 tracing::debug!(error = %e, "encoded tiles not recorded; left to the commit");
             }
         }
+        tracing::debug!(
+            tiles = n_batch,
+            claims_s = t_claim.as_secs_f64(),
+            written_s = t_written.as_secs_f64(),
+            synced_s = t_synced.as_secs_f64(),
+            recorded_s = t0.elapsed().as_secs_f64(),
+            urgent = self.is_urgent(),
+            "encodings placed"
+        );
     }
 }
 
@@ -438,14 +468,19 @@ pub(super) fn store(
     known: &HashMap<u64, Stored>,
 ) -> Result<(u64, u64)> {
     let t0 = std::time::Instant::now();
-    let src = std::fs::File::open(staging).map_err(io(format!("opening {}", staging.display())))?;
-    // Tiles other nodes wrote (in pages interleaved with this node's, or whole) are read
-    // from the backing file system, not from this node's page cache: a page this node
-    // read before another node's bytes reached the server (the read-modify-write of a
-    // partial page, readahead) stays stale there, and GlusterFS does not invalidate it
-    // (seen: a chunk committed with another node's page as zeros). This node's own
-    // writes were made durable by the caller, so its cached pages are clean.
-    crate::durable::drop_cached_pages(&src);
+    let open_staging = || -> Result<std::fs::File> {
+        let src =
+            std::fs::File::open(staging).map_err(io(format!("opening {}", staging.display())))?;
+        // Tiles other nodes wrote (in pages interleaved with this node's, or whole) are
+        // read from the backing file system, not from this node's page cache: a page
+        // this node read before another node's bytes reached the server (the
+        // read-modify-write of a partial page, readahead) stays stale there, and
+        // GlusterFS does not invalidate it (seen: a chunk committed with another node's
+        // page as zeros). This node's own writes were made durable by the caller, so its
+        // cached pages are clean.
+        crate::durable::drop_cached_pages(&src);
+        Ok(src)
+    };
     let dst = std::fs::OpenOptions::new()
         .write(true)
         .open(product)
@@ -454,7 +489,8 @@ pub(super) fn store(
     if c.slots.index == 0 {
         // one chunk: libhdf5 keeps its stored size in the dataset's header
         let mut buf = vec![0u8; cb];
-        src.read_exact_at(&mut buf, 0)
+        open_staging()?
+            .read_exact_at(&mut buf, 0)
             .map_err(io(format!("reading {}", staging.display())))?;
         let (enc, mask) = c.compression.encode(&buf, c.itemsize);
         writer::chunked::write_single_chunk(product, link, c.rank, &enc, mask)?;
@@ -471,6 +507,13 @@ pub(super) fn store(
     // the commit's own encodings, packed into a region reserved for the worst case and
     // cut to what they took
     let todo = c.chunks - known.len() as u64;
+    // The staging file is read only for the chunks encoded here: with none, it is left
+    // alone (its dirty pages, never needed, go with it unwritten).
+    let src = if todo > 0 {
+        Some(open_staging()?)
+    } else {
+        None
+    };
     let region = writer::slots::reserve_tail(
         product,
         todo.checked_mul(chunk_bytes)
@@ -522,6 +565,9 @@ pub(super) fn store(
                 continue;
             }
             let at = k * chunk_bytes;
+            let src = src
+                .as_ref()
+                .ok_or_else(|| Error::io(format!("{}: not opened", staging.display())))?;
             src.read_exact_at(&mut buf, at)
                 .map_err(io(format!("reading {}", staging.display())))?;
             let (enc, mask) = c.compression.encode(&buf, c.itemsize);

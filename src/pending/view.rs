@@ -3,7 +3,7 @@
 //! fill value. Built here, from pending state, so that the model knows nothing of it.
 
 use super::tiles::TileTarget;
-use crate::model::{DatasetModel, Storage, VBlock};
+use crate::model::{DatasetModel, Storage, VBlock, VBlocks};
 use crate::staging::{PendingMeta, RangeSet};
 use std::sync::Arc;
 
@@ -78,7 +78,7 @@ pub fn view_model_written(
                 meta.itemsize,
                 count.clone(),
                 fill.clone(),
-                Storage::Virtual(blocks),
+                Storage::Virtual(VBlocks::new(blocks)),
             ))
         });
         blocks.push(VBlock {
@@ -98,7 +98,7 @@ pub fn view_model_written(
             None => Storage::Fill,
         }
     } else {
-        Storage::Virtual(blocks)
+        Storage::Virtual(VBlocks::new(blocks))
     };
     DatasetModel::raw(
         name,
