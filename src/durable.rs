@@ -166,6 +166,14 @@ pub fn fs_type(path: &Path) -> Option<i64> {
 /// statfs `f_type` of FUSE file systems (GlusterFS's client among them).
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
+/// Whether `path` lies on a file system of one machine (ext2-4, XFS, Btrfs, tmpfs),
+/// whose page cache every writer shares: no other node's write can leave a page of it
+/// stale, so nothing need be dropped before reading what they wrote.
+pub fn on_local_fs(path: &Path) -> bool {
+    const LOCAL: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
+    fs_type(path).is_some_and(|t| LOCAL.contains(&t))
+}
+
 /// Drops this node's clean cached pages of an open backing file before it is read for
 /// bytes other nodes wrote: a distributed file system's client can keep a page read
 /// before another node's bytes reached the server, and never invalidates it
