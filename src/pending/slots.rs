@@ -584,6 +584,10 @@ pub(super) fn store(
                 "writing chunks of {link} to {}",
                 product.display()
             )))?;
+            // the disk writes this window while the next one is encoded, instead of
+            // the fsync below meeting all of them at once
+            let end = cursor + out.len() as u64;
+            super::writeback::start_writeback(&dst, cursor, cursor, end, end);
             for &(k, off, len, mask) in held {
                 if let Some(e) = entries.get_mut(k as usize) {
                     *e = (cursor + off, len, mask);

@@ -41,6 +41,8 @@ def _args():
     ap.add_argument("--small-tiles", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=1, help="repetitions (best of)")
     ap.add_argument("--skip-local", action="store_true")
+    ap.add_argument("--layout", default="virtual", choices=["virtual", "chunked"],
+                    help="the datasets' layout (the chunked layout's tiles are ranges of one file)")
     return ap.parse_args()
 
 
@@ -58,10 +60,11 @@ def at(t0):
         time.sleep(d)
 
 
-def declare(d, shape, tile):
+def declare(d, shape, tile, layout="virtual"):
     os.makedirs(d)
     with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump({"shape": list(shape), "dtype": "<u1", "tile_shape": list(tile)}, f)
+        json.dump({"shape": list(shape), "dtype": "<u1", "tile_shape": list(tile),
+                   "layout": layout}, f)
 
 
 def _write_one(path, nbytes, chunk, create):
@@ -166,7 +169,7 @@ def scenario(cluster, name, mnt, backing, tag, ntiles, tile_bytes, writers, chun
     per_node = max(1, writers // 2)
     rel = f"bench_{tag}.h5"
     d = os.path.join(mnt, rel, "x")
-    A.call(declare, d, (ntiles, tile_bytes), (1, tile_bytes))
+    A.call(declare, d, (ntiles, tile_bytes), (1, tile_bytes), ARGS.layout)
     time.sleep(2.5)  # the other node's caches (LAG)
     tiles = tile_paths(d, ntiles)
     halves = split(tiles, 2)
@@ -190,7 +193,7 @@ def commit_scenario(cluster, mnt, tag, ntiles):
     rel = f"commit_{tag}.h5"
     tile_bytes = 4096
     d = os.path.join(mnt, rel, "x")
-    A.call(declare, d, (ntiles, tile_bytes), (1, tile_bytes))
+    A.call(declare, d, (ntiles, tile_bytes), (1, tile_bytes), ARGS.layout)
     time.sleep(2.5)
     halves = split(tile_paths(d, ntiles), 2)
     t_write = two_node_write(cluster, [split(halves[0], 2), split(halves[1], 2)], tile_bytes, tile_bytes, False)
