@@ -423,7 +423,9 @@ fn mount(args: MountArgs) -> Result<(), String> {
         tracing::info!(mountpoint = %mnt.display(), "mounted");
         preload_gpu(&core);
         shutdown_on_signal(core, session.unmount_callable(), &mnt, args.shutdown_grace);
-        return session.run().map_err(|e| format!("FUSE session: {e}"));
+        let r = session.run().map_err(|e| format!("FUSE session: {e}"));
+        h5tilefs::pending::wait_trash(std::time::Duration::from_secs(10));
+        return r;
     }
     // Fork before any thread or HDF5 state exists; the child reports readiness on a pipe.
     let mut fds = [0i32; 2];
@@ -480,6 +482,7 @@ fn mount(args: MountArgs) -> Result<(), String> {
                 std::process::exit(1);
             }
             tracing::info!("unmounted");
+            h5tilefs::pending::wait_trash(std::time::Duration::from_secs(10));
             std::process::exit(0);
         }
         Err(msg) => {

@@ -196,8 +196,10 @@ impl Fs {
     /// Flushes everything written to the backing file system (tile bytes, range logs):
     /// what SIGTERM does before unmounting, so a node going down next loses nothing.
     pub fn sync_backing(&self) -> Result<()> {
-        // written ranges still in memory (handles not closed yet) first
+        // written ranges still in memory (handles not closed yet) first, and the
+        // committed pending state still being deleted (raw staging files among it)
         self.mount.pending.flush_all_ranges()?;
+        crate::pending::wait_trash(std::time::Duration::from_secs(10));
         let f = std::fs::File::open(&self.mount.ns.root)
             .map_err(|e| Error::from_io(format!("opening {}", self.mount.ns.root.display()), e))?;
         use std::os::fd::AsRawFd;

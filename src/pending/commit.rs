@@ -177,6 +177,19 @@ fn incomplete_problem(
     )
 }
 
+/// Trash directories being deleted in the background, which a daemon about to exit
+/// waits for (`wait_trash`): they hold the raw staging files of compressed datasets,
+/// as large as the data, which only a later commit's sweep would find otherwise.
+static TRASH_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Waits up to `limit` for the background deletion of committed pending state.
+pub fn wait_trash(limit: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    while TRASH_IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) > 0 && t0.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Age after which a trash directory is taken as left by a daemon that died.
 const STALE_TRASH: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -622,8 +635,11 @@ impl Commit<'_> {
                     .is_some_and(|z| !c.fill_chunks.is_empty() || z.reads_staging())
                 {
                     // every node's tile bytes are on the staging file before they are
-                    // read (not when every chunk's writer encoded it: then none is read,
-                    // and the raw tiles, never needed, are not written to disk at all)
+                    // read, and durable for a commit tried again after a crash (not when
+                    // every chunk's writer encoded it: then none is read, and the raw
+                    // tiles, never needed, are not written to disk at all). One chunk
+                    // left to the commit makes it write back every raw tile its writers
+                    // did not (docs/reliability.md).
                     f.sync_data()
                         .map_err(io(format!("fsync {}", c.tiles.display())))?;
                 }
@@ -760,7 +776,16 @@ impl Commit<'_> {
         }
         let _ = std::fs::remove_dir(stage.join("nodes"));
         let stage_dir = stage.to_path_buf();
+        struct InFlight;
+        impl Drop for InFlight {
+            fn drop(&mut self) {
+                TRASH_IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        TRASH_IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let in_flight = InFlight;
         std::thread::spawn(move || {
+            let _in_flight = in_flight;
             let _ = std::fs::remove_dir_all(trash);
             // Trash a daemon left when it died mid-delete: old enough that no live
             // daemon is still deleting it.

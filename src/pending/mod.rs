@@ -42,6 +42,7 @@ mod writeback;
 pub use crate::durable::write_atomic;
 /// Name of the hidden per-directory staging area.
 pub use crate::ondisk::STAGE_DIR;
+pub use commit::wait_trash;
 pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
 pub use nodes::PendingNode;
 pub use ranges::MissingTile;

@@ -542,7 +542,10 @@ pub(super) fn store(
     // per chunk (chunk, offset in it, stored bytes, filter mask)
     type Part = (Vec<u8>, Vec<(u64, u64, u64, u32)>);
     let mut parts: Vec<Part> = (0..threads).map(|_| (Vec::new(), Vec::new())).collect();
-    let per_window = usize::try_from((STORE_WINDOW / chunk_bytes.max(1)).max(1)).unwrap_or(1);
+    // (at least a chunk per thread: large chunks left to the commit still use them all)
+    let per_window = usize::try_from(STORE_WINDOW / chunk_bytes.max(1))
+        .unwrap_or(1)
+        .max(threads);
     for window in todo.chunks(per_window) {
         let src = src
             .as_ref()

@@ -237,6 +237,9 @@ pub(super) struct Tiles {
     /// Chunks of fewer bytes are not encoded by their writers but by the commit, packed
     /// one after another (see [`commit_packs`]). 0: writers encode every chunk.
     pub(super) writer_encode_min: u64,
+    /// Whether the backing directory lies on a file system of one machine (told by the
+    /// first tile written; `durable::on_local_fs`).
+    local_fs: std::sync::OnceLock<bool>,
 }
 
 /// Most bytes of chunks a commit encodes itself by choice ([`commit_packs`]): about a
@@ -854,7 +857,14 @@ impl Tiles {
         // A compressed dataset's raw tile that its writer encodes is read again only by
         // that encoding, from the page cache: written to disk it would take the disk
         // from the encodings (the commit fsyncs it only if it encodes a chunk itself).
-        if t.padded.is_none() && !self.writer_encodes(&src.ds.node, &src.gen) {
+        // Only on a file system of one machine: elsewhere another node's commit may
+        // read it (a tile written by two nodes), and a client that caches writes must
+        // have sent it by then.
+        let keep = self.writer_encodes(&src.ds.node, &src.gen)
+            && *self
+                .local_fs
+                .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
+        if t.padded.is_none() && !keep {
             start_writeback(
                 &t.file.file,
                 t.offset,
