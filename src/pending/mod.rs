@@ -251,15 +251,7 @@ impl Pending {
     /// described by `meta` (as they complete), or leaves them to the commit
     /// (`tiles::commit_packs`).
     pub fn writers_encode(&self, meta: &PendingMeta) -> bool {
-        let cb = meta
-            .chunk_shape()
-            .iter()
-            .try_fold(meta.itemsize, |a, &d| a.checked_mul(d));
-        meta.chunked
-            && meta.compression.is_some()
-            && cb.is_some_and(|cb| {
-                !tiles::commit_packs(meta.grid().num_tiles(), cb, self.tiles.writer_encode_min)
-            })
+        self.tiles.writers_encode(meta)
     }
 
     /// Appends every dataset's unflushed ranges (the drain at SIGTERM, before syncfs).

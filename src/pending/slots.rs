@@ -509,19 +509,21 @@ pub(super) fn store(
         .filter(|(&k, _)| k < c.chunks)
         .filter_map(|(&k, s)| Some((k, (s.at.or_else(|| slot_of(k))?, s.len, s.mask))))
         .collect();
-    // the commit's own encodings, packed into a region reserved for the worst case and
-    // cut to what they took
-    let todo = c.chunks - known.len() as u64;
+    // the chunks the commit encodes itself
+    let todo: Vec<u64> = (0..c.chunks).filter(|k| !known.contains_key(k)).collect();
     // The staging file is read only for the chunks encoded here: with none, it is left
     // alone (its dirty pages, never needed, go with it unwritten).
-    let src = if todo > 0 {
-        Some(open_staging()?)
-    } else {
+    let src = if todo.is_empty() {
         None
+    } else {
+        Some(open_staging()?)
     };
+    // the commit's own encodings, packed into a region reserved for the worst case and
+    // cut to what they took
     let region = writer::slots::reserve_tail(
         product,
-        todo.checked_mul(chunk_bytes)
+        (todo.len() as u64)
+            .checked_mul(chunk_bytes)
             .ok_or_else(|| Error::io("dataset too large"))?,
         1,
     )?;
@@ -530,13 +532,11 @@ pub(super) fn store(
         .unwrap_or(2)
         .max(1);
     let mut entries = vec![(0u64, 0u64, 0u32); usize::try_from(c.chunks).unwrap_or(0)];
-    let mut here = 0;
     let mut cursor = region;
     // Encoded a window at a time, each thread a run of consecutive chunks, and written
     // back to back in chunk order: a reader then reads chunk after chunk (written as
     // each thread's batch filled, 10 000 chunks of 16 KiB lay interleaved, and a cold
     // h5py read of the file took 1.2-1.6x its time on h5py's own).
-    let todo: Vec<u64> = (0..c.chunks).filter(|k| !known.contains_key(k)).collect();
     // per encoder thread: its encodings back to back (kept across windows: fresh
     // buffers of tens of MiB a window cost more in page faults than the encoding), and
     // per chunk (chunk, offset in it, stored bytes, filter mask)
@@ -595,7 +595,6 @@ pub(super) fn store(
                 if let Some(e) = entries.get_mut(k as usize) {
                     *e = (cursor + off, len, mask);
                 }
-                here += 1;
             }
             cursor += out.len() as u64;
         }
@@ -624,7 +623,7 @@ pub(super) fn store(
         punched_s = t0.elapsed().as_secs_f64(),
         "compressed chunks stored"
     );
-    Ok((stored, here))
+    Ok((stored, todo.len() as u64))
 }
 
 /// Punches out what the writers' regions and (records of earlier versions) the slots

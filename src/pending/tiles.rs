@@ -260,15 +260,19 @@ pub(super) fn commit_packs(chunks: u64, cb: u64, min: u64) -> bool {
 }
 
 impl Tiles {
-    /// Whether this daemon encodes the closed tiles of `node`'s generation `gen` into
-    /// the file being built: a compressed dataset whose chunks the commit does not pack.
-    fn writer_encodes(&self, node: &Path, gen: &str) -> bool {
-        let key = (node.to_path_buf(), gen.to_string());
-        self.records.get(&key).is_some_and(|r| {
-            r.slots.as_ref().is_some_and(|s| {
-                s.index != 0 && !commit_packs(s.chunks, r.chunk_bytes, self.writer_encode_min)
+    /// Whether this daemon encodes the tiles it writes of a compressed chunked dataset
+    /// described by `meta` (as they complete), or leaves them to the commit
+    /// ([`commit_packs`]).
+    pub(super) fn writers_encode(&self, meta: &PendingMeta) -> bool {
+        let cb = meta
+            .chunk_shape()
+            .iter()
+            .try_fold(meta.itemsize, |a, &d| a.checked_mul(d));
+        meta.chunked
+            && meta.compression.is_some()
+            && cb.is_some_and(|cb| {
+                !commit_packs(meta.grid().num_tiles(), cb, self.writer_encode_min)
             })
-        })
     }
 
     /// The tile source at `path` if this daemon holds it open.
@@ -860,7 +864,9 @@ impl Tiles {
         // Only on a file system of one machine: elsewhere another node's commit may
         // read it (a tile written by two nodes), and a client that caches writes must
         // have sent it by then.
-        let keep = self.writer_encodes(&src.ds.node, &src.gen)
+        // (a single chunk is encoded by the commit: libhdf5 keeps its size in the header)
+        let keep = self.writers_encode(meta)
+            && meta.grid().num_tiles() > 1
             && *self
                 .local_fs
                 .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
