@@ -7,7 +7,7 @@ use crate::decode::CellCache;
 use crate::error::{Error, ModelError, Result};
 use crate::model::{read_selection, DatasetModel};
 use crate::names::{parse_tile_name, tile_name};
-use crate::pending::Pending;
+use crate::pending::{Pending, TilePiece, TileTarget};
 use crate::selection::Hyperslab;
 use crate::staging::PendingMeta;
 use crate::zarr::{chunk_bytes, chunk_runs};
@@ -74,11 +74,7 @@ pub fn pending_view(
         Some(idx) => vec![idx.to_vec()],
         None => meta.grid().indices().collect(),
     };
-    let mut targets = Vec::with_capacity(idxs.len());
-    for idx in idxs {
-        let t = pending.tile(file, path, meta, &idx, create)?;
-        targets.push((idx, t));
-    }
+    let targets = pending.tiles(file, path, meta, idxs, create)?;
     let (model, tiles) = pending_model(path, meta, tile, &targets)?;
     Ok(PendingView {
         gen,
@@ -626,9 +622,9 @@ pub fn write_data(
     off: u64,
     data: &[u8],
 ) -> Result<()> {
-    let (model, tiles) = {
+    let (model, tiles, gen) = {
         let v = view.lock();
-        (v.model.clone(), v.tiles.clone())
+        (v.model.clone(), v.tiles.clone(), v.gen.clone())
     };
     let end = off
         .checked_add(data.len() as u64)
@@ -682,7 +678,7 @@ pub fn write_data(
                 .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
             let n = (ct - c).min(t.file_end().saturating_sub(at)).max(1);
             let bytes = &data[(c - off) as usize..(c - off + n) as usize];
-            runs.add(idx, tile_off, bytes);
+            runs.add(t, idx, tile_off, bytes);
             // this write reaches the tile's last byte: for a compressed dataset, the
             // tile may be whole now (checked in the background) and can be encoded
             // while the writer goes on, as a closed tile handle's is
@@ -690,36 +686,42 @@ pub fn write_data(
             c += n;
         }
     }
-    for (idx, tile_off, bytes) in runs.runs {
-        pending.write_tile(file, path, meta, &idx, tile_off, &bytes)?;
-    }
+    pending.write_tiles(file, path, meta, gen.as_deref(), &runs.runs)?;
     if whole && pending.writers_encode(meta) {
         pending.flush_ranges(file, path)?;
     }
     Ok(())
 }
 
-/// The pieces of one `data` write, joined per tile where they follow each other in the
-/// tile: a band of whole rows of a 2-D dataset falls into each of its tiles as one run
-/// of consecutive tile rows, so each tile gets one write (one record in the range log)
-/// instead of one per row.
+/// The pieces of one `data` write, gathered per tile where they follow each other in
+/// the tile: a band of whole rows of a 2-D dataset falls into each of its tiles as one
+/// run of consecutive tile rows, so each tile gets one write (one `pwritev` of the
+/// rows, still in the request's buffer, and one record in the range log) instead of
+/// one per row.
 #[derive(Default)]
-struct TileRuns {
-    runs: Vec<(Vec<u64>, u64, Vec<u8>)>,
-    /// tile → its last run in `runs`
-    last: std::collections::HashMap<Vec<u64>, usize>,
+struct TileRuns<'a> {
+    runs: Vec<TilePiece<'a>>,
+    /// tile (its target) → its last run in `runs` and where that run ends in the tile
+    last: std::collections::HashMap<usize, (usize, u64)>,
 }
 
-impl TileRuns {
-    fn add(&mut self, idx: &[u64], tile_off: u64, bytes: &[u8]) {
-        if let Some(&k) = self.last.get(idx) {
-            let (_, at, buf) = &mut self.runs[k];
-            if at.checked_add(buf.len() as u64) == Some(tile_off) {
-                buf.extend_from_slice(bytes);
+impl<'a> TileRuns<'a> {
+    fn add(&mut self, t: &Arc<TileTarget>, idx: &[u64], tile_off: u64, bytes: &'a [u8]) {
+        let tile = Arc::as_ptr(t) as usize;
+        let end = tile_off + bytes.len() as u64;
+        if let Some((r, at)) = self.last.get_mut(&tile) {
+            if *at == tile_off {
+                self.runs[*r].parts.push(bytes);
+                *at = end;
                 return;
             }
         }
-        self.last.insert(idx.to_vec(), self.runs.len());
-        self.runs.push((idx.to_vec(), tile_off, bytes.to_vec()));
+        self.last.insert(tile, (self.runs.len(), end));
+        self.runs.push(TilePiece {
+            idx: idx.to_vec(),
+            off: tile_off,
+            parts: vec![bytes],
+            target: Some(t.clone()),
+        });
     }
 }

@@ -36,6 +36,7 @@ mod state;
 mod status;
 mod target;
 mod tiles;
+mod tilewrite;
 mod view;
 mod writeback;
 
@@ -47,7 +48,8 @@ pub use layout::{encode, PendingDataset, PendingFile, COMMIT_LOCK};
 pub use nodes::PendingNode;
 pub use ranges::MissingTile;
 pub use state::{FileState, Transition};
-pub use target::{PutRuns, TileTarget};
+pub use target::{PutRuns, TileTarget, TileTargets};
+pub use tilewrite::TilePiece;
 pub use view::{view_model, view_model_written};
 
 use crate::error::Result;
@@ -303,6 +305,29 @@ impl Pending {
             .tile(&self.ranges, &self.sources(&ds)?, meta, idx, create)
     }
 
+    /// The sources of tiles `idxs`, as [`Pending::tile`] each (the dataset's
+    /// generation looked up once: the open of a pending `data` asks for every tile).
+    pub fn tiles(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        idxs: Vec<Vec<u64>>,
+        create: bool,
+    ) -> Result<TileTargets> {
+        let ds = self.dataset(file_rel, h5path)?;
+        let src = self.sources(&ds)?;
+        if meta.chunked {
+            return self.tiles.chunks(&src, meta, idxs);
+        }
+        idxs.into_iter()
+            .map(|idx| {
+                let t = self.tiles.tile(&self.ranges, &src, meta, &idx, create)?;
+                Ok((idx, t))
+            })
+            .collect()
+    }
+
     /// Whether `len` bytes at `off` of a tile may be written now, as `write_tile_with`
     /// would check them: the range inside the tile (EFBIG) and the tile's source in
     /// place, so the dataset is still pending (ENOENT). Makes and records nothing
@@ -316,7 +341,7 @@ impl Pending {
         off: u64,
         len: u64,
     ) -> Result<()> {
-        tiles::check_range(meta, idx, off, len, h5path)?;
+        tilewrite::check_range(meta, idx, off, len, h5path)?;
         self.tile(file_rel, h5path, meta, idx, false)?
             .map(|_| ())
             .ok_or_else(|| {
@@ -342,6 +367,22 @@ impl Pending {
         let ds = self.dataset(file_rel, h5path)?;
         self.tiles
             .write(&self.ranges, &self.sources(&ds)?, meta, idx, off, data)
+    }
+
+    /// Writes pieces of several tiles of one dataset, as [`Pending::write_tile`] each
+    /// (a `data` write: one lookup of the dataset's generation, no copy of the bytes;
+    /// `gen`: the generation whose targets the pieces carry).
+    pub fn write_tiles(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        meta: &PendingMeta,
+        gen: Option<&str>,
+        pieces: &[TilePiece],
+    ) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        self.tiles
+            .write_batch(&self.ranges, &self.sources(&ds)?, meta, gen, pieces)
     }
 
     /// Like [`Pending::write_tile`] for `len` bytes that `put` writes itself to the file

@@ -97,14 +97,31 @@ impl Ranges {
         off: u64,
         len: u64,
     ) -> Result<()> {
-        let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
-            what: format!("tile {} range at {off}", tile_name(idx)),
-        })?;
+        self.log_ranges(node, gen, &[(idx, off, len)])
+    }
+
+    /// Records writes `(tile, off, len)` of one dataset generation: the log is looked
+    /// up once for a `data` write's tiles.
+    pub(super) fn log_ranges(
+        &self,
+        node: &Path,
+        gen: &str,
+        writes: &[(&[u64], u64, u64)],
+    ) -> Result<()> {
+        if writes.is_empty() {
+            return Ok(());
+        }
         let log = self.dataset_log(node, gen)?;
-        let pending = log.record(Record::Ranges {
-            tile: tile_name(idx),
-            ranges: vec![(off, end)],
-        });
+        let mut pending = 0;
+        for &(idx, off, len) in writes {
+            let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
+                what: format!("tile {} range at {off}", tile_name(idx)),
+            })?;
+            pending = log.record(Record::Ranges {
+                tile: tile_name(idx),
+                ranges: vec![(off, end)],
+            });
+        }
         if pending >= FLUSH_TILES {
             log.flush(&self.writer_id)?;
         }

@@ -10,6 +10,10 @@ use std::sync::Arc;
 /// `(file offset, offset into the bytes, length)` they go to ([`TileTarget::runs`]).
 pub type PutRuns<'a> = dyn FnMut(&TileTarget, &[(u64, u64, u64)]) -> Result<()> + 'a;
 
+/// Tiles and their targets (None: no source yet), as a view of a pending dataset
+/// holds them.
+pub type TileTargets = Vec<(Vec<u64>, Option<Arc<TileTarget>>)>;
+
 /// Where a tile's bytes go: its source file and the offset of its data.
 pub struct TileTarget {
     pub file: Arc<BackingFile>,

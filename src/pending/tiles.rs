@@ -5,8 +5,7 @@ use super::base::{io, reserve};
 use super::layout::{Layout, PendingDataset};
 use super::rangelog::SyncJob;
 use super::ranges::Ranges;
-pub use super::target::{Padded, PutRuns, TileTarget};
-use super::writeback::start_writeback;
+pub use super::target::{Padded, TileTarget, TileTargets};
 use crate::durable::{fsync_dir, unique};
 use crate::error::{Error, PendingError, Result};
 use crate::extent::BackingFile;
@@ -239,7 +238,7 @@ pub(super) struct Tiles {
     pub(super) writer_encode_min: u64,
     /// Whether the backing directory lies on a file system of one machine (told by the
     /// first tile written; `durable::on_local_fs`).
-    local_fs: std::sync::OnceLock<bool>,
+    pub(super) local_fs: std::sync::OnceLock<bool>,
 }
 
 /// Most bytes of chunks a commit encodes itself by choice ([`commit_packs`]): about a
@@ -660,20 +659,40 @@ impl Tiles {
     /// Tile `idx` of a chunked dataset: its chunk in the file being built, at the
     /// offset the dataset's record gives (made when the dataset was declared).
     fn chunk(&self, src: &Sources, meta: &PendingMeta, idx: &[u64]) -> Result<Arc<TileTarget>> {
-        let h5path = src.ds.path.as_str();
-        let name = tile_name(idx);
-        let key = src.chunk_key(&name);
+        let key = src.chunk_key(&tile_name(idx));
         let cached = self.targets.get(&key).map(|t| t.clone());
         if let Some(t) = cached {
             return Ok(t);
         }
-        let grid = meta.grid();
-        let slab = grid
-            .tile_slab(idx)
-            .ok_or_else(|| PendingError::NoSuchTile {
-                dataset: h5path.to_string(),
-                tile: name.clone(),
-            })?;
+        let t = Arc::new(chunk_at(&self.chunk_file(src)?, src, meta, idx)?);
+        if self.targets.len() >= MAX_OPEN_TARGETS {
+            self.targets.clear();
+        }
+        self.targets.insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Every tile `idxs` of a chunked dataset as [`Tiles::chunk`] gives it, the record
+    /// and file looked up once (the open of `data` asks for every tile). Not kept among
+    /// the open targets: a large grid would only push the others out.
+    pub(super) fn chunks(
+        &self,
+        src: &Sources,
+        meta: &PendingMeta,
+        idxs: Vec<Vec<u64>>,
+    ) -> Result<TileTargets> {
+        let f = self.chunk_file(src)?;
+        idxs.into_iter()
+            .map(|idx| {
+                let t = Arc::new(chunk_at(&f, src, meta, &idx)?);
+                Ok((idx, Some(t)))
+            })
+            .collect()
+    }
+
+    /// The record of a chunked dataset's generation and the file its tiles go to.
+    fn chunk_file(&self, src: &Sources) -> Result<(super::chunked::Record, Arc<BackingFile>)> {
+        let h5path = src.ds.path.as_str();
         let rkey = (src.ds.node.clone(), src.gen.clone());
         let known = self.records.get(&rkey).map(|r| r.clone());
         let rec = match known {
@@ -711,32 +730,7 @@ impl Tiles {
                 f
             }
         };
-        let k = ravel(idx, &grid.grid());
-        let offset = k
-            .checked_mul(rec.chunk_bytes)
-            .and_then(|o| o.checked_add(rec.base))
-            .ok_or_else(|| PendingError::TooLarge {
-                what: format!("{h5path} tile {name}"),
-            })?;
-        // (its space was reserved with the whole dataset's at the declaration)
-        let count = slab.counts();
-        let chunk = meta.chunk_shape();
-        let padded = (count.len() > 1 && count[1..] != chunk[1..]).then(|| Padded {
-            count: count.clone(),
-            chunk,
-            itemsize: meta.itemsize,
-        });
-        let t = Arc::new(TileTarget {
-            file,
-            offset,
-            size: tile_bytes(meta, idx, h5path)?,
-            padded,
-        });
-        if self.targets.len() >= MAX_OPEN_TARGETS {
-            self.targets.clear();
-        }
-        self.targets.insert(key, t.clone());
-        Ok(t)
+        Ok((rec, file))
     }
 
     /// The empty tile source of a (dtype, shape), made once through HDF5 in `dir`
@@ -798,118 +792,55 @@ impl Tiles {
         self.templates.insert(key, t.clone());
         Ok(t)
     }
-
-    /// Writes `data` at `off` of a tile and records the range (in memory: appended to
-    /// this daemon's range log at close, fsync, or within the flush interval).
-    pub(super) fn write(
-        &self,
-        ranges: &Ranges,
-        src: &Sources,
-        meta: &PendingMeta,
-        idx: &[u64],
-        off: u64,
-        data: &[u8],
-    ) -> Result<()> {
-        self.write_with(
-            ranges,
-            src,
-            meta,
-            idx,
-            off,
-            data.len() as u64,
-            &mut |t, runs| {
-                for &(at, from, n) in runs {
-                    // within `data`: the runs partition [0, data.len())
-                    let part = &data[from as usize..(from + n) as usize];
-                    t.file
-                        .file
-                        .write_all_at(part, at)
-                        .map_err(io("writing tile source"))?;
-                }
-                Ok(())
-            },
-        )
-    }
-
-    /// Writes `len` bytes at `off` of a tile with `put`, and records the range as
-    /// [`Tiles::write`] does: the range is checked and the tile's source made first, `put`
-    /// gets the target and the file runs (`TileTarget::runs`) the bytes go to, and the
-    /// range is logged only once `put` succeeded. `write` (a FUSE write) and
-    /// WRITE_FROM_GPU (`put` writes from device memory) share it, so both are recorded
-    /// alike for commit, fsync and `.status`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_with(
-        &self,
-        ranges: &Ranges,
-        src: &Sources,
-        meta: &PendingMeta,
-        idx: &[u64],
-        off: u64,
-        len: u64,
-        put: &mut PutRuns,
-    ) -> Result<()> {
-        let h5path = &src.ds.path;
-        // Checked before the tile's source is made: a refused write leaves nothing
-        // behind (no source, no record), so the dataset does not count as written.
-        let end = check_range(meta, idx, off, len, h5path)?;
-        let t = self
-            .tile(ranges, src, meta, idx, true)?
-            .ok_or_else(|| PendingError::Corrupt {
-                what: format!("{h5path} tile {}: source missing", tile_name(idx)),
-            })?;
-        put(&t, &t.runs(off, len))?;
-        // A compressed dataset's raw tile that its writer encodes is read again only by
-        // that encoding, from the page cache: written to disk it would take the disk
-        // from the encodings (the commit fsyncs it only if it encodes a chunk itself).
-        // Only on a file system of one machine: elsewhere another node's commit may
-        // read it (a tile written by two nodes), and a client that caches writes must
-        // have sent it by then.
-        // (a single chunk is encoded by the commit: libhdf5 keeps its size in the header)
-        let keep = self.writers_encode(meta)
-            && meta.grid().num_tiles() > 1
-            && *self
-                .local_fs
-                .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
-        if t.padded.is_none() && !keep {
-            start_writeback(
-                &t.file.file,
-                t.offset,
-                t.offset + off,
-                t.offset + end,
-                t.offset + t.size,
-            );
-        }
-        ranges.log_range(&src.ds.node, &src.gen, idx, off, len)
-    }
 }
 
-/// The end of a write of `len` bytes at `off` of tile `idx`; EFBIG if it does not fit.
-pub(super) fn check_range(
+/// Tile `idx`'s chunk in the file `f` of a chunked dataset's record: at the record's
+/// base plus the chunk's number times the chunk's bytes (its space was reserved with
+/// the whole dataset's at the declaration).
+fn chunk_at(
+    f: &(super::chunked::Record, Arc<BackingFile>),
+    src: &Sources,
     meta: &PendingMeta,
     idx: &[u64],
-    off: u64,
-    len: u64,
-    h5path: &str,
-) -> Result<u64> {
-    let size = tile_bytes(meta, idx, h5path)?;
-    let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
-        what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
-    })?;
-    if end > size {
-        return Err(PendingError::PastTileEnd {
+) -> Result<TileTarget> {
+    let (rec, file) = f;
+    let h5path = src.ds.path.as_str();
+    let grid = meta.grid();
+    let slab = grid
+        .tile_slab(idx)
+        .ok_or_else(|| PendingError::NoSuchTile {
             dataset: h5path.to_string(),
             tile: tile_name(idx),
-            start: off,
-            end,
-            size,
-        }
-        .into());
-    }
-    Ok(end)
+        })?;
+    let k = ravel(idx, &grid.grid());
+    let offset = k
+        .checked_mul(rec.chunk_bytes)
+        .and_then(|o| o.checked_add(rec.base))
+        .ok_or_else(|| PendingError::TooLarge {
+            what: format!("{h5path} tile {}", tile_name(idx)),
+        })?;
+    let count = slab.counts();
+    let chunk = meta.chunk_shape();
+    let padded = (count.len() > 1 && count[1..] != chunk[1..]).then(|| Padded {
+        count: count.clone(),
+        chunk,
+        itemsize: meta.itemsize,
+    });
+    Ok(TileTarget {
+        file: file.clone(),
+        offset,
+        size: slab
+            .num_elements()
+            .checked_mul(meta.itemsize)
+            .ok_or_else(|| PendingError::TooLarge {
+                what: format!("{h5path} tile {}", tile_name(idx)),
+            })?,
+        padded,
+    })
 }
 
 /// Bytes of tile `idx` of a dataset described by `meta` (edge tiles are smaller).
-fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
+pub(super) fn tile_bytes(meta: &PendingMeta, idx: &[u64], h5path: &str) -> Result<u64> {
     let slab = meta
         .grid()
         .tile_slab(idx)

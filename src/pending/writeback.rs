@@ -41,20 +41,25 @@ pub(super) fn writeback_ranges(a: u64, b: u64, data_end: u64, chunk: u64) -> Vec
 /// commit would wait for all of them. Started early, the disk writes while tasks are
 /// still writing. `SYNC_FILE_RANGE_WRITE` only queues I/O: nothing waits for it here.
 pub(super) fn start_writeback(f: &std::fs::File, base: u64, a: u64, b: u64, data_end: u64) {
-    use std::os::fd::AsRawFd;
     let rel = writeback_ranges(a - base, b - base, data_end - base, writeback_chunk());
-    for (start, len) in rel.into_iter().map(|(s, n)| (s + base, n)) {
-        let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
-            return;
-        };
-        // SAFETY: the fd is owned by `f`, which outlives the call; the call reads no
-        // memory of ours.
-        let r = unsafe { libc::sync_file_range(f.as_raw_fd(), s, n, libc::SYNC_FILE_RANGE_WRITE) };
-        if r != 0 {
-            // Only a hint: the commit's fsync still writes and reports everything.
-            tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range");
-            return;
-        }
+    for (start, len) in rel {
+        start_writeback_at(f, start + base, len);
+    }
+}
+
+/// Hands `len` bytes at `start` of `f` to writeback (`SYNC_FILE_RANGE_WRITE`: queues
+/// I/O, waits for none).
+pub(super) fn start_writeback_at(f: &std::fs::File, start: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: the fd is owned by `f`, which outlives the call; the call reads no
+    // memory of ours.
+    let r = unsafe { libc::sync_file_range(f.as_raw_fd(), s, n, libc::SYNC_FILE_RANGE_WRITE) };
+    if r != 0 {
+        // Only a hint: the commit's fsync still writes and reports everything.
+        tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range");
     }
 }
 

@@ -98,7 +98,8 @@ def through_mount(args, root, meta_extra):
     os.makedirs(backing)
     os.makedirs(mnt)
     log = os.path.join(root, "daemon.log")
-    subprocess.run([args.bin, "mount", backing, mnt, "--log-file", log], check=True, capture_output=True)
+    opts = ["-o", args.mount_opts] if args.mount_opts else []
+    subprocess.run([args.bin, "mount", backing, mnt, "--log-file", log, *opts], check=True, capture_output=True)
     try:
         g, t = args.grid, args.tile
         d = os.path.join(mnt, "out.h5", "x")
@@ -180,6 +181,7 @@ def main():
     ap.add_argument("--codecs", nargs="+", default=None, help="rows to run (names as in the table)")
     ap.add_argument("--direct", action="store_true",
                     help="writers use the package's direct writes (h5tilefs.direct.write_from) for tiles")
+    ap.add_argument("--mount-opts", default=None, help="the mount's -o options (e.g. writer_encode_min=0)")
     ap.add_argument("--phases", action="store_true", help="print each commit's phases (seconds)")
     ap.add_argument("--diagnose", action="store_true",
                     help="also read each file cold twice more, and a sparse copy of the committed "

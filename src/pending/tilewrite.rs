@@ -1,0 +1,348 @@
+//! Tile writes: a tile's bytes into its source (or its chunk of the file being built),
+//! the writeback they start and the range records that make them count. A `data` write
+//! is one batch: the dataset's generation is looked up once, each tile's rows go
+//! straight from the request's buffer to the file (one `pwritev` a tile, no copy),
+//! writeback is started once per run of neighbouring tiles, and the ranges are
+//! recorded together. A band of 16 KiB tiles touches a hundred tiles per request, and
+//! doing all of that per tile cost the daemon four times the CPU of the write itself.
+
+use super::base::io;
+use super::ranges::Ranges;
+use super::target::{PutRuns, TileTarget};
+use super::tiles::{tile_bytes, Sources, Tiles};
+use super::writeback::{start_writeback_at, writeback_chunk, writeback_ranges};
+use crate::error::{PendingError, Result};
+use crate::extent::BackingFile;
+use crate::geometry::tile_name;
+use crate::staging::PendingMeta;
+use std::io::IoSlice;
+use std::sync::Arc;
+
+/// Bytes `[off, off + len)` of tile `idx`, given as the consecutive pieces they arrive
+/// in (a `data` write's rows of the tile, still in the request's buffer).
+pub struct TilePiece<'a> {
+    pub idx: Vec<u64>,
+    pub off: u64,
+    pub parts: Vec<&'a [u8]>,
+    /// The tile's target as the writer's view found it (generation `gen` of
+    /// [`Tiles::write_batch`]), if it has one.
+    pub target: Option<Arc<TileTarget>>,
+}
+
+impl TilePiece<'_> {
+    fn len(&self) -> u64 {
+        self.parts.iter().map(|p| p.len() as u64).sum()
+    }
+}
+
+/// Most iovecs a `pwritev` takes (Linux's `UIO_MAXIOV`).
+const IOV_MAX: usize = 1024;
+
+/// Pieces at most this long on average are joined in memory before they are written:
+/// the kernel copies a few long iovecs faster than many short ones (a band of 16 KiB
+/// tiles gives 256-byte rows), and a `memcpy` of the rows costs less than either.
+const JOIN_BELOW: u64 = 4096;
+
+thread_local! {
+    /// The buffer small pieces are joined in (one per FUSE thread, reused).
+    static JOINED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes bytes `[from, from + n)` of the concatenation of `parts` at `at` of `f`.
+fn write_parts_at(
+    f: &std::fs::File,
+    parts: &[&[u8]],
+    from: u64,
+    n: u64,
+    at: u64,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    if parts.len() > 1 && n / (parts.len() as u64) < JOIN_BELOW {
+        return JOINED.with(|j| {
+            let mut j = j.borrow_mut();
+            j.clear();
+            for_each_in(parts, from, n, |s| j.extend_from_slice(s));
+            f.write_all_at(&j, at)
+        });
+    }
+    let mut slices: Vec<IoSlice> = Vec::with_capacity(parts.len());
+    for_each_in(parts, from, n, |s| slices.push(IoSlice::new(s)));
+    write_vectored_all_at(f, &mut slices, at)
+}
+
+/// Calls `f` with each piece of bytes `[from, from + n)` of the concatenation of
+/// `parts`, in order.
+fn for_each_in<'a>(parts: &[&'a [u8]], from: u64, n: u64, mut f: impl FnMut(&'a [u8])) {
+    let end = from.saturating_add(n);
+    let mut pos = 0u64;
+    for p in parts {
+        let (s, e) = (pos, pos + p.len() as u64);
+        pos = e;
+        let (a, b) = (s.max(from), e.min(end));
+        if a < b {
+            f(&p[(a - s) as usize..(b - s) as usize]);
+        }
+        if e >= end {
+            break;
+        }
+    }
+}
+
+/// `pwritev` of all of `slices` at `at`, [`IOV_MAX`] at a time, short writes resumed.
+fn write_vectored_all_at(
+    f: &std::fs::File,
+    slices: &mut [IoSlice],
+    at: u64,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut rest: &mut [IoSlice] = slices;
+    let mut at = at;
+    while !rest.is_empty() {
+        let k = rest.len().min(IOV_MAX);
+        let off = libc::off_t::try_from(at)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix (std documents it);
+        // the `k` slices borrow memory alive for the call, which only reads it; the fd
+        // is owned by `f` and outlives the call.
+        let r = unsafe {
+            libc::pwritev(
+                f.as_raw_fd(),
+                rest.as_ptr().cast::<libc::iovec>(),
+                k as libc::c_int,
+                off,
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        at += r as u64;
+        IoSlice::advance_slices(&mut rest, r as usize);
+    }
+    Ok(())
+}
+
+impl Tiles {
+    /// Writes `data` at `off` of a tile and records the range (in memory: appended to
+    /// this daemon's range log at close, fsync, or within the flush interval).
+    pub(super) fn write(
+        &self,
+        ranges: &Ranges,
+        src: &Sources,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let piece = TilePiece {
+            idx: idx.to_vec(),
+            off,
+            parts: vec![data],
+            target: None,
+        };
+        self.write_batch(ranges, src, meta, None, std::slice::from_ref(&piece))
+    }
+
+    /// Writes tile pieces of one dataset (each as [`Tiles::write`] does: the range
+    /// checked and the source made first) and records the ranges of those written. On an
+    /// error the pieces before it stay written and recorded. A piece's own target is
+    /// used when the view that found it (`gen`) is of the dataset's generation now and
+    /// the dataset is chunked with chunks its writers do not encode: such a target
+    /// only names a range of the one file being built, fixed for the generation (a
+    /// virtual layout's source is looked up again: it may have been deleted; a chunk
+    /// its writers encode must be among the open targets that `flush_ranges` hands to
+    /// the encoders).
+    pub(super) fn write_batch(
+        &self,
+        ranges: &Ranges,
+        src: &Sources,
+        meta: &PendingMeta,
+        gen: Option<&str>,
+        pieces: &[TilePiece],
+    ) -> Result<()> {
+        let reuse = meta.chunked && gen == Some(src.gen.as_str()) && !self.writers_encode(meta);
+        let mut done: Vec<(&[u64], u64, u64)> = Vec::with_capacity(pieces.len());
+        let mut wb: Vec<(Arc<BackingFile>, u64, u64)> = Vec::new();
+        let written = (|| -> Result<()> {
+            for p in pieces {
+                let len = p.len();
+                let t = match &p.target {
+                    Some(t) if reuse && p.off.checked_add(len).is_some_and(|e| e <= t.size) => {
+                        t.clone()
+                    }
+                    _ => self.target_for(src, meta, &p.idx, p.off, len, ranges)?,
+                };
+                for (at, from, n) in t.runs(p.off, len) {
+                    write_parts_at(&t.file.file, &p.parts, from, n, at)
+                        .map_err(io("writing tile source"))?;
+                }
+                if self.writes_back(meta, &t) {
+                    let rel = writeback_ranges(p.off, p.off + len, t.size, writeback_chunk());
+                    for (s, n) in rel {
+                        match wb.last_mut() {
+                            // the tile after the last one in the file: one range
+                            Some((f, ws, wn))
+                                if Arc::ptr_eq(f, &t.file) && *ws + *wn == t.offset + s =>
+                            {
+                                *wn += n
+                            }
+                            _ => wb.push((t.file.clone(), t.offset + s, n)),
+                        }
+                    }
+                }
+                done.push((&p.idx, p.off, len));
+            }
+            Ok(())
+        })();
+        for (f, s, n) in wb {
+            start_writeback_at(&f.file, s, n);
+        }
+        ranges.log_ranges(&src.ds.node, &src.gen, &done)?;
+        written
+    }
+
+    /// The target of a write of `len` bytes at `off` of tile `idx`, checked first: a
+    /// refused write leaves nothing behind (no source, no record), so the dataset does
+    /// not count as written.
+    fn target_for(
+        &self,
+        src: &Sources,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+        ranges: &Ranges,
+    ) -> Result<Arc<TileTarget>> {
+        let h5path = &src.ds.path;
+        check_range(meta, idx, off, len, h5path)?;
+        self.tile(ranges, src, meta, idx, true)?.ok_or_else(|| {
+            PendingError::Corrupt {
+                what: format!("{h5path} tile {}: source missing", tile_name(idx)),
+            }
+            .into()
+        })
+    }
+
+    /// Whether a write to `t` starts writeback of what it completes. A compressed
+    /// dataset's raw tile that its writer encodes is read again only by that encoding,
+    /// from the page cache: written to disk it would take the disk from the encodings
+    /// (the commit fsyncs it only if it encodes a chunk itself). Only on a file system
+    /// of one machine: elsewhere another node's commit may read it (a tile written by
+    /// two nodes), and a client that caches writes must have sent it by then. (A
+    /// single chunk is encoded by the commit: libhdf5 keeps its size in the header.)
+    fn writes_back(&self, meta: &PendingMeta, t: &TileTarget) -> bool {
+        let keep = self.writers_encode(meta)
+            && meta.grid().num_tiles() > 1
+            && *self
+                .local_fs
+                .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
+        t.padded.is_none() && !keep
+    }
+
+    /// Writes `len` bytes at `off` of a tile with `put`, and records the range as
+    /// [`Tiles::write`] does: the range is checked and the tile's source made first, `put`
+    /// gets the target and the file runs (`TileTarget::runs`) the bytes go to, and the
+    /// range is logged only once `put` succeeded. WRITE_FROM_GPU (`put` writes from
+    /// device memory) uses it, so its writes are recorded alike for commit, fsync and
+    /// `.status`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_with(
+        &self,
+        ranges: &Ranges,
+        src: &Sources,
+        meta: &PendingMeta,
+        idx: &[u64],
+        off: u64,
+        len: u64,
+        put: &mut PutRuns,
+    ) -> Result<()> {
+        let t = self.target_for(src, meta, idx, off, len, ranges)?;
+        put(&t, &t.runs(off, len))?;
+        if self.writes_back(meta, &t) {
+            for (s, n) in writeback_ranges(off, off + len, t.size, writeback_chunk()) {
+                start_writeback_at(&t.file.file, t.offset + s, n);
+            }
+        }
+        ranges.log_range(&src.ds.node, &src.gen, idx, off, len)
+    }
+}
+
+/// The end of a write of `len` bytes at `off` of tile `idx`; EFBIG if it does not fit.
+pub(super) fn check_range(
+    meta: &PendingMeta,
+    idx: &[u64],
+    off: u64,
+    len: u64,
+    h5path: &str,
+) -> Result<u64> {
+    let size = tile_bytes(meta, idx, h5path)?;
+    let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
+        what: format!("{h5path} tile {}: offset {off}", tile_name(idx)),
+    })?;
+    if end > size {
+        return Err(PendingError::PastTileEnd {
+            dataset: h5path.to_string(),
+            tile: tile_name(idx),
+            start: off,
+            end,
+            size,
+        }
+        .into());
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte range of pieces of uneven lengths lands where it belongs, across
+    /// more pieces than one `pwritev` takes.
+    #[test]
+    fn pieces_are_written_in_order_at_their_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let bytes: Vec<u8> = (0..3000u32).map(|v| (v % 251) as u8).collect();
+        // 2 500 pieces of 0-2 bytes (empty ones among them)
+        let mut parts = Vec::new();
+        let mut pos = 0;
+        for k in 0.. {
+            let n = (k % 3).min(bytes.len() - pos);
+            parts.push(&bytes[pos..pos + n]);
+            pos += n;
+            if pos == bytes.len() {
+                break;
+            }
+        }
+        assert!(parts.len() > IOV_MAX);
+        for (from, n) in [(0u64, 3000u64), (1, 2998), (700, 1), (1999, 1001), (5, 0)] {
+            use std::os::unix::fs::FileExt;
+            f.set_len(0).unwrap();
+            write_parts_at(&f, &parts, from, n, 10).unwrap();
+            let mut got = vec![0u8; n as usize];
+            f.read_exact_at(&mut got, 10).unwrap();
+            assert_eq!(got, bytes[from as usize..(from + n) as usize]);
+            // the same pieces as iovecs
+            f.set_len(0).unwrap();
+            let mut slices = Vec::new();
+            for_each_in(&parts, from, n, |s| slices.push(IoSlice::new(s)));
+            write_vectored_all_at(&f, &mut slices, 10).unwrap();
+            let mut got = vec![0u8; n as usize];
+            f.read_exact_at(&mut got, 10).unwrap();
+            assert_eq!(got, bytes[from as usize..(from + n) as usize]);
+            assert_eq!(f.metadata().unwrap().len(), if n == 0 { 0 } else { 10 + n });
+        }
+    }
+}
