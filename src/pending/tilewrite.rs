@@ -43,6 +43,10 @@ const IOV_MAX: usize = 1024;
 /// tiles gives 256-byte rows), and a `memcpy` of the rows costs less than either.
 const JOIN_BELOW: u64 = 4096;
 
+/// Most bytes the join buffer keeps between writes (a FUSE request is at most 1 MiB
+/// unless the kernel allows larger ones).
+const JOINED_KEEP: usize = 4 << 20;
+
 thread_local! {
     /// The buffer small pieces are joined in (one per FUSE thread, reused).
     static JOINED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -62,7 +66,12 @@ fn write_parts_at(
             let mut j = j.borrow_mut();
             j.clear();
             for_each_in(parts, from, n, |s| j.extend_from_slice(s));
-            f.write_all_at(&j, at)
+            let r = f.write_all_at(&j, at);
+            // (a request's worth is kept for the next one; a larger one is not)
+            if j.capacity() > JOINED_KEEP {
+                *j = Vec::new();
+            }
+            r
         });
     }
     let mut slices: Vec<IoSlice> = Vec::with_capacity(parts.len());
