@@ -28,9 +28,22 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Bytes of chunks the commit encodes at once (in parallel) before writing their
-/// encodings in chunk order with one write.
-const STORE_WINDOW: u64 = 64 << 20;
+/// Bytes of chunks the commit encodes at once (in parallel) before their encodings are
+/// written in chunk order, while the next window is encoded.
+const STORE_WINDOW: u64 = 32 << 20;
+
+/// [`STORE_WINDOW`], or `H5TILEFS_STORE_WINDOW` bytes (tests: many windows of a small
+/// dataset).
+fn store_window() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("H5TILEFS_STORE_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(STORE_WINDOW)
+    })
+}
 
 /// A compressed dataset the commit stores.
 pub(super) struct Compressed {
@@ -531,74 +544,117 @@ pub(super) fn store(
         .map(|n| n.get())
         .unwrap_or(2)
         .max(1);
-    let mut entries = vec![(0u64, 0u64, 0u32); usize::try_from(c.chunks).unwrap_or(0)];
-    let mut cursor = region;
     // Encoded a window at a time, each thread a run of consecutive chunks, and written
     // back to back in chunk order: a reader then reads chunk after chunk (written as
     // each thread's batch filled, 10 000 chunks of 16 KiB lay interleaved, and a cold
-    // h5py read of the file took 1.2-1.6x its time on h5py's own).
-    // per encoder thread: its encodings back to back (kept across windows: fresh
-    // buffers of tens of MiB a window cost more in page faults than the encoding), and
-    // per chunk (chunk, offset in it, stored bytes, filter mask)
+    // h5py read of the file took 1.2-1.6x its time on h5py's own). One thread writes a
+    // window while the encoders do the next (one after the other, the writes of
+    // 10 000 chunks of 16 KiB took a third of the commit's 0.07-0.1 s).
+    // per encoder thread: its encodings back to back (two sets, one being written and
+    // one being filled, kept across windows: fresh buffers of tens of MiB a window cost
+    // more in page faults than the encoding), and per chunk (chunk, offset in it,
+    // stored bytes, filter mask)
     type Part = (Vec<u8>, Vec<(u64, u64, u64, u32)>);
-    let mut parts: Vec<Part> = (0..threads).map(|_| (Vec::new(), Vec::new())).collect();
+    // every chunk's (address, stored bytes, mask), and the end of the last encoding
+    type Placed = (Vec<(u64, u64, u32)>, u64);
+    let set = || -> Vec<Part> { (0..threads).map(|_| (Vec::new(), Vec::new())).collect() };
     // (at least a chunk per thread: large chunks left to the commit still use them all)
-    let per_window = usize::try_from(STORE_WINDOW / chunk_bytes.max(1))
+    let per_window = usize::try_from(store_window() / chunk_bytes.max(1))
         .unwrap_or(1)
         .max(threads);
-    for window in todo.chunks(per_window) {
+    let encode = |ks: &[u64], (out, held): &mut Part| -> Result<()> {
         let src = src
             .as_ref()
             .ok_or_else(|| Error::io(format!("{}: not opened", staging.display())))?;
-        let encode = |ks: &[u64], (out, held): &mut Part| -> Result<()> {
-            out.clear();
-            held.clear();
-            let mut buf = vec![0u8; cb];
-            for &k in ks {
-                let at = k
-                    .checked_mul(chunk_bytes)
-                    .ok_or_else(|| Error::io("chunk offset overflows"))?;
-                src.read_exact_at(&mut buf, at)
-                    .map_err(io(format!("reading {}", staging.display())))?;
-                let (enc, mask) = c.compression.encode(&buf, c.itemsize);
-                held.push((k, out.len() as u64, enc.len() as u64, mask));
-                out.extend_from_slice(&enc);
-            }
-            Ok(())
-        };
-        let run = window.len().div_ceil(threads).max(1);
-        let done: Vec<Result<()>> = std::thread::scope(|s| {
-            let hs: Vec<_> = window
-                .chunks(run)
-                .zip(parts.iter_mut())
-                .map(|(ks, part)| s.spawn(move || encode(ks, part)))
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::io("a chunk encoder panicked")))
-                })
-                .collect()
-        });
-        // the threads' runs one after another: chunk order
-        for (r, (out, held)) in done.into_iter().zip(parts.iter()) {
-            r?;
-            dst.write_all_at(out, cursor).map_err(io(format!(
-                "writing chunks of {link} to {}",
-                product.display()
-            )))?;
-            // the disk writes this window while the next one is encoded, instead of
-            // the fsync below meeting all of them at once
-            let end = cursor + out.len() as u64;
-            super::writeback::start_writeback(&dst, cursor, cursor, end, end);
-            for &(k, off, len, mask) in held {
-                if let Some(e) = entries.get_mut(k as usize) {
-                    *e = (cursor + off, len, mask);
-                }
-            }
-            cursor += out.len() as u64;
+        out.clear();
+        held.clear();
+        let mut buf = vec![0u8; cb];
+        for &k in ks {
+            let at = k
+                .checked_mul(chunk_bytes)
+                .ok_or_else(|| Error::io("chunk offset overflows"))?;
+            src.read_exact_at(&mut buf, at)
+                .map_err(io(format!("reading {}", staging.display())))?;
+            let (enc, mask) = c.compression.encode(&buf, c.itemsize);
+            held.push((k, out.len() as u64, enc.len() as u64, mask));
+            out.extend_from_slice(&enc);
         }
-    }
+        Ok(())
+    };
+    let chunks = usize::try_from(c.chunks).unwrap_or(0);
+    let (mut entries, cursor) = std::thread::scope(|s| -> Result<Placed> {
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<Part>>(1);
+        let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<Part>>();
+        let _ = free_tx.send(set());
+        let _ = free_tx.send(set());
+        let dst = &dst;
+        let writer = s.spawn(move || -> Result<Placed> {
+            let mut entries = vec![(0u64, 0u64, 0u32); chunks];
+            let mut cursor = region;
+            for parts in full_rx {
+                // the threads' runs one after another: chunk order
+                for (out, held) in &parts {
+                    dst.write_all_at(out, cursor).map_err(io(format!(
+                        "writing chunks of {link} to {}",
+                        product.display()
+                    )))?;
+                    // the disk writes this window while the next one is encoded,
+                    // instead of the fsync below meeting all of them at once
+                    let end = cursor + out.len() as u64;
+                    super::writeback::start_writeback(dst, cursor, cursor, end, end);
+                    for &(k, off, len, mask) in held {
+                        if let Some(e) = entries.get_mut(k as usize) {
+                            *e = (cursor + off, len, mask);
+                        }
+                    }
+                    cursor = end;
+                }
+                // (the encoders are gone once they stop taking sets back)
+                let _ = free_tx.send(parts);
+            }
+            Ok((entries, cursor))
+        });
+        let mut encoded: Result<()> = Ok(());
+        for window in todo.chunks(per_window) {
+            // none back: the writer failed (its error is returned below)
+            let Ok(mut parts) = free_rx.recv() else {
+                break;
+            };
+            let run = window.len().div_ceil(threads).max(1);
+            let encode = &encode;
+            let done: Vec<Result<()>> = std::thread::scope(|s2| {
+                let hs: Vec<_> = window
+                    .chunks(run)
+                    .zip(parts.iter_mut())
+                    .map(|(ks, part)| s2.spawn(move || encode(ks, part)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(Error::io("a chunk encoder panicked")))
+                    })
+                    .collect()
+            });
+            // a set's parts past the window's runs were not touched: left empty
+            for p in parts.iter_mut().skip(window.chunks(run).len()) {
+                p.0.clear();
+                p.1.clear();
+            }
+            if let Some(e) = done.into_iter().find_map(|r| r.err()) {
+                encoded = Err(e);
+                break;
+            }
+            if full_tx.send(parts).is_err() {
+                break;
+            }
+        }
+        drop(full_tx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(Error::io("the chunk writer panicked")));
+        encoded?;
+        written
+    })?;
     for (&k, &e) in &known {
         if let Some(x) = entries.get_mut(k as usize) {
             *x = e;

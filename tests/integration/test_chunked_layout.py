@@ -405,15 +405,19 @@ def test_writer_encoded_chunks_lie_back_to_back(env):
     assert gaps <= len(chunks) // per + 1, (gaps, chunks)
 
 
-@pytest.mark.parametrize("via", ["tiles", "data"])
-def test_small_compressed_chunks_are_packed_by_the_commit(env, via):
+@pytest.mark.parametrize("via,window", [("tiles", None), ("data", None), ("data", 65536)])
+def test_small_compressed_chunks_are_packed_by_the_commit(env, via, window, monkeypatch):
     """Chunks under 64 KiB (the default `--writer-encode-min`) are encoded by the
     commit, packed one after another, not by their writers into slots whose unused
     tails free only whole 4 KiB blocks: 16 KiB chunks then take about the space of
     h5py's file (before: 1.15-1.26x, docs/performance.md). Larger chunks of the same
-    file go on being encoded by their writers."""
+    file go on being encoded by their writers. With a small encoding window
+    (`H5TILEFS_STORE_WINDOW`), the commit writes window after window while it encodes
+    the next: the chunks still lie in order, each where the index says."""
     import hdf5plugin  # noqa: F401
     import time
+    if window:
+        monkeypatch.setenv("H5TILEFS_STORE_WINDOW", str(window))
     m = env.mount()
     shape, small, large = (512, 512), (64, 64), (256, 256)
     a = _smooth(shape, "<f4", 5) + np.random.default_rng(5).normal(0, 1, shape).astype("<f4")
