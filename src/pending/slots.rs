@@ -32,16 +32,15 @@ use std::sync::Arc;
 /// written in chunk order, while the next window is encoded.
 const STORE_WINDOW: u64 = 32 << 20;
 
-/// [`STORE_WINDOW`], or `H5TILEFS_STORE_WINDOW` bytes (tests: many windows of a small
-/// dataset).
-fn store_window() -> u64 {
-    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+/// `H5TILEFS_STORE_WINDOW` bytes, for tests: many windows of a small dataset, however
+/// many CPUs the machine has (a window then need not hold a chunk per thread).
+fn store_window_override() -> Option<u64> {
+    static V: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         std::env::var("H5TILEFS_STORE_WINDOW")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|&v| v > 0)
-            .unwrap_or(STORE_WINDOW)
     })
 }
 
@@ -559,9 +558,22 @@ pub(super) fn store(
     type Placed = (Vec<(u64, u64, u32)>, u64);
     let set = || -> Vec<Part> { (0..threads).map(|_| (Vec::new(), Vec::new())).collect() };
     // (at least a chunk per thread: large chunks left to the commit still use them all)
-    let per_window = usize::try_from(store_window() / chunk_bytes.max(1))
+    let window = store_window_override().unwrap_or(STORE_WINDOW);
+    let per_window = usize::try_from(window / chunk_bytes.max(1))
         .unwrap_or(1)
-        .max(threads);
+        .max(if store_window_override().is_some() {
+            1
+        } else {
+            threads
+        });
+    // A second set of buffers only while a window stays within its bytes: with a chunk
+    // per thread of large chunks, two sets would double the commit's memory (it then
+    // writes each window before encoding the next, as before).
+    let sets = if (per_window as u64).saturating_mul(chunk_bytes) <= window {
+        2
+    } else {
+        1
+    };
     let encode = |ks: &[u64], (out, held): &mut Part| -> Result<()> {
         let src = src
             .as_ref()
@@ -585,8 +597,9 @@ pub(super) fn store(
     let (mut entries, cursor) = std::thread::scope(|s| -> Result<Placed> {
         let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<Part>>(1);
         let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<Part>>();
-        let _ = free_tx.send(set());
-        let _ = free_tx.send(set());
+        for _ in 0..sets {
+            let _ = free_tx.send(set());
+        }
         let dst = &dst;
         let writer = s.spawn(move || -> Result<Placed> {
             let mut entries = vec![(0u64, 0u64, 0u32); chunks];

@@ -61,7 +61,9 @@ fn write_parts_at(
     at: u64,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    if parts.len() > 1 && n / (parts.len() as u64) < JOIN_BELOW {
+    let mut count = 0u64;
+    for_each_in(parts, from, n, |_| count += 1);
+    if count > 1 && n / count < JOIN_BELOW {
         return JOINED.with(|j| {
             let mut j = j.borrow_mut();
             j.clear();
@@ -212,8 +214,10 @@ impl Tiles {
         for (f, s, n) in wb {
             start_writeback_at(&f.file, s, n);
         }
-        ranges.log_ranges(&src.ds.node, &src.gen, &done)?;
-        written
+        // (what was written is recorded even when a later piece failed; the write's
+        // error is the one returned)
+        let logged = ranges.log_ranges(&src.ds.node, &src.gen, &done);
+        written.and(logged)
     }
 
     /// The target of a write of `len` bytes at `off` of tile `idx`, checked first: a
@@ -324,7 +328,7 @@ mod tests {
             .open(dir.path().join("f"))
             .unwrap();
         let bytes: Vec<u8> = (0..3000u32).map(|v| (v % 251) as u8).collect();
-        // 2 500 pieces of 0-2 bytes (empty ones among them)
+        // about 3 000 pieces of 0-2 bytes (empty ones among them): joined
         let mut parts = Vec::new();
         let mut pos = 0;
         for k in 0.. {
@@ -336,6 +340,17 @@ mod tests {
             }
         }
         assert!(parts.len() > IOV_MAX);
+        // pieces of 5 000 bytes (written with pwritev), cut inside pieces
+        let big: Vec<u8> = (0..40_000u32).map(|v| (v % 253) as u8).collect();
+        let bparts: Vec<&[u8]> = big.chunks(5000).collect();
+        for (from, n) in [(0u64, 40_000u64), (2500, 30_000), (4999, 5002), (12_345, 1)] {
+            use std::os::unix::fs::FileExt;
+            f.set_len(0).unwrap();
+            write_parts_at(&f, &bparts, from, n, 7).unwrap();
+            let mut got = vec![0u8; n as usize];
+            f.read_exact_at(&mut got, 7).unwrap();
+            assert_eq!(got, big[from as usize..(from + n) as usize]);
+        }
         for (from, n) in [(0u64, 3000u64), (1, 2998), (700, 1), (1999, 1001), (5, 0)] {
             use std::os::unix::fs::FileExt;
             f.set_len(0).unwrap();

@@ -553,17 +553,22 @@ def test_compressed_file_removed_and_declared_again(env):
         assert f["x"][()].tobytes() == a.tobytes()
 
 
-@pytest.mark.parametrize("extra", [
-    {"layout": "chunked", "compression": "zstd", "shuffle": True},
-    {"layout": "chunked"},
-    {},   # the virtual layout
+@pytest.mark.parametrize("extra,window", [
+    ({"layout": "chunked", "compression": "zstd", "shuffle": True}, None),
+    # the commit encodes its chunks 2 at a time, writing each window while it encodes
+    # the next, edge chunks among them
+    ({"layout": "chunked", "compression": "zstd", "shuffle": True}, 1536),
+    ({"layout": "chunked"}, None),
+    ({}, None),   # the virtual layout
 ])
-def test_bands_of_rows_written_through_data(env, extra):
+def test_bands_of_rows_written_through_data(env, extra, window, monkeypatch):
     """Bands of whole tile rows (and a band cut mid-tile) written into `data` with one
     write each: each write falls into every tile of its band as one run of tile rows,
     written as one piece per tile. The committed file holds the bytes, edge tiles
     included."""
     import hdf5plugin  # noqa: F401  (zstd for h5py)
+    if window:
+        monkeypatch.setenv("H5TILEFS_STORE_WINDOW", str(window))
     m = env.mount()
     shape, tile = (70, 50), (16, 12)
     a = _smooth(shape, "<f4", 5)
