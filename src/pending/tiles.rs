@@ -239,6 +239,9 @@ pub(super) struct Tiles {
     /// Whether the backing directory lies on a file system of one machine (told by the
     /// first tile written; `durable::on_local_fs`).
     pub(super) local_fs: std::sync::OnceLock<bool>,
+    /// Bytes written to each chunked dataset's file since its writeback was last
+    /// started (`Tiles::written_to`).
+    pub(super) unsynced: DashMap<PathBuf, u64>,
 }
 
 /// Most bytes of chunks a commit encodes itself by choice ([`commit_packs`]): about a
@@ -283,6 +286,7 @@ impl Tiles {
     /// deleted (the descriptors are dropped outside the map's guard).
     pub(super) fn close_under(&self, dir: &Path) {
         self.slot_files.retain(|p, _| !p.starts_with(dir));
+        self.unsynced.retain(|p, _| !p.starts_with(dir));
         let keys: Vec<PathBuf> = self
             .targets
             .iter()

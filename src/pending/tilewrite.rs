@@ -180,6 +180,7 @@ impl Tiles {
         let reuse = meta.chunked && gen == Some(src.gen.as_str()) && !self.writers_encode(meta);
         let mut done: Vec<(&[u64], u64, u64)> = Vec::with_capacity(pieces.len());
         let mut wb: Vec<(Arc<BackingFile>, u64, u64)> = Vec::new();
+        let mut in_file: Option<(Arc<BackingFile>, u64)> = None;
         let written = (|| -> Result<()> {
             for p in pieces {
                 let len = p.len();
@@ -193,19 +194,19 @@ impl Tiles {
                     write_parts_at(&t.file.file, &p.parts, from, n, at)
                         .map_err(io("writing tile source"))?;
                 }
-                if self.writes_back(meta, &t) {
-                    let rel = writeback_ranges(p.off, p.off + len, t.size, writeback_chunk());
-                    for (s, n) in rel {
-                        match wb.last_mut() {
-                            // the tile after the last one in the file: one range
-                            Some((f, ws, wn))
-                                if Arc::ptr_eq(f, &t.file) && *ws + *wn == t.offset + s =>
-                            {
-                                *wn += n
-                            }
-                            _ => wb.push((t.file.clone(), t.offset + s, n)),
-                        }
+                if !self.writes_back(meta, &t) {
+                } else if meta.chunked {
+                    // (every tile of the batch is in the one file)
+                    match &mut in_file {
+                        Some((_, n)) => *n += len,
+                        None => in_file = Some((t.file.clone(), len)),
                     }
+                } else {
+                    let rel = writeback_ranges(p.off, p.off + len, t.size, writeback_chunk());
+                    wb.extend(
+                        rel.into_iter()
+                            .map(|(s, n)| (t.file.clone(), t.offset + s, n)),
+                    );
                 }
                 done.push((&p.idx, p.off, len));
             }
@@ -213,6 +214,9 @@ impl Tiles {
         })();
         for (f, s, n) in wb {
             start_writeback_at(&f.file, s, n);
+        }
+        if let Some((f, n)) = in_file {
+            self.written_to(&f, n);
         }
         // (what was written is recorded even when a later piece failed; the write's
         // error is the one returned)
@@ -255,7 +259,29 @@ impl Tiles {
             && *self
                 .local_fs
                 .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
-        t.padded.is_none() && !keep
+        !keep
+    }
+
+    /// Counts `n` bytes written to a chunked dataset's file (the file being built, or a
+    /// compressed dataset's staging file: every tile in one file) and starts writeback
+    /// of all the file's dirty pages each time [`writeback_chunk`] bytes have been
+    /// written to it. Per tile, 10 000 tiles of 16 KiB made 10 000 `sync_file_range`
+    /// calls and as many small disk writes (a ninth of the daemon's time when each tile
+    /// was written through its own file).
+    fn written_to(&self, f: &BackingFile, n: u64) {
+        // (the map's guard is dropped before the call)
+        let due = {
+            let mut e = self.unsynced.entry(f.path.clone()).or_insert(0);
+            *e = e.saturating_add(n);
+            let due = *e >= writeback_chunk();
+            if due {
+                *e = 0;
+            }
+            due
+        };
+        if due {
+            start_writeback_at(&f.file, 0, 0);
+        }
     }
 
     /// Writes `len` bytes at `off` of a tile with `put`, and records the range as
@@ -277,7 +303,10 @@ impl Tiles {
     ) -> Result<()> {
         let t = self.target_for(src, meta, idx, off, len, ranges)?;
         put(&t, &t.runs(off, len))?;
-        if self.writes_back(meta, &t) {
+        if !self.writes_back(meta, &t) {
+        } else if meta.chunked {
+            self.written_to(&t.file, len);
+        } else {
             for (s, n) in writeback_ranges(off, off + len, t.size, writeback_chunk()) {
                 start_writeback_at(&t.file.file, t.offset + s, n);
             }

@@ -48,7 +48,7 @@ pub(super) fn start_writeback(f: &std::fs::File, base: u64, a: u64, b: u64, data
 }
 
 /// Hands `len` bytes at `start` of `f` to writeback (`SYNC_FILE_RANGE_WRITE`: queues
-/// I/O, waits for none).
+/// I/O, waits for none; `len` 0: to the end of the file).
 pub(super) fn start_writeback_at(f: &std::fs::File, start: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
