@@ -239,9 +239,9 @@ pub(super) struct Tiles {
     /// Whether the backing directory lies on a file system of one machine (told by the
     /// first tile written; `durable::on_local_fs`).
     pub(super) local_fs: std::sync::OnceLock<bool>,
-    /// Bytes written to each chunked dataset's file since its writeback was last
-    /// started (`Tiles::written_to`).
-    pub(super) unsynced: DashMap<PathBuf, u64>,
+    /// Completed ranges of each chunked dataset's file not yet handed to writeback,
+    /// and their bytes (`Tiles::hand_over`).
+    pub(super) unsynced: DashMap<PathBuf, (u64, Vec<(u64, u64)>)>,
 }
 
 /// Most bytes of chunks a commit encodes itself by choice ([`commit_packs`]): about a

@@ -180,7 +180,6 @@ impl Tiles {
         let reuse = meta.chunked && gen == Some(src.gen.as_str()) && !self.writers_encode(meta);
         let mut done: Vec<(&[u64], u64, u64)> = Vec::with_capacity(pieces.len());
         let mut wb: Vec<(Arc<BackingFile>, u64, u64)> = Vec::new();
-        let mut in_file: Option<(Arc<BackingFile>, u64)> = None;
         let written = (|| -> Result<()> {
             for p in pieces {
                 let len = p.len();
@@ -194,14 +193,7 @@ impl Tiles {
                     write_parts_at(&t.file.file, &p.parts, from, n, at)
                         .map_err(io("writing tile source"))?;
                 }
-                if !self.writes_back(meta, &t) {
-                } else if meta.chunked {
-                    // (every tile of the batch is in the one file)
-                    match &mut in_file {
-                        Some((_, n)) => *n += len,
-                        None => in_file = Some((t.file.clone(), len)),
-                    }
-                } else {
+                if self.writes_back(meta, &t) {
                     let rel = writeback_ranges(p.off, p.off + len, t.size, writeback_chunk());
                     wb.extend(
                         rel.into_iter()
@@ -212,12 +204,7 @@ impl Tiles {
             }
             Ok(())
         })();
-        for (f, s, n) in wb {
-            start_writeback_at(&f.file, s, n);
-        }
-        if let Some((f, n)) = in_file {
-            self.written_to(&f, n);
-        }
+        self.hand_over(meta, wb);
         // (what was written is recorded even when a later piece failed; the write's
         // error is the one returned)
         let logged = ranges.log_ranges(&src.ds.node, &src.gen, &done);
@@ -259,28 +246,59 @@ impl Tiles {
             && *self
                 .local_fs
                 .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
-        !keep
+        // (an edge tile's rows lie apart in its whole chunk: left to the commit's fsync)
+        t.padded.is_none() && !keep
     }
 
-    /// Counts `n` bytes written to a chunked dataset's file (the file being built, or a
-    /// compressed dataset's staging file: every tile in one file) and starts writeback
-    /// of all the file's dirty pages each time [`writeback_chunk`] bytes have been
-    /// written to it. Per tile, 10 000 tiles of 16 KiB made 10 000 `sync_file_range`
-    /// calls and as many small disk writes (a ninth of the daemon's time when each tile
-    /// was written through its own file).
-    fn written_to(&self, f: &BackingFile, n: u64) {
-        // (the map's guard is dropped before the call)
-        let due = {
-            let mut e = self.unsynced.entry(f.path.clone()).or_insert(0);
-            *e = e.saturating_add(n);
-            let due = *e >= writeback_chunk();
-            if due {
-                *e = 0;
+    /// Starts writeback of the completed ranges `wb` (file, start, length): at once for
+    /// a virtual layout's sources (a file a tile), and for a chunked dataset's one file
+    /// (the file being built, or a compressed dataset's staging file) once
+    /// [`writeback_chunk`] bytes of completed ranges have gathered, sorted and joined.
+    /// Per tile, 10 000 tiles of 16 KiB made as many `sync_file_range` calls and small
+    /// disk writes (a ninth of the daemon's time when each tile was written through its
+    /// own file); the whole file at once also caught pages of tiles still being written,
+    /// whose next writes then waited for the disk.
+    fn hand_over(&self, meta: &PendingMeta, wb: Vec<(Arc<BackingFile>, u64, u64)>) {
+        if !meta.chunked {
+            for (f, s, n) in wb {
+                start_writeback_at(&f.file, s, n);
             }
-            due
+            return;
+        }
+        let Some(file) = wb.first().map(|w| w.0.clone()) else {
+            return;
         };
-        if due {
-            start_writeback_at(&f.file, 0, 0);
+        // (the map's guard is dropped before the calls)
+        let due = {
+            let mut e = self.unsynced.entry(file.path.clone()).or_default();
+            let (bytes, ranges) = &mut *e;
+            for (_, s, n) in &wb {
+                *bytes = bytes.saturating_add(*n);
+                ranges.push((*s, *n));
+            }
+            (*bytes >= writeback_chunk()).then(|| {
+                *bytes = 0;
+                std::mem::take(ranges)
+            })
+        };
+        let Some(mut ranges) = due else {
+            return;
+        };
+        ranges.sort_unstable();
+        let mut run: Option<(u64, u64)> = None;
+        for (s, n) in ranges {
+            match &mut run {
+                Some((rs, rn)) if *rs + *rn == s => *rn += n,
+                _ => {
+                    if let Some((rs, rn)) = run {
+                        start_writeback_at(&file.file, rs, rn);
+                    }
+                    run = Some((s, n));
+                }
+            }
+        }
+        if let Some((rs, rn)) = run {
+            start_writeback_at(&file.file, rs, rn);
         }
     }
 
@@ -303,13 +321,12 @@ impl Tiles {
     ) -> Result<()> {
         let t = self.target_for(src, meta, idx, off, len, ranges)?;
         put(&t, &t.runs(off, len))?;
-        if !self.writes_back(meta, &t) {
-        } else if meta.chunked {
-            self.written_to(&t.file, len);
-        } else {
-            for (s, n) in writeback_ranges(off, off + len, t.size, writeback_chunk()) {
-                start_writeback_at(&t.file.file, t.offset + s, n);
-            }
+        if self.writes_back(meta, &t) {
+            let rel = writeback_ranges(off, off + len, t.size, writeback_chunk());
+            let wb = rel
+                .into_iter()
+                .map(|(s, n)| (t.file.clone(), t.offset + s, n));
+            self.hand_over(meta, wb.collect());
         }
         ranges.log_range(&src.ds.node, &src.gen, idx, off, len)
     }
