@@ -139,7 +139,7 @@ struct ChunkedCommit {
     /// The file being built it is allocated in (the same for every chunked dataset of
     /// the commit).
     product: PathBuf,
-    compressed: Option<super::slots::Compressed>,
+    compressed: Option<super::store::Compressed>,
 }
 
 /// What a commit writes, found under the lock from the range logs.
@@ -370,7 +370,7 @@ impl Commit<'_> {
                     })
                     .collect();
                 let compressed = match (rec.slots.clone(), m.compression.clone()) {
-                    (Some(slots), Some(compression)) => Some(super::slots::Compressed {
+                    (Some(slots), Some(compression)) => Some(super::store::Compressed {
                         slots,
                         compression,
                         itemsize: m.itemsize as usize,
@@ -647,7 +647,7 @@ impl Commit<'_> {
             mark("staging_synced_s");
             for c in &plan.chunked {
                 if let Some(z) = &c.compressed {
-                    let (stored, here) = super::slots::store(
+                    let (stored, here) = super::store::store(
                         &product,
                         &c.tiles,
                         &c.link,

@@ -34,6 +34,7 @@ mod remove;
 mod slots;
 mod state;
 mod status;
+mod store;
 mod target;
 mod tiles;
 mod tilewrite;
