@@ -149,14 +149,11 @@ pub(super) fn store(
     type Placed = (Vec<(u64, u64, u32)>, u64);
     let set = || -> Vec<Part> { (0..threads).map(|_| (Vec::new(), Vec::new())).collect() };
     // (at least a chunk per thread: large chunks left to the commit still use them all)
-    let window = store_window_override().unwrap_or(STORE_WINDOW);
+    let over = store_window_override();
+    let window = over.unwrap_or(STORE_WINDOW);
     let per_window = usize::try_from(window / chunk_bytes.max(1))
         .unwrap_or(1)
-        .max(if store_window_override().is_some() {
-            1
-        } else {
-            threads
-        });
+        .max(if over.is_some() { 1 } else { threads });
     // A second set of buffers only while a window stays within its bytes: with a chunk
     // per thread of large chunks, two sets would double the commit's memory (it then
     // writes each window before encoding the next, as before).

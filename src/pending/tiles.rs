@@ -833,12 +833,7 @@ fn chunk_at(
     Ok(TileTarget {
         file: file.clone(),
         offset,
-        size: slab
-            .num_elements()
-            .checked_mul(meta.itemsize)
-            .ok_or_else(|| PendingError::TooLarge {
-                what: format!("{h5path} tile {}", tile_name(idx)),
-            })?,
+        size: tile_bytes(meta, idx, h5path)?,
         padded,
     })
 }

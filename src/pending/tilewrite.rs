@@ -2,15 +2,15 @@
 //! the writeback they start and the range records that make them count. A `data` write
 //! is one batch: the dataset's generation is looked up once, each tile's rows go
 //! straight from the request's buffer to the file (one `pwritev` a tile, no copy),
-//! writeback is started once per run of neighbouring tiles, and the ranges are
-//! recorded together. A band of 16 KiB tiles touches a hundred tiles per request, and
+//! the completed ranges are handed to writeback together (`Tiles::hand_over`), and the
+//! ranges are recorded together. A band of 16 KiB tiles touches a hundred tiles per request, and
 //! doing all of that per tile cost the daemon four times the CPU of the write itself.
 
 use super::base::io;
 use super::ranges::Ranges;
 use super::target::{PutRuns, TileTarget};
 use super::tiles::{tile_bytes, Sources, Tiles};
-use super::writeback::{start_writeback_at, writeback_chunk, writeback_ranges};
+use super::writeback::{completed_ranges, start_writeback_at, writeback_chunk};
 use crate::error::{PendingError, Result};
 use crate::extent::BackingFile;
 use crate::geometry::tile_name;
@@ -197,13 +197,7 @@ impl Tiles {
                     write_parts_at(&t.file.file, &p.parts, from, n, at)
                         .map_err(io("writing tile source"))?;
                 }
-                if self.writes_back(meta, &t) {
-                    let rel = writeback_ranges(p.off, p.off + len, t.size, writeback_chunk());
-                    wb.extend(
-                        rel.into_iter()
-                            .map(|(s, n)| (t.file.clone(), t.offset + s, n)),
-                    );
-                }
+                wb.extend(self.completed(meta, &t, p.off, len));
                 done.push((&p.idx, p.off, len));
             }
             Ok(())
@@ -252,6 +246,26 @@ impl Tiles {
                 .get_or_init(|| crate::durable::on_local_fs(&t.file.path));
         // (an edge tile's rows lie apart in its whole chunk: left to the commit's fsync)
         t.padded.is_none() && !keep
+    }
+
+    /// The ranges of `t`'s file that a write of `len` bytes at `off` of the tile
+    /// completed, to be handed to writeback ([`Tiles::hand_over`]); none where the
+    /// write starts no writeback ([`Tiles::writes_back`]).
+    fn completed(
+        &self,
+        meta: &PendingMeta,
+        t: &Arc<TileTarget>,
+        off: u64,
+        len: u64,
+    ) -> Vec<(Arc<BackingFile>, u64, u64)> {
+        if !self.writes_back(meta, t) {
+            return Vec::new();
+        }
+        let (a, data_end) = (t.offset + off, t.offset + t.size);
+        completed_ranges(t.offset, a, a + len, data_end)
+            .into_iter()
+            .map(|(s, n)| (t.file.clone(), s, n))
+            .collect()
     }
 
     /// Starts writeback of the completed ranges `wb` (file, start, length): at once for
@@ -317,13 +331,7 @@ impl Tiles {
     ) -> Result<()> {
         let t = self.target_for(src, meta, idx, off, len, ranges)?;
         put(&t, &t.runs(off, len))?;
-        if self.writes_back(meta, &t) {
-            let rel = writeback_ranges(off, off + len, t.size, writeback_chunk());
-            let wb = rel
-                .into_iter()
-                .map(|(s, n)| (t.file.clone(), t.offset + s, n));
-            self.hand_over(meta, wb.collect());
-        }
+        self.hand_over(meta, self.completed(meta, &t, off, len));
         ranges.log_range(&src.ds.node, &src.gen, idx, off, len)
     }
 }

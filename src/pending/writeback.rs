@@ -41,14 +41,20 @@ pub(super) fn writeback_ranges(a: u64, b: u64, data_end: u64, chunk: u64) -> Vec
 /// commit would wait for all of them. Started early, the disk writes while tasks are
 /// still writing. `SYNC_FILE_RANGE_WRITE` only queues I/O: nothing waits for it here.
 pub(super) fn start_writeback(f: &std::fs::File, base: u64, a: u64, b: u64, data_end: u64) {
-    let rel = writeback_ranges(a - base, b - base, data_end - base, writeback_chunk());
-    for (start, len) in rel {
-        start_writeback_at(f, start + base, len);
+    for (start, len) in completed_ranges(base, a, b, data_end) {
+        start_writeback_at(f, start, len);
     }
 }
 
+/// The file ranges `(start, len)` that [`start_writeback`] hands to writeback after a
+/// write of `[a, b)` of data that starts at `base` and ends at `data_end`.
+pub(super) fn completed_ranges(base: u64, a: u64, b: u64, data_end: u64) -> Vec<(u64, u64)> {
+    let rel = writeback_ranges(a - base, b - base, data_end - base, writeback_chunk());
+    rel.into_iter().map(|(s, n)| (s + base, n)).collect()
+}
+
 /// Hands `len` bytes at `start` of `f` to writeback (`SYNC_FILE_RANGE_WRITE`: queues
-/// I/O, waits for none; `len` 0: to the end of the file).
+/// I/O, waits for none).
 pub(super) fn start_writeback_at(f: &std::fs::File, start: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(s), Ok(n)) = (i64::try_from(start), i64::try_from(len)) else {
