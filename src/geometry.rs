@@ -80,6 +80,71 @@ pub fn ravel(idx: &[u64], shape: &[u64]) -> u64 {
     idx.iter().zip(shape).fold(0, |acc, (&i, &n)| acc * n + i)
 }
 
+/// Visits the bytes `[off, end)` of the C-order bytes of a `shape` array of `elem`-byte
+/// elements, cut into tiles of `tile`, as runs each inside one tile and one row of it:
+/// `f(tile, at, from, len)` for the tile's C-order linear index in the grid, the
+/// run's offset in the tile's own (clipped, C-order) bytes, and its offset in the
+/// array. Arithmetic only: a 1 MiB write of a band of rows falls into thousands of
+/// runs, and mapping it through extents and lookups cost more than the writes.
+/// `end` must not pass the array's bytes (checked by the caller, as every size
+/// product here then fits u64).
+pub fn tile_runs(
+    shape: &[u64],
+    tile: &[u64],
+    elem: u64,
+    off: u64,
+    end: u64,
+    mut f: impl FnMut(u64, u64, u64, u64),
+) {
+    // a scalar is one row of one element in one tile
+    let (shape, tile): (&[u64], &[u64]) = if shape.is_empty() {
+        (&[1], &[1])
+    } else {
+        (shape, tile)
+    };
+    let n = shape.len() - 1;
+    let (lead, last) = shape.split_at(n);
+    let (tlead, tlast) = (&tile[..n], tile[n].max(1));
+    let row = last[0] * elem;
+    let grid: Vec<u64> = shape
+        .iter()
+        .zip(tile)
+        .map(|(&s, &t)| s.div_ceil(t.max(1)))
+        .collect();
+    let tcol = tlast * elem;
+    if row == 0 || tcol == 0 {
+        return;
+    }
+    let mut p = off;
+    let mut within = vec![0u64; n];
+    let mut clipped = vec![0u64; n];
+    while p < end {
+        let (r, c0) = (p / row, p % row);
+        let li = unravel(r, lead);
+        // the tile row holding this row, and the row's place in its tiles
+        let mut k_lead = 0;
+        for d in 0..n {
+            let t = tlead[d].max(1);
+            let ti = li[d] / t;
+            k_lead = k_lead * grid[d] + ti;
+            within[d] = li[d] % t;
+            clipped[d] = t.min(lead[d] - ti * t);
+        }
+        let row_in_tile = ravel(&within, &clipped);
+        let row_end = (p - c0 + row).min(end);
+        let mut c = c0;
+        while p < row_end {
+            let j = c / tcol;
+            let width = tcol.min(row - j * tcol);
+            let len = (row_end - p).min((j + 1) * tcol - c);
+            let at = row_in_tile * width + (c - j * tcol);
+            f(k_lead * grid[n] + j, at, p, len);
+            p += len;
+            c += len;
+        }
+    }
+}
+
 /// Tile file name: indices joined by '.'; a scalar's single tile is `0`.
 pub fn tile_name(idx: &[u64]) -> String {
     if idx.is_empty() {
@@ -140,6 +205,45 @@ pub fn row_block_tile(shape: &[u64], elem_size: u64, target_bytes: u64) -> Vec<u
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Every byte of every window lands where the per-byte definition puts it.
+    #[test]
+    fn tile_runs_match_bytes() {
+        let cases: &[(&[u64], &[u64], u64)] = &[
+            (&[7, 5], &[3, 2], 4),
+            (&[4, 6, 5], &[3, 4, 2], 2),
+            (&[10], &[4], 8),
+            (&[], &[], 4),
+            (&[3, 1, 5], &[2, 1, 5], 1),
+        ];
+        for &(shape, tile, elem) in cases {
+            let g = TileGrid::new(shape.to_vec(), tile.to_vec());
+            let total = checked_bytes(shape, elem).unwrap();
+            // byte b of the array -> (tile, offset in the tile's bytes)
+            let want = |b: u64| {
+                let e = unravel(b / elem, shape);
+                let ti: Vec<u64> = e.iter().zip(tile).map(|(i, t)| i / t).collect();
+                let slab = g.tile_slab(&ti).unwrap();
+                let w: Vec<u64> = e.iter().zip(tile).map(|(i, t)| i % t).collect();
+                let k = ravel(&ti, &g.grid());
+                (k, ravel(&w, &slab.counts()) * elem + b % elem)
+            };
+            for off in 0..total {
+                for end in off..=total {
+                    let mut next = off;
+                    tile_runs(shape, tile, elem, off, end, |k, at, from, len| {
+                        assert_eq!(from, next, "{shape:?} {off}..{end}");
+                        assert!(len > 0);
+                        for b in 0..len {
+                            assert_eq!((k, at + b), want(from + b), "{shape:?} byte {}", from + b);
+                        }
+                        next += len;
+                    });
+                    assert_eq!(next, end);
+                }
+            }
+        }
+    }
 
     #[test]
     fn grid_and_edges() {

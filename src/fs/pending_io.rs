@@ -622,10 +622,6 @@ pub fn write_data(
     off: u64,
     data: &[u8],
 ) -> Result<()> {
-    let (model, tiles, gen) = {
-        let v = view.lock();
-        (v.model.clone(), v.tiles.clone(), v.gen.clone())
-    };
     let end = off
         .checked_add(data.len() as u64)
         .filter(|&e| e <= meta.nbytes());
@@ -635,56 +631,37 @@ pub fn write_data(
             format!("{path}/data: write past the end ({} bytes)", meta.nbytes()),
         ));
     };
-    let sel = Hyperslab::full(&model.shape);
-    let (base, extents) = model.plan(&sel, off, data.len() as u64)?;
     let mut runs = TileRuns::default();
     let mut whole = false;
-    // the tiles of the last extent's file: a band's extents all lie in one file (the
-    // chunked layout's) or a few, and looking each up by path cost more than the copy
-    type InFile<'a> = &'a [(u64, Vec<u64>, Arc<crate::pending::TileTarget>)];
-    let mut last_file: Option<(&Arc<crate::extent::BackingFile>, InFile)> = None;
-    for e in &extents {
-        let crate::extent::Src::File { file: bf, offset } = &e.src else {
-            return Err(Error::io("pending data maps to a missing tile"));
-        };
-        let (s, t) = (base + e.dst, base + e.dst + e.len);
-        let (cs, ct) = (s.max(off), t.min(end));
-        if cs >= ct {
-            continue;
-        }
-        let in_file = match last_file {
-            Some((f, v)) if Arc::ptr_eq(f, bf) => v,
-            _ => {
-                let v = tiles
-                    .get(&bf.path)
-                    .ok_or_else(|| Error::io("unknown tile source"))?;
-                last_file = Some((bf, v));
-                v
-            }
-        };
-        // One extent may cover several tiles: the chunked layout's chunks follow each
-        // other in one file, and the plan joins ranges contiguous there.
-        let mut c = cs;
-        while c < ct {
-            let at = offset + (c - s);
-            // the tile whose data starts last at or before `at`
-            let k = in_file.partition_point(|e| e.0 <= at);
-            let (_, idx, t) = k
-                .checked_sub(1)
-                .and_then(|k| in_file.get(k))
-                .ok_or_else(|| Error::io("pending data maps before its tile"))?;
-            let tile_off = t
-                .tile_offset(at)
-                .ok_or_else(|| Error::io("pending data maps outside its tile"))?;
-            let n = (ct - c).min(t.file_end().saturating_sub(at)).max(1);
-            let bytes = &data[(c - off) as usize..(c - off + n) as usize];
-            runs.add(t, idx, tile_off, bytes);
-            // this write reaches the tile's last byte: for a compressed dataset, the
-            // tile may be whole now (checked in the background) and can be encoded
-            // while the writer goes on, as a closed tile handle's is
-            whole |= tile_off.checked_add(n) == Some(t.size);
-            c += n;
-        }
+    let mut missing = false;
+    // Pieces found under the view's lock (arithmetic, no I/O), written after it.
+    let gen = {
+        let v = view.lock();
+        crate::geometry::tile_runs(
+            &meta.shape,
+            &meta.tile_shape,
+            meta.itemsize,
+            off,
+            end,
+            |k, at, from, len| {
+                let Some((idx, Some(t))) = usize::try_from(k).ok().and_then(|k| v.targets.get(k))
+                else {
+                    missing = true;
+                    return;
+                };
+                // in range: `from + len <= end`, and `end - off` is `data.len()`
+                let bytes = &data[(from - off) as usize..(from - off + len) as usize];
+                runs.add(k, t, idx, at, bytes);
+                // this write reaches the tile's last byte: for a compressed dataset,
+                // the tile may be whole now (checked in the background) and can be
+                // encoded while the writer goes on, as a closed tile handle's is
+                whole |= at.checked_add(len) == Some(t.size);
+            },
+        );
+        v.gen.clone()
+    };
+    if missing {
+        return Err(Error::io("pending data maps to a missing tile"));
     }
     pending.write_tiles(file, path, meta, gen.as_deref(), &runs.runs)?;
     if whole && pending.writers_encode(meta) {
@@ -701,27 +678,49 @@ pub fn write_data(
 #[derive(Default)]
 struct TileRuns<'a> {
     runs: Vec<TilePiece<'a>>,
-    /// tile (its target) → its last run in `runs` and where that run ends in the tile
-    last: std::collections::HashMap<usize, (usize, u64)>,
+    /// tile (its linear index) → its last run in `runs` and where that run ends in
+    /// the tile
+    last: std::collections::HashMap<u64, (usize, u64), BuildTileHasher>,
 }
 
 impl<'a> TileRuns<'a> {
-    fn add(&mut self, t: &Arc<TileTarget>, idx: &[u64], tile_off: u64, bytes: &'a [u8]) {
-        let tile = Arc::as_ptr(t) as usize;
+    fn add(&mut self, k: u64, t: &Arc<TileTarget>, idx: &[u64], tile_off: u64, bytes: &'a [u8]) {
         let end = tile_off + bytes.len() as u64;
-        if let Some((r, at)) = self.last.get_mut(&tile) {
+        if let Some((r, at)) = self.last.get_mut(&k) {
             if *at == tile_off {
                 self.runs[*r].parts.push(bytes);
                 *at = end;
                 return;
             }
         }
-        self.last.insert(tile, (self.runs.len(), end));
+        self.last.insert(k, (self.runs.len(), end));
         self.runs.push(TilePiece {
             idx: idx.to_vec(),
             off: tile_off,
             parts: vec![bytes],
             target: Some(t.clone()),
         });
+    }
+}
+
+/// Hashes a tile's linear index with one multiplication: the keys are small
+/// integers from the daemon itself, and SipHash per row of a band cost a tenth of
+/// the write.
+type BuildTileHasher = std::hash::BuildHasherDefault<TileHasher>;
+
+#[derive(Default)]
+struct TileHasher(u64);
+
+impl std::hash::Hasher for TileHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (self.0 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
