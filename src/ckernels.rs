@@ -30,6 +30,7 @@ pub fn ready() {
 // blosc2-sys 0.4 builds; LZ4_decompress_safe is lz4.h's.
 extern "C" {
     fn unshuffle(bytesoftype: i32, blocksize: i32, src: *const u8, dest: *mut u8);
+    fn shuffle(bytesoftype: i32, blocksize: i32, src: *const u8, dest: *mut u8);
     fn bitunshuffle(
         bytesoftype: i32,
         blocksize: i32,
@@ -85,6 +86,26 @@ pub fn unshuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
     // fit an `int32_t`, and the rest is done element by element, then copied); the two
     // slices cannot overlap (one is borrowed shared, the other exclusively).
     unsafe { unshuffle(ts, len, src.as_ptr(), dst.as_mut_ptr()) };
+    true
+}
+
+/// Byte shuffle of `src` (elements of `es` bytes, trailing bytes copied) into `dst`,
+/// the inverse of [`unshuffle_simd`], under the same conditions: the commit of a
+/// shuffled dataset spent as long shuffling, element by element in Rust, as
+/// compressing with LZ4.
+pub fn shuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
+    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
+        return false;
+    };
+    if !(2..=MAX_SIMD_ELEMENT).contains(&es) || dst.len() < src.len() {
+        return false;
+    }
+    ready();
+    // SAFETY: as for `unshuffle_simd`: c-blosc2's shuffle reads exactly `blocksize`
+    // bytes of `src` and writes exactly `blocksize` of `dst` for element sizes 2..=255
+    // (vector loops over whole multiples of `typesize * 16` or `* 32` bytes, the rest
+    // element by element, then copied); the slices do not overlap.
+    unsafe { shuffle(ts, len, src.as_ptr(), dst.as_mut_ptr()) };
     true
 }
 

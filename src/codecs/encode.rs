@@ -487,8 +487,16 @@ fn blosc_stream(b: Blosc, src: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// [`shuffle`] into `out` (same length as `data`).
+/// [`shuffle`] into `out` (same length as `data`): c-blosc2's SIMD kernel, else
+/// [`shuffle_rust`].
 fn shuffle_into(data: &[u8], es: usize, out: &mut [u8]) {
+    if !crate::ckernels::shuffle_simd(data, es, out) {
+        shuffle_rust(data, es, out)
+    }
+}
+
+/// [`shuffle_into`] in Rust: the fallback, and the reference its tests compare with.
+pub(crate) fn shuffle_rust(data: &[u8], es: usize, out: &mut [u8]) {
     let n = data.len() / es;
     for (j, plane) in out[..n * es]
         .chunks_exact_mut(n.max(1))

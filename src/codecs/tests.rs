@@ -524,3 +524,37 @@ fn lzo_reason_names_a_fix_that_exists() {
         "{z}"
     );
 }
+
+/// c-blosc2's byte shuffle, used by the commit's encoders, writes what the Rust
+/// reference writes (trailing bytes included), and unshuffles back to the input.
+#[test]
+fn byte_shuffle_matches_the_rust_reference() {
+    for es in (1usize..=17).chain([255, 256, 300]) {
+        for len in [
+            0usize,
+            1,
+            15,
+            16,
+            31,
+            32,
+            33,
+            64 * es + 3,
+            256 * es,
+            4096 + 5,
+        ] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 131 + i / 3) as u8).collect();
+            let mut c = vec![0xAAu8; len];
+            let mut r = vec![0x55u8; len];
+            let ran = crate::ckernels::shuffle_simd(&src, es, &mut c);
+            assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
+            if !ran {
+                super::encode::shuffle_rust(&src, es, &mut c);
+            }
+            super::encode::shuffle_rust(&src, es, &mut r);
+            assert_eq!(c, r, "es {es} len {len}");
+            let mut back = vec![0u8; len];
+            unshuffle_into(&c, es, &mut back);
+            assert_eq!(back, src, "es {es} len {len}");
+        }
+    }
+}

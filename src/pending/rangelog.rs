@@ -285,9 +285,15 @@ impl Written {
     pub(super) fn apply(&mut self, r: &Record) {
         match r {
             Record::Ranges { tile, ranges } => {
-                let e = self.ranges.entry(tile.clone()).or_default();
-                for (a, b) in ranges {
-                    e.insert(*a, *b);
+                // (the name is cloned only for a tile new to the map: a band's write
+                // records a range of each of its tiles, mostly tiles seen before)
+                if !self.ranges.contains_key(tile) {
+                    self.ranges.insert(tile.clone(), RangeSet::default());
+                }
+                if let Some(e) = self.ranges.get_mut(tile) {
+                    for (a, b) in ranges {
+                        e.insert(*a, *b);
+                    }
                 }
                 self.synced.remove(tile);
                 self.encoded.remove(tile);
@@ -429,14 +435,29 @@ impl DatasetLog {
     }
 
     pub(super) fn record(&self, r: Record) -> usize {
+        self.record_all(std::iter::once(r))
+    }
+
+    /// Records `rs` in order under one taking of the lock (a `data` write's ranges in
+    /// up to hundreds of tiles); returns the records now waiting for the next flush.
+    pub(super) fn record_all(&self, rs: impl IntoIterator<Item = Record>) -> usize {
         let mut st = self.state.lock();
-        if let Record::Ranges { tile, .. } = &r {
-            *st.epochs.entry(tile.clone()).or_default() += 1;
-            st.to_sync.insert(tile.clone());
+        for r in rs {
+            if let Record::Ranges { tile, .. } = &r {
+                match st.epochs.get_mut(tile) {
+                    Some(e) => *e += 1,
+                    None => {
+                        st.epochs.insert(tile.clone(), 1);
+                    }
+                }
+                if !st.to_sync.contains(tile) {
+                    st.to_sync.insert(tile.clone());
+                }
+            }
+            st.mine.apply(&r);
+            st.dirty.apply(&r);
+            st.seq += 1;
         }
-        st.mine.apply(&r);
-        st.dirty.apply(&r);
-        st.seq += 1;
         st.dirty.ranges.len() + st.dirty.sources.len() + st.dirty.synced.len()
     }
 

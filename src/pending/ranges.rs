@@ -112,15 +112,24 @@ impl Ranges {
             return Ok(());
         }
         let log = self.dataset_log(node, gen)?;
-        let mut pending = 0;
+        let mut records = Vec::with_capacity(writes.len());
+        let mut bad = None;
         for &(idx, off, len) in writes {
-            let end = off.checked_add(len).ok_or_else(|| PendingError::TooLarge {
-                what: format!("tile {} range at {off}", tile_name(idx)),
-            })?;
-            pending = log.record(Record::Ranges {
+            let Some(end) = off.checked_add(len) else {
+                bad = Some(PendingError::TooLarge {
+                    what: format!("tile {} range at {off}", tile_name(idx)),
+                });
+                break;
+            };
+            records.push(Record::Ranges {
                 tile: tile_name(idx),
                 ranges: vec![(off, end)],
             });
+        }
+        // (the ranges before a bad one are recorded all the same)
+        let pending = log.record_all(records);
+        if let Some(e) = bad {
+            return Err(e.into());
         }
         if pending >= FLUSH_TILES {
             log.flush(&self.writer_id)?;
