@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod filecli;
+mod logsink;
 mod runcli;
 mod status;
 
@@ -130,23 +131,31 @@ struct MountArgs {
     /// Kernel readahead for the mount, in KiB (set through sysfs when permitted).
     #[arg(long, default_value_t = 4096)]
     readahead_kb: u32,
-    /// Write logs to this file (appended). Without it a detached daemon logs nowhere.
+    /// Write logs to this file (appended; rotated to FILE.1 past 64 MiB). Without it a
+    /// detached daemon logs to the journal when systemd started it, else to
+    /// $XDG_STATE_HOME/h5tilefs/<mount point>.log (~/.local/state/... by default);
+    /// `h5tilefs status` says where.
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// Mount over a directory that is not empty (its files are hidden while mounted).
+    #[arg(long)]
+    nonempty: bool,
     /// On SIGTERM/SIGINT: seconds to keep serving files still open after the mount is
     /// detached, before exiting anyway.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
     /// Mount options, comma separated, as fstab and `mount -t fuse.h5tilefs` pass them:
     /// ro, allow_other, threads=N, tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH,
-    /// gpu_io_threads=N, writer_encode_min=SIZE.
-    /// Generic options (rw, noauto, _netdev, user, ...) are accepted and ignored.
+    /// gpu_io_threads=N, writer_encode_min=SIZE, gpu=MODE, nonempty.
+    /// Generic options (rw, noauto, _netdev, user, x-systemd.*, ...) are accepted and
+    /// ignored; any other is refused by name.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
 }
 
 /// Folds `-o` options into the flags they stand for.
 fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
+    let mut unknown = Vec::new();
     for o in std::mem::take(&mut args.options) {
         let (k, v) = match o.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -173,10 +182,79 @@ fn apply_mount_options(args: &mut MountArgs) -> Result<(), String> {
             ("cache_bytes", Some(v)) => args.cache_bytes = parse_bytes(v)?,
             ("writer_encode_min", Some(v)) => args.writer_encode_min = parse_bytes_or_zero(v)?,
             ("log_file", Some(v)) => args.log_file = Some(PathBuf::from(v)),
-            _ => {}
+            ("nonempty", None) => args.nonempty = true,
+            (k, _) if is_generic_option(k) => {}
+            (k, v) => match (KNOWN_WITH_VALUE.contains(&k), KNOWN_FLAGS.contains(&k), v) {
+                (true, _, None) => {
+                    return Err(format!("mount option `{k}` needs a value ({k}=...)"))
+                }
+                (_, true, Some(_)) => return Err(format!("mount option `{k}` takes no value")),
+                _ => unknown.push(format!("`{o}`")),
+            },
         }
     }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "unknown mount option{} {} (h5tilefs takes: ro, allow_other, threads=N, \
+             tile_bytes=SIZE, cache_bytes=SIZE, log_file=PATH, gpu=auto|preload|off, \
+             gpu_io_threads=N, writer_encode_min=SIZE, nonempty)",
+            if unknown.len() > 1 { "s" } else { "" },
+            unknown.join(", ")
+        ));
+    }
     Ok(())
+}
+
+const KNOWN_WITH_VALUE: &[&str] = &[
+    "threads",
+    "tile_bytes",
+    "cache_bytes",
+    "log_file",
+    "gpu",
+    "gpu_io_threads",
+    "writer_encode_min",
+];
+const KNOWN_FLAGS: &[&str] = &["ro", "allow_other", "nonempty"];
+
+/// Options mount(8), fstab and systemd pass to every file system, which say nothing
+/// to h5tilefs itself.
+fn is_generic_option(k: &str) -> bool {
+    const GENERIC: &[&str] = &[
+        "rw",
+        "defaults",
+        "auto",
+        "noauto",
+        "_netdev",
+        "nofail",
+        "user",
+        "users",
+        "nouser",
+        "owner",
+        "group",
+        "exec",
+        "noexec",
+        "suid",
+        "nosuid",
+        "dev",
+        "nodev",
+        "sync",
+        "async",
+        "atime",
+        "noatime",
+        "relatime",
+        "norelatime",
+        "strictatime",
+        "nostrictatime",
+        "lazytime",
+        "nolazytime",
+        "diratime",
+        "nodiratime",
+        "default_permissions",
+        "fsname",
+        "subtype",
+        "comment",
+    ];
+    GENERIC.contains(&k) || k.starts_with("x-")
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -240,7 +318,7 @@ fn main() -> ExitCode {
         }
         Cmd::Commit { file, json } => ExitCode::from(filecli::commit(&file, json)),
         Cmd::GpuDecoder { conns } => {
-            init_logging(None, true);
+            init_logging(&LogTo::Stderr("standard error"));
             ExitCode::from(h5tilefs::gpu::decoder_process(conns.min(64)) as u8)
         }
     }
@@ -369,33 +447,81 @@ fn preflight(args: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
     let backing = b
         .canonicalize()
         .map_err(|e| format!("backing dir {}: {e}", b.display()))?;
+    if mnt.starts_with(&backing) {
+        return Err(format!(
+            "mount point {} is inside the backing dir {}: the mount would show itself \
+             inside itself; mount it elsewhere",
+            mnt.display(),
+            backing.display()
+        ));
+    }
+    if backing.starts_with(&mnt) {
+        return Err(format!(
+            "backing dir {} is inside the mount point {}: the mount would hide it; \
+             mount it elsewhere",
+            backing.display(),
+            mnt.display()
+        ));
+    }
+    if !args.nonempty {
+        let entry = std::fs::read_dir(&mnt)
+            .map_err(|e| format!("mount point {}: {e}", mnt.display()))?
+            .next();
+        if let Some(Ok(e)) = entry {
+            return Err(format!(
+                "mount point {} is not empty (it holds {:?}, which the mount would hide); \
+                 use an empty directory, or --nonempty (-o nonempty) to mount over it",
+                mnt.display(),
+                e.file_name()
+            ));
+        }
+    }
     Ok((backing, mnt))
 }
 
-fn init_logging(log_file: Option<&Path>, foreground: bool) {
+/// Where the daemon's logs go.
+enum LogTo {
+    /// A capped file (`--log-file`, or the default one of a detached daemon).
+    File(PathBuf),
+    /// Standard error: the terminal of a foreground daemon, or systemd's journal.
+    Stderr(&'static str),
+}
+
+/// Where a daemon mounted at `mnt` logs (`detached`: after it leaves the terminal).
+fn log_destination(log_file: Option<&Path>, mnt: &Path, detached: bool) -> LogTo {
+    match log_file {
+        Some(p) => LogTo::File(std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
+        None if !detached => LogTo::Stderr("standard error"),
+        None if logsink::stderr_is_journal() => LogTo::Stderr("the systemd journal"),
+        None => LogTo::File(logsink::default_path(mnt)),
+    }
+}
+
+/// Starts logging to `to`; returns where the logs go, as `h5tilefs status` shows it.
+fn init_logging(to: &LogTo) -> String {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("h5tilefs=info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if let Some(p) = log_file {
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-        {
-            builder.with_ansi(false).with_writer(Arc::new(f)).init();
-            return;
+    match to {
+        LogTo::File(p) => match logsink::CappedLog::open(p, logsink::cap_from_env()) {
+            Ok(log) => {
+                builder.with_ansi(false).with_writer(Arc::new(log)).init();
+                p.display().to_string()
+            }
+            Err(e) => format!("nowhere ({}: {e})", p.display()),
+        },
+        LogTo::Stderr(what) => {
+            builder.with_writer(std::io::stderr).init();
+            what.to_string()
         }
-    }
-    if foreground {
-        builder.with_writer(std::io::stderr).init();
     }
 }
 
 fn mount(args: MountArgs) -> Result<(), String> {
     close_inherited_fds();
-    let (backing, mnt) = preflight(&args)?;
     let mut args = args;
     apply_mount_options(&mut args)?;
+    let (backing, mnt) = preflight(&args)?;
     let read_only = args.read_only;
     let allow_other = args.allow_other;
     let threads = args.threads.unwrap_or_else(|| {
@@ -415,9 +541,15 @@ fn mount(args: MountArgs) -> Result<(), String> {
         gpu_io_threads: args.gpu_io_threads.into(),
         engine: h5tilefs::engine::EngineConfig::from_env(),
         writer_encode_min: args.writer_encode_min,
+        log: None,
     };
     if args.foreground {
-        init_logging(args.log_file.as_deref(), true);
+        let mut opts = opts;
+        opts.log = Some(init_logging(&log_destination(
+            args.log_file.as_deref(),
+            &mnt,
+            false,
+        )));
         let (mut session, core) = start(&backing, &mnt, opts)?;
         tune_readahead(&mnt, readahead_kb);
         tracing::info!(mountpoint = %mnt.display(), "mounted");
@@ -452,6 +584,9 @@ fn mount(args: MountArgs) -> Result<(), String> {
     }
     drop(rd);
     let mut wr = std::fs::File::from(wr);
+    // (decided before standard error is let go: the journal keeps it)
+    let log_to = log_destination(args.log_file.as_deref(), &mnt, true);
+    let keep_stderr = matches!(log_to, LogTo::Stderr(_));
     // SAFETY: setsid and the dup2 calls only touch this process's session and fds.
     unsafe {
         libc::setsid();
@@ -459,7 +594,9 @@ fn mount(args: MountArgs) -> Result<(), String> {
         if null >= 0 {
             libc::dup2(null, 0);
             libc::dup2(null, 1);
-            libc::dup2(null, 2);
+            if !keep_stderr {
+                libc::dup2(null, 2);
+            }
             if null > 2 {
                 libc::close(null);
             }
@@ -468,7 +605,8 @@ fn mount(args: MountArgs) -> Result<(), String> {
     // HDF5 resolves some relative names (virtual sources) against the working
     // directory: keep that inside the backing directory.
     let _ = std::env::set_current_dir(&backing);
-    init_logging(args.log_file.as_deref(), false);
+    let mut opts = opts;
+    opts.log = Some(init_logging(&log_to));
     match start(&backing, &mnt, opts) {
         Ok((mut session, core)) => {
             tune_readahead(&mnt, readahead_kb);

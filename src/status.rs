@@ -443,6 +443,7 @@ pub fn run(mountpoint: &Path, json: bool, timeout: u64, stuck_after: u64) -> u8 
         v["backing_dir"].as_str().unwrap_or(&me.source)
     );
     say!("version:         {}", v["version"].as_str().unwrap_or("?"));
+    say!("log:             {}", v["log"].as_str().unwrap_or("-"));
     say!(
         "uptime:          {} s",
         now.saturating_sub(num("started_unix"))

@@ -81,6 +81,9 @@ pub struct FsOptions {
     /// Compressed chunks smaller than this are encoded by the commit, packed, not by
     /// their writers into slots (docs/namespace.md, "Compressed chunked datasets").
     pub writer_encode_min: u64,
+    /// Where the daemon logs (a path, "the systemd journal", ...), for
+    /// `h5tilefs status`; None in process.
+    pub log: Option<String>,
 }
 
 impl Default for FsOptions {
@@ -95,6 +98,7 @@ impl Default for FsOptions {
             gpu_io_threads: 16,
             engine: crate::engine::EngineConfig::default(),
             writer_encode_min: 64 << 10,
+            log: None,
         }
     }
 }

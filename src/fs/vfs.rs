@@ -110,6 +110,7 @@ impl Fs {
                 "tile_bytes": self.mount.opts.tile_bytes,
                 "cache_bytes": self.mount.opts.cache_bytes,
             },
+            "log": self.mount.opts.log,
             "stats": {
                 "inodes": self.mount.inodes.len(),
                 "open_handles": self.open.count(),

@@ -26,6 +26,18 @@ from h5t_helpers import OWNED_GID, OWNED_UID, TILE_BYTES, is_mounted, list_datas
 
 _STATE = {}
 
+# Daemons mounted without --log-file log under $XDG_STATE_HOME/h5tilefs: the suite's go
+# to a directory of its own, removed with it, not into the user's.
+if "H5TILEFS_TEST_STATE" not in os.environ:
+    os.environ["H5TILEFS_TEST_STATE"] = tempfile.mkdtemp(prefix="h5tilefs-state-")
+    os.environ["XDG_STATE_HOME"] = os.environ["H5TILEFS_TEST_STATE"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    state = os.environ.get("H5TILEFS_TEST_STATE")
+    if state and os.path.basename(state).startswith("h5tilefs-state-") and not os.environ.get("H5TILEFS_KEEP_TMP"):
+        shutil.rmtree(state, ignore_errors=True)
+
 
 class Mount(NamedTuple):
     backing: str

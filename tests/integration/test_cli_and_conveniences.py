@@ -232,3 +232,75 @@ def test_mount_keeps_no_descriptor_of_its_caller(tmp_path):
             assert back["y"][:].tolist() == [0, 1, 2]
     finally:
         unmount(str(m))
+
+
+def test_mount_refuses_mistyped_options_and_hiding_mount_points(tmp_path):
+    """The first hour's mistakes are refused with the reason, before anything is
+    mounted: mistyped `-o` options (each named), a value missing or extra, a mount
+    point that is not empty (unless `--nonempty` / `-o nonempty`), a mount point inside
+    the backing directory or a backing directory inside the mount point. Generic
+    options mount(8) and fstab pass are still accepted."""
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    p = run("mount", str(b), str(m), "-o", "threadz=4,bogus=1,rw")
+    assert p.returncode != 0 and "`threadz=4`" in p.stderr and "`bogus=1`" in p.stderr, p.stderr
+    assert "threads=N" in p.stderr, p.stderr  # what it takes instead
+    p = run("mount", str(b), str(m), "-o", "threads")
+    assert p.returncode != 0 and "needs a value" in p.stderr, p.stderr
+    p = run("mount", str(b), str(m), "-o", "ro=1")
+    assert p.returncode != 0 and "takes no value" in p.stderr, p.stderr
+    inner = b / "inner"
+    inner.mkdir()
+    p = run("mount", str(b), str(inner))
+    assert p.returncode != 0 and "inside the backing dir" in p.stderr, p.stderr
+    p = run("mount", str(inner), str(b))
+    assert p.returncode != 0 and "inside the mount point" in p.stderr, p.stderr
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    p = run("mount", str(b), str(full))
+    assert p.returncode != 0 and "not empty" in p.stderr and "keep.txt" in p.stderr, p.stderr
+    for mp in (m, inner, full):
+        assert not os.path.ismount(mp)
+    # allowed explicitly; and fstab's generic options say nothing to h5tilefs
+    mount(str(b), str(full), "-o", "nonempty,rw,noauto,_netdev,x-systemd.automount")
+    try:
+        assert os.path.ismount(full)
+        assert [n for n in os.listdir(full) if not n.startswith(".")] == ["inner"]
+    finally:
+        unmount(str(full))
+    assert (full / "keep.txt").read_text() == "mine"
+
+
+def test_a_detached_daemon_logs_by_default_and_status_says_where(tmp_path):
+    """Without --log-file a detached daemon logs to $XDG_STATE_HOME/h5tilefs/<mount
+    point>.log, `h5tilefs status` prints that path, and a refused write's reason is
+    in it. The file is rotated past H5TILEFS_LOG_MAX_BYTES."""
+    b, m, state = tmp_path / "b", tmp_path / "m", tmp_path / "state"
+    b.mkdir()
+    m.mkdir()
+    with h5py.File(b / "a.h5", "w") as f:
+        f["x"] = np.arange(10, dtype="<i4")
+    env = dict(os.environ, XDG_STATE_HOME=str(state), H5TILEFS_LOG_MAX_BYTES="4096")
+    env.pop("JOURNAL_STREAM", None)
+    p = subprocess.run([BIN, "mount", str(b), str(m), "--gpu", "off"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    try:
+        name = str(m).strip("/").replace("/", "-")
+        log = state / "h5tilefs" / f"{name}.log"
+        st = run("status", str(m))
+        assert st.returncode == 0 and f"log:             {log}" in st.stdout, st.stdout
+        assert json.loads((m / ".h5tilefs").read_text())["log"] == str(log)
+        # refused writes land in the log, and enough of them rotate it
+        for _ in range(60):
+            with pytest.raises(OSError):
+                open(m / "a.h5" / "x" / "data", "r+b")
+        text = log.read_text()
+        assert "committed data is read-only" in text, text[:500]
+        older = state / "h5tilefs" / f"{name}.log.1"
+        assert older.exists() and "committed data is read-only" in older.read_text()
+        assert log.stat().st_size <= 4096 and older.stat().st_size <= 4096
+    finally:
+        unmount(str(m))
