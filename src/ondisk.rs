@@ -24,6 +24,16 @@ pub const ALIGN: u64 = 4096;
 pub const STAGE_DIR: &str = ".h5tilefs";
 /// Suffix of the directory of a file's tile sources: `<stem>_h5tilefs_vds`.
 pub const SOURCES_SUFFIX: &str = "_h5tilefs_vds";
+
+/// The name of the directory of tile sources of HDF5 file `name`: `<stem>_h5tilefs_vds`,
+/// the stem being the name without `.h5` or `.hdf5`.
+pub fn sources_dir_name(name: &str) -> String {
+    let stem = name
+        .strip_suffix(".h5")
+        .or_else(|| name.strip_suffix(".hdf5"))
+        .unwrap_or(name);
+    format!("{stem}{SOURCES_SUFFIX}")
+}
 /// Per-dataset pending state, under a file's stage directory.
 pub const NODES_DIR: &str = "nodes";
 /// The written-range logs, under a dataset's node directory.

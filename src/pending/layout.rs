@@ -4,7 +4,7 @@
 
 use crate::durable::unique;
 use crate::error::{Error, Result};
-use crate::ondisk::{NODES_DIR, SOURCES_SUFFIX, STAGE_DIR};
+use crate::ondisk::{NODES_DIR, STAGE_DIR};
 use std::path::{Component, Path, PathBuf};
 
 /// The lock file of a file's staging area: held by commit and by removals.
@@ -89,12 +89,7 @@ impl PendingFile {
 
     /// `<stem>_h5tilefs_vds`, relative to the file's directory.
     pub fn sources_rel(&self) -> String {
-        let name = &self.name;
-        let stem = name
-            .strip_suffix(".h5")
-            .or_else(|| name.strip_suffix(".hdf5"))
-            .unwrap_or(name);
-        format!("{stem}{SOURCES_SUFFIX}")
+        crate::ondisk::sources_dir_name(&self.name)
     }
 
     pub fn display(&self) -> std::path::Display<'_> {

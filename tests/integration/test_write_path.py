@@ -633,3 +633,26 @@ def test_a_refused_meta_makes_the_commit_refuse(env):
     commit(m, rel)
     with h5py.File(os.path.join(env.backing, rel), "r") as f:
         assert f["b"][()].tolist() == [0, 0, 1, 1]
+
+
+def test_tile_sources_are_hidden_from_listings(env):
+    """A committed virtual layout's `<stem>_h5tilefs_vds/` directory (one HDF5 file per
+    tile) is not listed beside its file through the mount (it showed as a tree of
+    one-tile files); it stays reachable by name, and the backing directory keeps it.
+    A directory of that name with no file of that stem is listed as before."""
+    m = env.mount()
+    a = np.arange(6 * 4, dtype="<i4").reshape(6, 4)
+    d = create(m, "run/out.h5", "/x", a.shape, "<i4", (3, 4))
+    for idx, sl in tiles_of(a.shape, (3, 4)):
+        write_tile(d, idx, a[sl])
+    commit(m, "run/out.h5")
+    os.makedirs(os.path.join(env.backing, "run", "other_h5tilefs_vds"))
+    assert "out_h5tilefs_vds" in os.listdir(os.path.join(env.backing, "run"))
+    time.sleep(1.1)  # past the listing's cache
+    names = sorted(os.listdir(os.path.join(m, "run")))
+    assert names == ["other_h5tilefs_vds", "out.h5"], names
+    assert os.path.isdir(os.path.join(m, "run", "out_h5tilefs_vds"))
+    assert len(os.listdir(os.path.join(m, "run", "out_h5tilefs_vds"))) == 1  # one dataset's sources
+    with h5py.File(os.path.join(env.backing, "run", "out.h5")) as f:
+        assert np.array_equal(f["x"][()], a)
+    assert np.array_equal(np.fromfile(os.path.join(m, "run/out.h5/x/data"), dtype="<i4"), a.ravel())

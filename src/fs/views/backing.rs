@@ -63,9 +63,20 @@ pub fn list(cx: &Mount, rel: &Path) -> Result<Vec<Listed>> {
             };
             let crel = rel.join(&name);
             if !seen.contains(&name) && cx.pending.is_pending(&crel) {
+                seen.insert(name.clone());
                 out.push((root(crel), None, Kind::Dir, name));
             }
         }
     }
+    // A committed virtual layout's tile sources (`<stem>_h5tilefs_vds/`, beside its
+    // file) are the file's bytes, not data of their own: listed, they showed as a tree
+    // of thousands of one-tile HDF5 files. Hidden while the file is there; still
+    // reachable by name.
+    let sources: std::collections::HashSet<String> = out
+        .iter()
+        .filter(|(n, ..)| matches!(n, Node::In(..)))
+        .map(|(.., name)| crate::ondisk::sources_dir_name(name))
+        .collect();
+    out.retain(|(n, .., name)| !(matches!(n, Node::Dir(_)) && sources.contains(name)));
     Ok(out)
 }
