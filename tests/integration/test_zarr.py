@@ -261,3 +261,29 @@ def test_mount_store_on_the_cpu(small):
     assert asyncio.run(s.get("c/9/9", proto)) is None
     with pytest.raises(ValueError):
         MountStore(u, read_only=False)
+
+
+def test_gpu_paths_without_cupy_say_what_to_install(small):
+    """Without CuPy, zarr's GPU buffers through MountStore and h5tilefs.gpu.load raise
+    an ImportError naming the package to install (they failed with
+    `'NoneType' object has no attribute ...` deep inside zarr, and a bare
+    ModuleNotFoundError)."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+    from h5tilefs import gpu
+    from h5tilefs.zarr import MountStore
+
+    _, mnt = small
+    u = os.path.join(mnt, "f.h5", "fields", "u")
+    with pytest.raises(ImportError, match="pip install cupy-cuda13x"):
+        gpu.load(u)
+    with zarr.config.enable_gpu():
+        with pytest.raises(ImportError, match="pip install cupy-cuda13x"):
+            zarr.open_array(store=MountStore(u), mode="r")[...]
+    # and the CPU path is untouched
+    assert zarr.open_array(store=MountStore(u), mode="r")[...].shape == h5py.File(
+        os.path.join(_, "f.h5"), "r")["fields/u"].shape

@@ -21,6 +21,24 @@ from typing import Optional
 from . import _abi
 
 
+CUPY_MISSING = (
+    "h5tilefs's GPU paths need CuPy, which is not installed here: pip install "
+    "cupy-cuda13x (CUDA 13) or cupy-cuda12x (CUDA 12). Without it, read to host memory "
+    "(h5tilefs.open, numpy.fromfile, or zarr with MountStore and zarr.config.enable_gpu() "
+    "left off)."
+)
+
+
+def cupy():
+    """CuPy, or an ImportError that says what to install (a bare ModuleNotFoundError,
+    or zarr's ``'NoneType' object has no attribute 'empty'``, said nothing of it)."""
+    try:
+        import cupy as cp
+    except ImportError as e:
+        raise ImportError(CUPY_MISSING) from e
+    return cp
+
+
 def _mount_root(path: str) -> str:
     p = os.path.abspath(path)
     while not os.path.ismount(p):
@@ -172,7 +190,7 @@ def load(path: str, device: Optional[int] = None):
     and dtype, read with READ_TO_GPU: the daemon reads the backing bytes with cuFile
     into the array; they do not cross FUSE. CuPy has no big-endian dtypes: a big-endian
     dataset is byte-swapped on the GPU into the native order."""
-    import cupy as cp
+    cp = cupy()
     import numpy as np
 
     from .dataset import Dataset, _normalize

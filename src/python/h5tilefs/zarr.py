@@ -25,6 +25,7 @@ import errno
 import os
 import threading
 
+import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import LocalStore
 
@@ -69,6 +70,17 @@ def _is_gpu(prototype) -> bool:
     return prototype is not None and issubclass(prototype.buffer, gpu.Buffer)
 
 
+def _check_gpu_config(force: bool = False) -> None:
+    """With zarr's GPU buffers on (``zarr.config.enable_gpu()``, or ``force``) and no
+    CuPy, raises the ImportError that says what to install: zarr itself fails later,
+    allocating its output, with ``'NoneType' object has no attribute 'empty'``."""
+    if force or "gpu" in str(zarr.config.get("ndbuffer", "")) or "gpu" in str(
+            zarr.config.get("buffer", "")):
+        from .gpu import cupy
+
+        cupy()
+
+
 def _is_chunk(key: str) -> bool:
     return key == "c" or key.startswith("c/")
 
@@ -80,6 +92,7 @@ class MountStore(LocalStore):
         if not read_only:
             raise ValueError("MountStore is read-only; write with zarr.storage.LocalStore")
         super().__init__(root, read_only=True)
+        _check_gpu_config()
         self._mount = None
         self.gpu_reads = 0
         self.gpu_fallbacks = 0
@@ -124,6 +137,8 @@ class MountStore(LocalStore):
         return f"MountStore({str(self.root)!r})"
 
     async def get(self, key, prototype=None, byte_range=None):
+        if prototype is not None and _is_gpu(prototype):
+            _check_gpu_config(force=True)
         if prototype is not None and _is_gpu(prototype) and _is_chunk(key):
             import cupy as cp
 
