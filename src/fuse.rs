@@ -37,6 +37,9 @@ struct Call<'a> {
     op: Op,
     req: u64,
     start: Instant,
+    /// The inode a request that changes something concerns (and the name it makes,
+    /// removes or renames there): a refusal goes to its file's `.status`.
+    about: Option<(u64, Option<OsString>)>,
     _span: tracing::span::EnteredSpan,
 }
 
@@ -47,6 +50,12 @@ impl Drop for Call<'_> {
 }
 
 impl Call<'_> {
+    /// Marks the request as one whose refusal its file's `.status` shows (`last_error`).
+    fn about(mut self, ino: u64, name: Option<&OsStr>) -> Self {
+        self.about = Some((ino, name.map(OsStr::to_os_string)));
+        self
+    }
+
     fn ok(self, bytes: u64) {
         self.fs
             .stats
@@ -66,6 +75,10 @@ impl Call<'_> {
             tracing::debug!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
         } else {
             warn!(req = self.req, op = self.op.name(), errno = e.errno, "{e}");
+            if let Some((ino, name)) = &self.about {
+                self.fs
+                    .note_refusal(*ino, name.as_deref(), self.op.name(), &e);
+            }
         }
         Errno::from_i32(wire_errno(e.errno))
     }
@@ -93,6 +106,7 @@ macro_rules! call {
             op: $op,
             req,
             start: Instant::now(),
+            about: None,
             _span: debug_span!($name, req $(, $($f)*)?).entered(),
         }
     }};
@@ -257,6 +271,7 @@ impl Filesystem for FuseFs {
         let c = call!(self, req, Op::Open, "open", ino = ino.0);
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        let c = if write { c.about(ino.0, None) } else { c };
         let caller = Caller {
             uid: req.uid(),
             gid: req.gid(),
@@ -481,7 +496,8 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let c = call!(self, req, Op::Mkdir, "mkdir", parent = parent.0, ?name);
+        let c = call!(self, req, Op::Mkdir, "mkdir", parent = parent.0, ?name)
+            .about(parent.0, Some(name));
         let Some(name) = name.to_str() else {
             return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
@@ -505,7 +521,8 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = call!(self, req, Op::Create, "create", parent = parent.0, ?name);
+        let c = call!(self, req, Op::Create, "create", parent = parent.0, ?name)
+            .about(parent.0, Some(name));
         let Some(name) = name.to_str() else {
             return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
@@ -539,7 +556,8 @@ impl Filesystem for FuseFs {
             ino = ino.0,
             offset,
             len = data.len()
-        );
+        )
+        .about(ino.0, None);
         match self.core.write(fh.0, offset, data) {
             Ok(n) => {
                 c.ok(n as u64);
@@ -552,24 +570,24 @@ impl Filesystem for FuseFs {
     fn flush(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _lock: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        let c = call!(self, req, Op::Flush, "flush", fh = fh.0);
+        let c = call!(self, req, Op::Flush, "flush", fh = fh.0).about(ino.0, None);
         done!(c, reply, self.core.flush(fh.0), |()| reply.ok())
     }
 
     fn fsync(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let c = call!(self, req, Op::Fsync, "fsync", fh = fh.0);
+        let c = call!(self, req, Op::Fsync, "fsync", fh = fh.0).about(ino.0, None);
         done!(c, reply, self.core.fsync(fh.0), |()| reply.ok())
     }
 
@@ -592,6 +610,11 @@ impl Filesystem for FuseFs {
         reply: ReplyAttr,
     ) {
         let c = call!(self, req, Op::Setattr, "setattr", ino = ino.0, ?size);
+        let c = if size.is_some() {
+            c.about(ino.0, None)
+        } else {
+            c
+        };
         let r = match size {
             Some(sz) => self.core.setattr_size(ino.0, sz),
             // Times and modes mirror the backing files; changes are ignored.
@@ -601,7 +624,8 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let c = call!(self, req, Op::Rmdir, "rmdir", parent = parent.0, ?name);
+        let c = call!(self, req, Op::Rmdir, "rmdir", parent = parent.0, ?name)
+            .about(parent.0, Some(name));
         let Some(name) = name.to_str() else {
             return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
@@ -609,7 +633,8 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let c = call!(self, req, Op::Unlink, "unlink", parent = parent.0, ?name);
+        let c = call!(self, req, Op::Unlink, "unlink", parent = parent.0, ?name)
+            .about(parent.0, Some(name));
         let Some(name) = name.to_str() else {
             return reply.error(c.err(NamespaceError::not_utf8(name)));
         };
@@ -635,7 +660,8 @@ impl Filesystem for FuseFs {
             ?name,
             newparent = newparent.0,
             ?newname
-        );
+        )
+        .about(newparent.0, Some(newname));
         let (Some(name), Some(newname)) = (name.to_str(), newname.to_str()) else {
             let bad = if name.to_str().is_none() {
                 name

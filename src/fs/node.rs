@@ -87,6 +87,51 @@ impl Node {
         )
     }
 
+    /// The node's name relative to its file's directory (`fields/u/tiles/1.2`; empty
+    /// for the file's own directory), for messages.
+    pub fn in_file_name(&self) -> Option<String> {
+        let (path, kind) = match self {
+            Node::In(ObjRef { path, .. }, kind) => (path, kind),
+            Node::Commit { .. } => return Some(COMMIT_NAME.into()),
+            Node::Status { .. } => return Some(STATUS_NAME.into()),
+            Node::Dir(_) | Node::Control => return None,
+        };
+        let tail = match kind {
+            NodeKind::Object => String::new(),
+            NodeKind::Meta => "meta.json".into(),
+            NodeKind::Data => "data".into(),
+            NodeKind::Tiles => "tiles".into(),
+            NodeKind::Tile { idx } => format!("tiles/{}", tile_name(idx)),
+            NodeKind::Slices => "slice".into(),
+            NodeKind::Slice { sel } => format!("slice/{sel}"),
+            NodeKind::Zarr => "zarr.json".into(),
+            NodeKind::ZarrDir { prefix } => Self::chunk_path(prefix),
+            NodeKind::ZarrChunk { idx } => Self::chunk_path(idx),
+            // a Zarr writer's temporary of zarr.json is the declaration it writes
+            NodeKind::ZarrTemp { prefix: None, name } if name.starts_with("zarr.") => {
+                "zarr.json".into()
+            }
+            NodeKind::ZarrTemp { prefix: None, name } => name.clone(),
+            NodeKind::ZarrTemp {
+                prefix: Some(p),
+                name,
+            } => format!("{}/{name}", Self::chunk_path(p)),
+        };
+        let dir = path.trim_matches('/');
+        Some(match (dir.is_empty(), tail.is_empty()) {
+            (true, _) => tail,
+            (false, true) => dir.to_string(),
+            (false, false) => format!("{dir}/{tail}"),
+        })
+    }
+
+    fn chunk_path(idx: &[u64]) -> String {
+        std::iter::once("c".to_string())
+            .chain(idx.iter().map(u64::to_string))
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
     pub fn file_and_path(&self) -> Option<(&Path, &str)> {
         match self {
             Node::In(ObjRef { file, path }, _) => Some((file, path)),

@@ -617,13 +617,10 @@ fn declaration_name(zarr: bool) -> &'static str {
     }
 }
 
-/// A refused declaration goes to the file's `.status`, naming the dataset, and is
-/// recorded on the pending node, so that the next commit refuses too.
+/// A refused declaration is recorded on the pending node, so that the next commit
+/// refuses too (and `.status` lists it under `refused`; the request's error goes to
+/// `last_error` with every refused request: `Fs::note_refusal`).
 fn refused(cx: &Mount, file: &std::path::Path, path: &str, what: &str, why: &str) {
-    cx.pending.record_status(
-        file,
-        serde_json::json!({"ok": false, "error": format!("{path}/{what}: {why}")}),
-    );
     if let Err(e) = cx.pending.refuse_meta(file, path, why) {
         tracing::warn!(file = %file.display(), dataset = path, error = %e, "refused {what} not recorded on its node");
     }

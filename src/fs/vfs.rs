@@ -93,6 +93,39 @@ impl Fs {
         })
     }
 
+    /// Records a refused request on `ino` (with `name`: the entry it made, removed or
+    /// renamed there) for its file's `.status` (`last_error`): the client gets a bare
+    /// errno, and the reason was only in the log. Requests outside HDF5 files (a backing
+    /// directory, the control file) have no `.status` and are only logged.
+    pub fn note_refusal(&self, ino: u64, name: Option<&std::ffi::OsStr>, op: &str, e: &Error) {
+        let Ok(node) = self.mount.inodes.node(ino) else {
+            return;
+        };
+        let Some((file, _)) = node.file_and_path() else {
+            return;
+        };
+        let mut what = node.in_file_name().unwrap_or_default();
+        if let Some(n) = name {
+            if !what.is_empty() {
+                what.push('/');
+            }
+            what.push_str(&n.to_string_lossy());
+        }
+        let shown = if what.is_empty() {
+            file.display().to_string()
+        } else {
+            format!("{}/{what}", file.display())
+        };
+        let why = if e.message.contains(&what) && !what.is_empty() {
+            e.message.clone()
+        } else {
+            format!("{shown}: {}", e.message)
+        };
+        self.mount
+            .pending
+            .note_error(file, op, &what, e.errno, &why);
+    }
+
     /// The control file's JSON.
     pub fn control_json(&self) -> Vec<u8> {
         let v = serde_json::json!({

@@ -423,7 +423,27 @@ impl Pending {
             .show(&self.layout, &self.nodes, &self.ranges, &file)
     }
 
-    /// Records a problem (bad meta.json, failed commit) for `.status`.
+    /// Records a refused request of the file at `file_rel` (pending or committed) for
+    /// `.status`'s `last_error`: what was asked (`op`, `what`: the name in the file's
+    /// directory), the errno and the reason.
+    pub fn note_error(&self, file_rel: &Path, op: &str, what: &str, errno: i32, why: &str) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.status.note_error(
+            file_rel,
+            serde_json::json!({
+                "op": op,
+                "path": what,
+                "errno": errno,
+                "error": why,
+                "unix_time": now,
+            }),
+        );
+    }
+
+    /// Records a commit's result for `.status`'s `last_commit`.
     pub fn record_status(&self, file_rel: &Path, v: Value) {
         match self.file(file_rel) {
             Ok(file) => self.status.record(&self.layout, &file, v),

@@ -15,6 +15,11 @@ use std::path::PathBuf;
 #[derive(Default)]
 pub(super) struct Status {
     unsaved: DashMap<PathBuf, Value>,
+    /// The last refused request of each file through this daemon (a write past a
+    /// tile's end, into committed data, a refused meta.json, ...), with its reason:
+    /// the client only gets an errno. In memory: a reason for the user at hand, not
+    /// state of the file.
+    errors: DashMap<PathBuf, Value>,
 }
 
 impl Status {
@@ -81,7 +86,22 @@ impl Status {
             // nodes whose last meta.json was refused, and why: the commit refuses
             "refused": refused,
             "last_commit": last,
+            // the last request refused, kept apart from the last commit's result
+            "last_error": self
+                .errors
+                .get(file.rel())
+                .map(|v| v.clone())
+                .unwrap_or(Value::Null),
         }))
+    }
+
+    /// Records a refused request of file `rel` for `.status`'s `last_error`.
+    pub(super) fn note_error(&self, rel: &std::path::Path, v: Value) {
+        // Bounded: a daemon serving many files keeps the reasons of the last 1 024.
+        if self.errors.len() >= 1024 && !self.errors.contains_key(rel) {
+            self.errors.clear();
+        }
+        self.errors.insert(rel.to_path_buf(), v);
     }
 
     /// Records a problem (bad meta.json, failed commit) for `.status`.

@@ -275,7 +275,7 @@ def test_bad_input(env):
         ('{"shape":[4],"dtype":"<f4"', "JSON"),  # truncated: fails at close
     ]:
         assert _oserr(put_meta(text)) == errno.EINVAL, text
-        assert why in json.dumps(status(m, "bad.h5")["last_commit"]), (text, status(m, "bad.h5"))
+        assert why in json.dumps(status(m, "bad.h5")["last_error"]), (text, status(m, "bad.h5"))
     # the node is still not a dataset
     assert not os.path.exists(os.path.join(base, "d", "tiles"))
     d = create(m, "bad.h5", "/d", (10,), "<f8", (4,))
@@ -578,7 +578,8 @@ def test_unknown_meta_keys_are_refused_by_name(env):
                 fh.write(json.dumps(meta))
         assert _oserr(put) == errno.EINVAL, key
         st = status(m, "keys.h5")
-        assert f'"{key}"' in st["last_commit"]["error"], (key, st)
+        assert f'"{key}"' in st["last_error"]["error"], (key, st)
+        assert st["last_error"]["path"] == "d/meta.json" and st["last_commit"] is None, st
         assert "/d" in st["refused"], st
     # what the daemon serves back is taken again (informational keys included)
     d = create(m, "keys.h5", "/d", (4,), "<f4", (2,))
@@ -656,3 +657,53 @@ def test_tile_sources_are_hidden_from_listings(env):
     with h5py.File(os.path.join(env.backing, "run", "out.h5")) as f:
         assert np.array_equal(f["x"][()], a)
     assert np.array_equal(np.fromfile(os.path.join(m, "run/out.h5/x/data"), dtype="<i4"), a.ravel())
+
+
+def test_refused_writes_say_why_in_status(env):
+    """Every refused request on a file's names gets its reason into the file's
+    `.status` (`last_error`: op, path in the file, errno, reason), apart from
+    `last_commit`; the client itself only gets the errno."""
+    m = env.mount()
+    a = np.arange(16, dtype="<f4").reshape(4, 4)
+    d = create(m, "w.h5", "/x", a.shape, "<f4", (2, 2))
+    for idx, sl in tiles_of(a.shape, (2, 2)):
+        write_tile(d, idx, a[sl])
+    commit(m, "w.h5")
+    d2 = create(m, "p.h5", "/y", (4,), "<f4", (2,))
+
+    def last(rel):
+        return status(m, rel)["last_error"]
+
+    # into committed data
+    assert _oserr(lambda: open(os.path.join(m, "w.h5/x/data"), "r+b")) == errno.EROFS
+    e = last("w.h5")
+    assert e["path"] == "x/data" and e["errno"] == errno.EROFS and "read-only" in e["error"], e
+    assert status(m, "w.h5")["last_commit"]["ok"] is True
+    # past a tile's end
+    def past_end():
+        with open(os.path.join(d2, "tiles", "0"), "r+b") as f:
+            f.write(b"\0" * 12)
+    assert _oserr(past_end) == errno.EFBIG
+    e = last("p.h5")
+    assert e["path"] == "y/tiles/0" and e["errno"] == errno.EFBIG, e
+    # a tile outside the grid
+    assert _oserr(lambda: open(os.path.join(d2, "tiles", "9"), "w")) in (errno.EPERM, errno.ENOENT, errno.EACCES)
+    e = last("p.h5")
+    assert e["path"].startswith("y/tiles") and "9" in e["path"], e
+
+
+def test_the_package_raises_the_daemons_reason(env):
+    """h5tilefs.numpy.write and h5tilefs.direct.write_from raise a refused request's
+    reason from the file's `.status`, with the errno the kernel passed on."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+    import h5tilefs.numpy as hnp
+    from h5tilefs.direct import write_from
+    m = env.mount()
+    with pytest.raises(OSError, match="Invalid argument: .*tile_shape") as e:
+        hnp.write(np.zeros((4, 4), "<f4"), os.path.join(m, "n.h5"), "x", tile_shape=[2])
+    assert e.value.errno == errno.EINVAL
+    d = create(m, "n.h5", "/y", (4,), "<f4", (2,))
+    with pytest.raises(OSError, match="File too large: .*y/tiles/0") as e:
+        write_from(os.path.join(d, "tiles", "0"), memoryview(b"\0" * 12))
+    assert e.value.errno == errno.EFBIG

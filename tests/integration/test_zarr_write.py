@@ -259,8 +259,16 @@ def test_unmapped_codecs_are_refused_with_the_fix(env, compressors, name):
         zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4",
                           compressors=compressors)
     assert e.value.errno == errno.EINVAL
-    err = status(mnt, "c.h5")["last_commit"]["error"]
+    err = status(mnt, "c.h5")["last_error"]["error"]
     assert "zarr.json" in err and name in err and "[bytes, zstd]" in err, err
+    # the package's store raises that reason itself
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
+    from h5tilefs.zarr import MountStore
+    with pytest.raises(OSError, match=r"Invalid argument: c\.h5/v/zarr\.json: .*\[bytes, zstd\]") as e:
+        zarr.create_array(store=MountStore(path, read_only=False), shape=(8,), chunks=(4,),
+                          dtype="<f4", compressors=compressors)
+    assert e.value.errno == errno.EINVAL
     # nothing was declared: the same path takes a zstd array afterwards
     a = zarr.create_array(store=LocalStore(path), shape=(8,), chunks=(4,), dtype="<f4")
     a[:] = np.arange(8, dtype="<f4")

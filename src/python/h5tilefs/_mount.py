@@ -70,3 +70,55 @@ def mount_root(path: str) -> str:
     if info.get("name") != "h5tilefs":
         raise NotInMount(f"{p} is not an h5tilefs mount")
     return p
+
+
+def _file_dir(path: str):
+    """The directory of the HDF5 file ``path`` lies in (the nearest one up holding a
+    ``.status``), or None outside HDF5 files."""
+    p = os.path.abspath(path)
+    while True:
+        if os.path.isfile(os.path.join(p, ".status")):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def explain(e: OSError, path: str) -> OSError:
+    """``e`` (an error of a request on ``path`` in a mount) with the daemon's reason,
+    from the file's ``.status`` (``last_error``), when it has one for this errno: the
+    kernel passes on only the errno (``Read-only file system``, ``File too large``)."""
+    if not isinstance(e, OSError) or e.errno is None:
+        return e
+    d = _file_dir(path)
+    if d is None:
+        return e
+    try:
+        with open(os.path.join(d, ".status")) as f:
+            last = json.load(f).get("last_error") or {}
+    except (OSError, ValueError):
+        return e
+    if last.get("errno") != e.errno or not last.get("error"):
+        return e
+    out = type(e)(e.errno, f"{os.strerror(e.errno)}: {last['error']}", path)
+    out.__cause__ = e
+    return out
+
+
+class explained:
+    """``with explained(path): ...`` re-raises an OSError of the block with the
+    daemon's reason for it (``explain``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, value, tb):
+        if isinstance(value, OSError):
+            better = explain(value, getattr(value, "filename", None) or self.path)
+            if better is not value:
+                raise better from value
+        return False

@@ -140,7 +140,15 @@ def _write_from() -> int:
 def write_from(path: str, buf: memoryview, offset: int = 0) -> None:
     """Writes ``buf`` at ``offset`` of a pending tile (``path``, a ``tiles/`` file):
     into the tile's backing runs and recorded with RECORD_WRITE when the daemon maps it,
-    else through the mount. Errors are the mount's (a write past the tile: EFBIG)."""
+    else through the mount. Errors are the mount's (a write past the tile: EFBIG), with
+    the daemon's reason from the file's ``.status``."""
+    from ._mount import explained
+
+    with explained(path):
+        _write_direct(path, buf, offset)
+
+
+def _write_direct(path: str, buf: memoryview, offset: int = 0) -> None:
     buf = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
     fd = os.open(path, os.O_WRONLY)
     bfds: List[int] = []

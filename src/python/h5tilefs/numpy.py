@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ._mount import mount_root
+from ._mount import explained, mount_root
 
 
 def _dataset_dir(path: str, dataset: str) -> str:
@@ -71,6 +71,11 @@ def write(array, path: str, dataset: str, tile_shape: Optional[Sequence[int]] = 
           commit: bool = True, attrs: Optional[dict] = None) -> None:
     """Writes ``array`` as ``dataset`` of ``path`` (replacing a dataset of that name), one
     tile file at a time, then commits (unless ``commit=False``)."""
+    with explained(path):
+        _write(array, path, dataset, tile_shape, commit, attrs)
+
+
+def _write(array, path, dataset, tile_shape, commit, attrs) -> None:
     a = np.ascontiguousarray(array)
     mount_root(path)
     d = _dataset_dir(path, dataset)

@@ -86,12 +86,13 @@ def _is_chunk(key: str) -> bool:
 
 
 class MountStore(LocalStore):
-    """A read-only zarr store over a path inside an h5tilefs mount."""
+    """A zarr store over a path inside an h5tilefs mount: reads (chunks that are
+    plain backing bytes read from the backing file itself, zarr's GPU buffers filled by
+    the daemon with cuFile) and, with ``read_only=False``, writes into a pending file,
+    a refused write raising the daemon's reason, not a bare errno."""
 
     def __init__(self, root, *, read_only: bool = True):
-        if not read_only:
-            raise ValueError("MountStore is read-only; write with zarr.storage.LocalStore")
-        super().__init__(root, read_only=True)
+        super().__init__(root, read_only=read_only)
         _check_gpu_config()
         self._mount = None
         self.gpu_reads = 0
@@ -135,6 +136,14 @@ class MountStore(LocalStore):
 
     def __repr__(self) -> str:
         return f"MountStore({str(self.root)!r})"
+
+    async def set(self, key, value, *args, **kwargs):
+        # A refused write (a codec the mount cannot store, a chunk past the array) gets
+        # the daemon's reason from the file's .status, not a bare errno.
+        from ._mount import explained
+
+        with explained(os.path.join(str(self.root), key)):
+            return await super().set(key, value, *args, **kwargs)
 
     async def get(self, key, prototype=None, byte_range=None):
         if prototype is not None and _is_gpu(prototype):
