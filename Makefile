@@ -26,7 +26,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 BIN      := target/release/h5tilefs
 SUDO     := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup apt gluster-apt mpi-apt build test test-cluster test-cluster-direct test-legate test-legate-mr demo bench-read clean-venv fuzz
+.PHONY: setup apt gluster-apt mpi-apt build wheel test-wheel test test-cluster test-cluster-direct test-legate test-legate-mr demo bench-read clean-venv fuzz
 
 # Real Legate / cuPyNumeric for the adapter tests, in a venv of their own (legate pins
 # an older h5py). On machines without a GPU driver a stand-in libcuda.so.1 lets Legate
@@ -57,6 +57,21 @@ build: setup
 	$(CARGO) build --release $(FEATURES)
 	$(CARGO) build --release -p h5tilefs-preload
 
+# A manylinux_2_28 binary wheel (src/wheel/build.py, docs/release.md): zig links the
+# daemon against glibc 2.28; needs no Rust toolchain where it is installed.
+WHEEL_VENV := .venv-wheel
+$(WHEEL_VENV)/.stamp:
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q ziglang cargo-zigbuild auditwheel wheel
+	touch $@
+
+wheel: setup $(WHEEL_VENV)/.stamp
+	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH $(WHEEL_VENV)/bin/python src/wheel/build.py
+
+# The wheel installed in a venv without a toolchain: mount, read, write, commit, umount.
+test-wheel: wheel
+	$(PY) -m pytest -x -q -s tests/wheel
+
 test: build
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --all-targets $(FEATURES) -- -D warnings
@@ -64,6 +79,7 @@ test: build
 	$(CARGO) test --release $(FEATURES)
 	$(CARGO) test --release -p h5tilefs-preload
 	H5TILEFS_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -x -q tests/integration
+	$(MAKE) test-wheel
 	$(MAKE) test-cluster
 	$(MAKE) test-legate
 	$(MAKE) test-legate-mr
