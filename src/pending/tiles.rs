@@ -628,7 +628,7 @@ impl Tiles {
                 // Another writer (or daemon) made it first.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     // made by another client just now: retry a name hidden for a moment
-                    let f = crate::durable::retry_missing(open_rw)
+                    let f = crate::durable::retry_known(open_rw)
                         .map_err(io(format!("opening {}", path.display())))?;
                     let off = adopted_offset(&f, &path, &tpl, true, h5path, &name)?;
                     (f, off)
