@@ -505,14 +505,13 @@ impl OpenFile {
             } => {
                 let idxs: Vec<Vec<u64>> = match tile {
                     Some(idx) => vec![idx.clone()],
-                    None => {
-                        let tiles = view.lock().tiles.clone();
-                        tiles
-                            .values()
-                            .flatten()
-                            .map(|(_, idx, _)| idx.clone())
-                            .collect()
-                    }
+                    None => view
+                        .lock()
+                        .targets
+                        .iter()
+                        .filter(|(_, t)| t.is_some())
+                        .map(|(idx, _)| idx.clone())
+                        .collect(),
                 };
                 cx.pending.sync_tiles(file, path, meta, &idxs)
             }

@@ -11,16 +11,11 @@ use crate::pending::{Pending, TilePiece, TileTarget};
 use crate::selection::Hyperslab;
 use crate::staging::PendingMeta;
 use crate::zarr::{chunk_bytes, chunk_runs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Largest read handed to a tile at once when a Zarr chunk is assembled.
 const PIECE: u64 = 16 << 20;
-
-/// Tile source file -> the tiles in it (one for a tile source; every tile of a chunked
-/// dataset for the chunked layout's file), by data offset.
-pub type TileMap =
-    std::collections::HashMap<PathBuf, Vec<(u64, Vec<u64>, Arc<crate::pending::TileTarget>)>>;
 
 /// The tile sources a pending handle maps, and what it learnt of them. Built at open;
 /// a read adds the sources of tiles first written since, and the tiles found complete,
@@ -31,9 +26,10 @@ pub struct PendingView {
     /// Every tile the handle shows (all of `data`'s, or its one tile) and its source, once
     /// one exists.
     pub targets: Vec<(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)>,
-    pub model: Arc<DatasetModel>,
-    /// Source file -> tile, for writes through `data`.
-    pub tiles: Arc<TileMap>,
+    /// The view as a dataset model, for reads: made at the first read of a handle
+    /// opened for writing (a writer of `data` does not read, and the model of 10 000
+    /// tiles took a tenth of its daemon's time, at the open it waited for).
+    pub model: Option<Arc<DatasetModel>>,
     /// Tiles whose every byte was written: within a generation the written ranges only
     /// grow, so their range logs need not be read again.
     pub complete: std::collections::HashSet<Vec<u64>>,
@@ -75,12 +71,15 @@ pub fn pending_view(
         None => meta.grid().indices().collect(),
     };
     let targets = pending.tiles(file, path, meta, idxs, create)?;
-    let (model, tiles) = pending_model(path, meta, tile, &targets)?;
+    let model = if create {
+        None
+    } else {
+        Some(pending_model(path, meta, tile, &targets)?)
+    };
     Ok(PendingView {
         gen,
         targets,
         model,
-        tiles,
         complete: Default::default(),
         grid: meta.grid().grid(),
     })
@@ -114,28 +113,38 @@ pub fn refresh_pending(
             .collect();
         (v.gen.clone(), v.model.clone(), absent)
     };
-    if absent.is_empty() || gen.is_none() || pending.generation(file, path) != gen {
-        return Ok(model);
-    }
-    let mut found = Vec::new();
-    for (k, idx) in absent {
-        // A dataset removed meanwhile: keep the view as it was.
-        if let Ok(Some(t)) = pending.tile(file, path, meta, &idx, false) {
-            found.push((k, t));
+    let same_gen = || gen.is_some() && pending.generation(file, path) == gen;
+    if let Some(m) = &model {
+        if absent.is_empty() || !same_gen() {
+            return Ok(m.clone());
         }
     }
-    if found.is_empty() || pending.generation(file, path) != gen {
-        return Ok(model);
+    let mut found = Vec::new();
+    if !absent.is_empty() && same_gen() {
+        for (k, idx) in absent {
+            // A dataset removed meanwhile: keep the view as it was.
+            if let Ok(Some(t)) = pending.tile(file, path, meta, &idx, false) {
+                found.push((k, t));
+            }
+        }
+        if !same_gen() {
+            found.clear();
+        }
     }
+    // (the model is made under the view's lock: arithmetic over the targets, no I/O)
     let mut v = view.lock();
+    if found.is_empty() {
+        if let Some(m) = &v.model {
+            return Ok(m.clone());
+        }
+    }
     for (k, t) in found {
         if let Some(slot) = v.targets.get_mut(k) {
             slot.1.get_or_insert(t);
         }
     }
-    let (model, tiles) = pending_model(path, meta, tile, &v.targets)?;
-    v.model = model.clone();
-    v.tiles = tiles;
+    let model = pending_model(path, meta, tile, &v.targets)?;
+    v.model = Some(model.clone());
     Ok(model)
 }
 
@@ -334,24 +343,13 @@ fn tile_meta(meta: &PendingMeta, idx: &[u64]) -> Result<PendingMeta> {
 }
 
 /// The model of a pending handle's view (`tile`: one tile of the dataset, as its own
-/// array) and the source-file -> tile map that `data` writes use.
+/// array).
 fn pending_model(
     path: &str,
     meta: &PendingMeta,
     tile: Option<&[u64]>,
     targets: &[(Vec<u64>, Option<Arc<crate::pending::TileTarget>>)],
-) -> Result<(Arc<DatasetModel>, Arc<TileMap>)> {
-    let mut map = TileMap::new();
-    for (idx, t) in targets {
-        if let Some(t) = t {
-            map.entry(t.file.path.clone())
-                .or_default()
-                .push((t.offset, idx.clone(), t.clone()));
-        }
-    }
-    for tiles in map.values_mut() {
-        tiles.sort_by_key(|e| e.0);
-    }
+) -> Result<Arc<DatasetModel>> {
     let model = match tile {
         None => crate::pending::view_model(path, meta, targets),
         Some(idx) => {
@@ -360,7 +358,7 @@ fn pending_model(
             crate::pending::view_model(path, &sub, &[(vec![0; sub.shape.len()], t)])
         }
     };
-    Ok((Arc::new(model), Arc::new(map)))
+    Ok(Arc::new(model))
 }
 
 /// Calls `f` with every index of the box `lo..=hi` (per dimension), in C order; once
