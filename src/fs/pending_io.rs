@@ -647,8 +647,13 @@ pub fn write_data(
                     missing = true;
                     return;
                 };
-                // in range: `from + len <= end`, and `end - off` is `data.len()`
-                let bytes = &data[(from - off) as usize..(from - off + len) as usize];
+                // in range: `off <= from`, `from + len <= end`, and `end - off` is
+                // `data.len()` (checked all the same: a bad run fails the write)
+                let at_req = (from - off) as usize;
+                let Some(bytes) = data.get(at_req..at_req + len as usize) else {
+                    missing = true;
+                    return;
+                };
                 runs.add(k, t, idx, at, bytes);
                 // this write reaches the tile's last byte: for a compressed dataset,
                 // the tile may be whole now (checked in the background) and can be
