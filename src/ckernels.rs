@@ -68,17 +68,28 @@ extern "C" {
 /// larger ones take the Rust path.
 pub const MAX_SIMD_ELEMENT: usize = 255;
 
+/// c-blosc2's `(typesize, blocksize)` for a byte shuffle or unshuffle of `src` into
+/// `dst`, with its kernels picked ([`ready`]); None where it must not run: an element
+/// size below 2 or above [`MAX_SIMD_ELEMENT`], a length beyond `int32_t`, or a `dst`
+/// shorter than `src`.
+fn byte_shuffle_args(src: &[u8], es: usize, dst: &[u8]) -> Option<(i32, i32)> {
+    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
+        return None;
+    };
+    if !(2..=MAX_SIMD_ELEMENT).contains(&es) || dst.len() < src.len() {
+        return None;
+    }
+    ready();
+    Some((ts, len))
+}
+
 /// Byte unshuffle of `src` (elements of `es` bytes, trailing bytes copied) into `dst`;
 /// false (nothing written) for element sizes c-blosc2 does not take (below 2, above
 /// [`MAX_SIMD_ELEMENT`]) or lengths beyond its `int32_t`.
 pub fn unshuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
-    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
+    let Some((ts, len)) = byte_shuffle_args(src, es, dst) else {
         return false;
     };
-    if !(2..=MAX_SIMD_ELEMENT).contains(&es) || dst.len() < src.len() {
-        return false;
-    }
-    ready();
     // SAFETY: `src` holds `len` readable bytes and `dst` at least `len` writable ones;
     // for element sizes 2..=255 (checked above) c-blosc2's unshuffle reads exactly
     // `blocksize` bytes of its source and writes exactly `blocksize` of its destination
@@ -94,13 +105,9 @@ pub fn unshuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
 /// shuffled dataset spent as long shuffling, element by element in Rust, as
 /// compressing with LZ4.
 pub fn shuffle_simd(src: &[u8], es: usize, dst: &mut [u8]) -> bool {
-    let (Ok(ts), Ok(len)) = (i32::try_from(es), i32::try_from(src.len())) else {
+    let Some((ts, len)) = byte_shuffle_args(src, es, dst) else {
         return false;
     };
-    if !(2..=MAX_SIMD_ELEMENT).contains(&es) || dst.len() < src.len() {
-        return false;
-    }
-    ready();
     // SAFETY: as for `unshuffle_simd`: c-blosc2's shuffle reads exactly `blocksize`
     // bytes of `src` and writes exactly `blocksize` of `dst` for element sizes 2..=255
     // (vector loops over whole multiples of `typesize * 16` or `* 32` bytes, the rest

@@ -137,9 +137,18 @@ pub fn create_new_in(dir: &Path, path: &Path) -> Result<std::io::Result<std::fs:
 /// Runs `op` again (up to about 150 ms in all) while it fails with ENOENT: on GlusterFS a
 /// name another client just made can read as missing for a moment (seen as a tile
 /// write failing with ENOENT in about one round in fifty of two nodes writing one tile).
-pub fn retry_missing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+pub fn retry_missing<T>(op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    retry_not_found(op, 5)
+}
+
+/// Calls `op` up to `tries + 1` times while it fails with ENOENT, sleeping 5 ms before
+/// the second call and twice as long before each next one.
+fn retry_not_found<T>(
+    mut op: impl FnMut() -> std::io::Result<T>,
+    tries: u32,
+) -> std::io::Result<T> {
     let mut wait = Duration::from_millis(5);
-    for _ in 0..5 {
+    for _ in 0..tries {
         match op() {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::thread::sleep(wait);
@@ -156,18 +165,8 @@ pub fn retry_missing<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::
 /// GlusterFS volume saw the other's file missing for longer than `retry_missing`'s
 /// 150 ms (a tile write failing with ENOENT in one round of eight while the machine
 /// also compiled).
-pub fn retry_known<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
-    let mut wait = Duration::from_millis(5);
-    for _ in 0..9 {
-        match op() {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::thread::sleep(wait);
-                wait *= 2;
-            }
-            r => return r,
-        }
-    }
-    op()
+pub fn retry_known<T>(op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    retry_not_found(op, 9)
 }
 
 /// statfs `f_type` of the file system holding `path` (None when it cannot be read):

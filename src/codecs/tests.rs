@@ -74,12 +74,12 @@ fn bitunshuffle_throughput() {
     }
 }
 
-#[test]
-fn byte_unshuffle_matches_the_rust_reference() {
-    // Element sizes with and without SIMD kernels, lengths below and around the
-    // vector widths and with trailing bytes that make no whole element.
-    for es in (1usize..=17).chain([255, 256, 300]) {
-        for len in [
+/// (element size, source bytes) for the byte shuffle tests: element sizes with and
+/// without SIMD kernels, lengths below and around the vector widths and with trailing
+/// bytes that make no whole element.
+fn byte_shuffle_cases() -> impl Iterator<Item = (usize, Vec<u8>)> {
+    (1usize..=17).chain([255, 256, 300]).flat_map(|es| {
+        [
             0usize,
             1,
             15,
@@ -90,19 +90,26 @@ fn byte_unshuffle_matches_the_rust_reference() {
             64 * es + 3,
             256 * es,
             4096 + 5,
-        ] {
-            let src: Vec<u8> = (0..len).map(|i| (i * 131 + i / 3) as u8).collect();
-            let mut c = vec![0xAAu8; len];
-            let mut r = vec![0x55u8; len];
-            // The C kernel itself, not a fallback, for the sizes it takes.
-            let ran = crate::ckernels::unshuffle_simd(&src, es, &mut c);
-            assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
-            if !ran {
-                unshuffle_into(&src, es, &mut c);
-            }
-            unshuffle_rust(&src, es, &mut r);
-            assert_eq!(c, r, "es {es} len {len}");
+        ]
+        .into_iter()
+        .map(move |len| (es, (0..len).map(|i| (i * 131 + i / 3) as u8).collect()))
+    })
+}
+
+#[test]
+fn byte_unshuffle_matches_the_rust_reference() {
+    for (es, src) in byte_shuffle_cases() {
+        let len = src.len();
+        let mut c = vec![0xAAu8; len];
+        let mut r = vec![0x55u8; len];
+        // The C kernel itself, not a fallback, for the sizes it takes.
+        let ran = crate::ckernels::unshuffle_simd(&src, es, &mut c);
+        assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
+        if !ran {
+            unshuffle_into(&src, es, &mut c);
         }
+        unshuffle_rust(&src, es, &mut r);
+        assert_eq!(c, r, "es {es} len {len}");
     }
 }
 
@@ -529,32 +536,19 @@ fn lzo_reason_names_a_fix_that_exists() {
 /// reference writes (trailing bytes included), and unshuffles back to the input.
 #[test]
 fn byte_shuffle_matches_the_rust_reference() {
-    for es in (1usize..=17).chain([255, 256, 300]) {
-        for len in [
-            0usize,
-            1,
-            15,
-            16,
-            31,
-            32,
-            33,
-            64 * es + 3,
-            256 * es,
-            4096 + 5,
-        ] {
-            let src: Vec<u8> = (0..len).map(|i| (i * 131 + i / 3) as u8).collect();
-            let mut c = vec![0xAAu8; len];
-            let mut r = vec![0x55u8; len];
-            let ran = crate::ckernels::shuffle_simd(&src, es, &mut c);
-            assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
-            if !ran {
-                super::encode::shuffle_rust(&src, es, &mut c);
-            }
-            super::encode::shuffle_rust(&src, es, &mut r);
-            assert_eq!(c, r, "es {es} len {len}");
-            let mut back = vec![0u8; len];
-            unshuffle_into(&c, es, &mut back);
-            assert_eq!(back, src, "es {es} len {len}");
+    for (es, src) in byte_shuffle_cases() {
+        let len = src.len();
+        let mut c = vec![0xAAu8; len];
+        let mut r = vec![0x55u8; len];
+        let ran = crate::ckernels::shuffle_simd(&src, es, &mut c);
+        assert_eq!(ran, (2..=255).contains(&es), "es {es} len {len}");
+        if !ran {
+            super::encode::shuffle_rust(&src, es, &mut c);
         }
+        super::encode::shuffle_rust(&src, es, &mut r);
+        assert_eq!(c, r, "es {es} len {len}");
+        let mut back = vec![0u8; len];
+        unshuffle_into(&c, es, &mut back);
+        assert_eq!(back, src, "es {es} len {len}");
     }
 }

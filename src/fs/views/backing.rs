@@ -63,7 +63,6 @@ pub fn list(cx: &Mount, rel: &Path) -> Result<Vec<Listed>> {
             };
             let crel = rel.join(&name);
             if !seen.contains(&name) && cx.pending.is_pending(&crel) {
-                seen.insert(name.clone());
                 out.push((root(crel), None, Kind::Dir, name));
             }
         }
