@@ -185,6 +185,12 @@ pub const DIRECT_READ: u32 = 1;
 /// caller may write into the backing runs itself, then record with RECORD_WRITE. The
 /// files' `size` and `mtime_ns` are 0 (other writers change them); `dev` and `ino` hold.
 pub const DIRECT_WRITE: u32 = 2;
+/// `flags` of a DIRECT_MAP request and reply: the `data` of a pending chunked dataset
+/// opened for writing, mapped in *tile order* (docs/direct.md): the view is every
+/// tile's whole chunk, in the tile grid's C order (`chunk bytes × tiles` long), where
+/// the chunks lie one after another in one backing file. A client that wrote whole
+/// chunks there records them with RECORD_WRITE and [`RECORD_TILE_ORDER`].
+pub const DIRECT_TILE_ORDER: u32 = 4;
 
 /// Records bytes `[file_offset, file_offset + length)` of a pending tile as written,
 /// after the caller wrote them into the runs DIRECT_MAP gave: what a `write()` through
@@ -275,6 +281,10 @@ pub const DIRECT_MAP: u32 = ioc(
 /// dataset still pending, the range inside the tile); nothing is recorded. A client asks
 /// before it writes, so a map kept past a commit never touches committed bytes.
 pub const RECORD_CHECK: u32 = 1;
+/// `flags` of a RecordWrite on a pending `data`: the range is of the tile-order view
+/// ([`DIRECT_TILE_ORDER`]) and covers whole chunks; each of their tiles is recorded as
+/// written whole.
+pub const RECORD_TILE_ORDER: u32 = 2;
 
 pub const RECORD_WRITE: u32 = ioc(IOC_WRITE, MAGIC, 7, std::mem::size_of::<RecordWrite>());
 

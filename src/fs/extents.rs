@@ -8,7 +8,7 @@ use crate::error::{Error, NamespaceError, Result};
 use crate::extent::{BackingFile, Src};
 use crate::ioctl::{self, DirectMap, ExtentRun, QueryExtents, RecordWrite};
 use crate::model::{flatten, DatasetModel};
-use crate::pending::TileTarget;
+use crate::pending::{TilePiece, TileTarget};
 use crate::selection::Hyperslab;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -50,6 +50,18 @@ impl Fs {
                     None => Ok(ioctl::encode(&not_direct(req))),
                 }
             }
+            OpenFile::PendingIo {
+                meta,
+                tile: None,
+                writable: true,
+                view,
+                ..
+            } if req.flags & ioctl::DIRECT_TILE_ORDER != 0
+                && meta.chunked
+                && !self.mount.opts.read_only =>
+            {
+                tile_order_map(&view.lock(), meta, req)
+            }
             _ => Ok(ioctl::encode(&not_direct(req))),
         }
     }
@@ -60,6 +72,9 @@ impl Fs {
         let req: RecordWrite = ioctl::decode(input)?;
         self.writable()?;
         let open = self.open.get(fh)?;
+        if req.flags & ioctl::RECORD_TILE_ORDER != 0 {
+            return self.record_tile_order(open.as_ref(), req);
+        }
         let OpenFile::PendingIo {
             file,
             path,
@@ -100,6 +115,168 @@ impl Fs {
         }
         Ok(Vec::new())
     }
+}
+
+impl Fs {
+    /// RECORD_WRITE with [`ioctl::RECORD_TILE_ORDER`] on a pending `data`: whole chunks
+    /// `[file_offset, file_offset + length)` of the tile-order view were written by the
+    /// client; each of their tiles is recorded as written whole, in one batch, as a
+    /// `data` write through the mount records its tiles.
+    fn record_tile_order(&self, open: &OpenFile, req: RecordWrite) -> Result<Vec<u8>> {
+        let OpenFile::PendingIo {
+            file,
+            path,
+            meta,
+            tile: None,
+            writable: true,
+            view,
+        } = open
+        else {
+            return Err(NamespaceError::NotOpenForWriting(
+                "RECORD_WRITE in tile order goes to a pending data opened for writing".into(),
+            )
+            .into());
+        };
+        if !meta.chunked {
+            return Err(Error::invalid(format!(
+                "{path}/data: tile order is a chunked dataset's (\"layout\": \"chunked\"); \
+                 this one's tiles are files of their own"
+            )));
+        }
+        let cb = chunk_bytes(meta)?;
+        let v = view.lock();
+        let (first, end) = tile_order_range(path, cb, v.targets.len(), &req)?;
+        let pieces: Vec<TilePiece> = v.targets[first..end]
+            .iter()
+            .map(|(idx, t)| {
+                let len = meta.tile_bytes(idx).unwrap_or(0);
+                TilePiece {
+                    idx: idx.clone(),
+                    off: 0,
+                    parts: Vec::new(),
+                    written: Some(len),
+                    target: t.clone(),
+                }
+            })
+            .collect();
+        let gen = v.gen.clone();
+        drop(v);
+        if req.flags & ioctl::RECORD_CHECK != 0 {
+            // still pending, and its tiles still where the map said (one tile stands
+            // for all: they belong to one generation of one dataset)
+            if let Some(p) = pieces.first() {
+                self.mount.pending.check_tile_write(
+                    file,
+                    path,
+                    meta,
+                    &p.idx,
+                    0,
+                    p.written.unwrap_or(0),
+                )?;
+            }
+            return Ok(Vec::new());
+        }
+        self.writable()?;
+        self.mount
+            .pending
+            .write_tiles(file, path, meta, gen.as_deref(), &pieces)?;
+        if self.mount.pending.writers_encode(meta) {
+            self.mount.pending.flush_ranges(file, path)?;
+        }
+        self.touch(file);
+        Ok(Vec::new())
+    }
+}
+
+/// Bytes of one whole chunk of a chunked dataset (every tile's target is one).
+fn chunk_bytes(meta: &crate::staging::PendingMeta) -> Result<u64> {
+    meta.tile_shape
+        .iter()
+        .try_fold(meta.itemsize, |a, &t| a.checked_mul(t))
+        .filter(|&b| b > 0)
+        .ok_or_else(|| Error::invalid("chunk size past 2^64 bytes"))
+}
+
+/// The tiles (positions in the view's C order) a tile-order record covers; only whole
+/// chunks inside the view.
+fn tile_order_range(
+    path: &str,
+    cb: u64,
+    tiles: usize,
+    req: &RecordWrite,
+) -> Result<(usize, usize)> {
+    let end = req.file_offset.checked_add(req.length);
+    let ok = req.file_offset % cb == 0
+        && req.length % cb == 0
+        && end.is_some_and(|e| e / cb <= tiles as u64);
+    match (ok, end) {
+        (true, Some(e)) => Ok(((req.file_offset / cb) as usize, (e / cb) as usize)),
+        _ => Err(Error::invalid(format!(
+            "{path}/data: a tile-order record covers whole chunks of {cb} bytes inside \
+             the {tiles} tiles; got {} bytes at {}",
+            req.length, req.file_offset
+        ))),
+    }
+}
+
+/// DIRECT_MAP of a pending chunked dataset's `data` in tile order: one run over every
+/// tile's whole chunk, when they lie one after another in one backing file, which the
+/// view's targets are checked to show; otherwise "through FUSE".
+fn tile_order_map(
+    v: &super::pending_io::PendingView,
+    meta: &crate::staging::PendingMeta,
+    req: DirectMap,
+) -> Result<Vec<u8>> {
+    let mut out = not_direct(req);
+    let cb = chunk_bytes(meta)?;
+    let first = |t: &TileTarget| t.runs(0, 1).first().map(|r| r.0);
+    let Some((_, Some(t0))) = v.targets.first() else {
+        return Ok(ioctl::encode(&out));
+    };
+    let Some(base) = first(t0) else {
+        return Ok(ioctl::encode(&out));
+    };
+    let size = cb.checked_mul(v.targets.len() as u64);
+    let in_order = v.targets.iter().enumerate().all(|(k, (_, t))| {
+        t.as_ref()
+            .is_some_and(|t| Arc::ptr_eq(&t.file, &t0.file) || t.file.path == t0.file.path)
+            && t.as_ref()
+                .and_then(|t| first(t))
+                .zip((k as u64).checked_mul(cb).and_then(|o| o.checked_add(base)))
+                .is_some_and(|(a, b)| a == b)
+    });
+    let (Some(size), true, Ok(path)) = (size, in_order, path_bytes(&t0.file)) else {
+        return Ok(ioctl::encode(&out));
+    };
+    let m = t0
+        .file
+        .file
+        .metadata()
+        .map_err(|e| Error::from_io(format!("fstat of {}", t0.file.path.display()), e))?;
+    out.files[0] = ioctl::DirectFile {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: 0,
+        mtime_ns: 0,
+        path,
+    };
+    let start = req.file_offset.min(size);
+    out.nruns = 0;
+    if start < size {
+        out.runs[0] = ExtentRun {
+            file_offset: start,
+            backing_offset: base + start,
+            length: size - start,
+            file_index: 0,
+            reserved: 0,
+        };
+        out.nruns = 1;
+    }
+    out.flags = ioctl::DIRECT_WRITE | ioctl::DIRECT_TILE_ORDER;
+    out.view_size = size;
+    out.next_offset = size;
+    out.nfiles = 1;
+    Ok(ioctl::encode(&out))
 }
 
 /// DIRECT_MAP of a pending tile opened for writing, from `req.file_offset`: where each
@@ -438,6 +615,135 @@ mod tests {
         // Through the mount the tile now reads what was written.
         let rd2 = fs.open(tile, false, &Caller::DAEMON).unwrap().0;
         assert_eq!(fs.read(rd2, 0, 24).unwrap(), bytes);
+    }
+
+    /// A pending chunked dataset's `data` mapped in tile order: one run over every
+    /// tile's whole chunk; whole chunks written there (an edge tile's rows padded to the
+    /// chunk's pitch) and recorded make the tiles complete and read back through the
+    /// mount; records that are not whole chunks, on another handle, or after the
+    /// commit are refused; a virtual layout is not mapped.
+    #[test]
+    fn tile_order_map_then_record() {
+        use crate::fs::access::Caller;
+        use crate::fs::inodes::ROOT_INO;
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let opts = crate::fs::attr::FsOptions {
+            gpu: crate::gpu::GpuMode::Off,
+            ..Default::default()
+        };
+        let fs = Fs::new(dir.path(), opts).unwrap();
+        let file = fs.mkdir(ROOT_INO, "t.h5", 0o755, 0, 0).unwrap().ino;
+        let declare = |name: &str, layout: &str| {
+            let d = fs.mkdir(file, name, 0o755, 0, 0).unwrap().ino;
+            let (_, fh) = fs.create(d, "meta.json").unwrap();
+            let meta = format!(
+                r#"{{"shape": [5, 3], "dtype": "<i2", "tile_shape": [2, 2], "layout": "{layout}"}}"#
+            );
+            fs.write(fh, 0, meta.as_bytes()).unwrap();
+            fs.flush(fh).unwrap();
+            fs.release(fh);
+            fs.lookup(d, "data").unwrap().ino
+        };
+        let data = declare("c", "chunked");
+        let map_of = |ino, fh, flags| -> DirectMap {
+            let req = ioctl::encode(&DirectMap {
+                version: ioctl::ABI_VERSION,
+                flags,
+                ..Default::default()
+            });
+            ioctl::decode(&fs.ioctl(ino, fh, 1, ioctl::DIRECT_MAP, &req).unwrap()).unwrap()
+        };
+        let record = |ino, fh, flags, off, len| {
+            let req = ioctl::encode(&RecordWrite {
+                version: ioctl::ABI_VERSION,
+                flags,
+                file_offset: off,
+                length: len,
+                ..Default::default()
+            });
+            fs.ioctl(ino, fh, 1, ioctl::RECORD_WRITE, &req)
+                .map(drop)
+                .map_err(|e| e.errno)
+        };
+        let order = ioctl::DIRECT_TILE_ORDER;
+        let rec = ioctl::RECORD_TILE_ORDER;
+        let rd = fs.open(data, false, &Caller::DAEMON).unwrap().0;
+        assert_eq!(map_of(data, rd, order).flags, 0, "read-only: through FUSE");
+        let wr = fs.open(data, true, &Caller::DAEMON).unwrap().0;
+        assert_eq!(map_of(data, wr, 0).flags, 0, "not asked in tile order");
+        // 3 x 2 tiles of 2 x 2 int16: chunks of 8 bytes, 48 in all
+        let m = map_of(data, wr, order);
+        assert_eq!(
+            (m.flags, m.view_size, m.nruns, m.nfiles, m.next_offset),
+            (ioctl::DIRECT_WRITE | order, 48, 1, 1, 48)
+        );
+        let r = m.runs[0];
+        assert_eq!((r.file_offset, r.length, r.file_index), (0, 48, 0));
+        let from = map_of_at(&fs, data, wr, order, 16);
+        assert_eq!(
+            (from.runs[0].file_offset, from.runs[0].backing_offset),
+            (16, r.backing_offset + 16)
+        );
+        let p = &m.files[0].path;
+        let path = std::str::from_utf8(&p[..p.iter().position(|&c| c == 0).unwrap()]).unwrap();
+        let src = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        // element (i, j) = 10 i + j, packed tile by tile, each a whole 2 x 2 chunk
+        let mut chunks = Vec::new();
+        for (ti, tj) in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)] {
+            for a in 0..2 {
+                for b in 0..2 {
+                    let (i, j) = (2 * ti + a, 2 * tj + b);
+                    let v: i16 = if i < 5 && j < 3 { 10 * i + j } else { 0 };
+                    chunks.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        src.write_all_at(&chunks, r.backing_offset).unwrap();
+        assert_eq!(
+            record(data, wr, rec, 4, 8),
+            Err(libc::EINVAL),
+            "not a chunk"
+        );
+        assert_eq!(
+            record(data, wr, rec, 40, 16),
+            Err(libc::EINVAL),
+            "past the tiles"
+        );
+        assert_eq!(record(data, wr, rec | ioctl::RECORD_CHECK, 0, 8), Ok(()));
+        assert!(record(data, rd, rec, 0, 8).is_err(), "a read-only handle");
+        record(data, wr, rec, 0, 24).unwrap();
+        record(data, wr, rec, 24, 24).unwrap();
+        let want: Vec<u8> = (0..5i16)
+            .flat_map(|i| (0..3i16).map(move |j| 10 * i + j))
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let rd2 = fs.open(data, false, &Caller::DAEMON).unwrap().0;
+        assert_eq!(fs.read(rd2, 0, 64).unwrap(), want);
+        fs.release(rd2);
+        // a virtual layout's tiles are files of their own: not mapped in tile order
+        let vdata = declare("v", "virtual");
+        let vw = fs.open(vdata, true, &Caller::DAEMON).unwrap().0;
+        assert_eq!(map_of(vdata, vw, order).flags, 0);
+        assert!(record(vdata, vw, rec, 0, 8).is_err());
+        // after the commit the map must not be used: the check refuses
+        let c = fs.lookup(file, crate::names::COMMIT_NAME).unwrap().ino;
+        fs.release(vw);
+        fs.rmdir(file, "v").unwrap();
+        let (fh, _, _) = fs.open(c, true, &Caller::DAEMON).unwrap();
+        fs.write(fh, 0, b"commit\n").unwrap();
+        fs.release(fh);
+        assert!(record(data, wr, rec | ioctl::RECORD_CHECK, 0, 8).is_err());
+    }
+
+    fn map_of_at(fs: &Fs, ino: u64, fh: u64, flags: u32, from: u64) -> DirectMap {
+        let req = ioctl::encode(&DirectMap {
+            version: ioctl::ABI_VERSION,
+            flags,
+            file_offset: from,
+            ..Default::default()
+        });
+        ioctl::decode(&fs.ioctl(ino, fh, 1, ioctl::DIRECT_MAP, &req).unwrap()).unwrap()
     }
 
     #[test]

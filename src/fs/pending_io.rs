@@ -701,6 +701,7 @@ impl<'a> TileRuns<'a> {
             idx: idx.to_vec(),
             off: tile_off,
             parts: vec![bytes],
+            written: None,
             target: Some(t.clone()),
         });
     }

@@ -120,7 +120,11 @@ pub(super) fn set_owner(tmp: &Path, sources: &Path, target: &Path, stage: &Path)
 
 /// One dataset's sources dir, its pending node, and its sources' recorded `(data
 /// offset, file length)`.
-type Recorded = (PathBuf, PathBuf, HashMap<String, (u64, u64)>);
+type Recorded = (
+    PathBuf,
+    PathBuf,
+    super::rangelog::HashMap<String, (u64, u64)>,
+);
 
 /// A chunked dataset a commit publishes: its link in the file being built, its name,
 /// attributes, and the tiles nobody wrote that the commit fills (`unwritten_tiles:

@@ -3,6 +3,7 @@
 //! commit back (the log format and writer are in `rangelog`).
 
 use super::layout::PendingDataset;
+use super::rangelog::HashMap;
 use super::rangelog::{
     open_log, read_fresh, start_flusher, DatasetLog, LogState, RangeLogs, Record, SyncJob, Syncer,
     Written, FLUSH_TILES, LOG_PREFIX,
@@ -12,7 +13,6 @@ use crate::error::{Error, PendingError, Result};
 use crate::geometry::tile_name;
 use crate::staging::{PendingMeta, RangeSet};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -24,6 +24,9 @@ pub struct TilePiece<'a> {
     pub idx: Vec<u64>,
     pub off: u64,
     pub parts: Vec<&'a [u8]>,
+    /// `Some(len)`: the client already wrote `len` bytes at `off` into the tile's runs
+    /// itself (the direct data path, docs/direct.md); only recorded. `parts` is empty.
+    pub written: Option<u64>,
     /// The tile's target as the writer's view found it (generation `gen` of
     /// [`Tiles::write_batch`]), if it has one.
     pub target: Option<Arc<TileTarget>>,
@@ -31,7 +34,8 @@ pub struct TilePiece<'a> {
 
 impl TilePiece<'_> {
     fn len(&self) -> u64 {
-        self.parts.iter().map(|p| p.len() as u64).sum()
+        self.written
+            .unwrap_or_else(|| self.parts.iter().map(|p| p.len() as u64).sum())
     }
 }
 
@@ -159,13 +163,15 @@ impl Tiles {
             idx: idx.to_vec(),
             off,
             parts: vec![data],
+            written: None,
             target: None,
         };
         self.write_batch(ranges, src, meta, None, std::slice::from_ref(&piece))
     }
 
     /// Writes tile pieces of one dataset (each as [`Tiles::write`] does: the range
-    /// checked and the source made first) and records the ranges of those written. On an
+    /// checked and the source made first; a piece its client wrote itself is only
+    /// checked) and records the ranges of those written. On an
     /// error the pieces before it stay written and recorded. A piece's own target is
     /// used when the view that found it (`gen`) is of the dataset's generation now and
     /// the dataset is chunked with chunks its writers do not encode: such a target
@@ -193,9 +199,11 @@ impl Tiles {
                     }
                     _ => self.target_for(src, meta, &p.idx, p.off, len, ranges)?,
                 };
-                for (at, from, n) in t.runs(p.off, len) {
-                    write_parts_at(&t.file.file, &p.parts, from, n, at)
-                        .map_err(io("writing tile source"))?;
+                if p.written.is_none() {
+                    for (at, from, n) in t.runs(p.off, len) {
+                        write_parts_at(&t.file.file, &p.parts, from, n, at)
+                            .map_err(io("writing tile source"))?;
+                    }
                 }
                 wb.extend(self.completed(meta, &t, p.off, len));
                 done.push((&p.idx, p.off, len));

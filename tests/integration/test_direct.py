@@ -659,3 +659,73 @@ def test_tiles_over_a_mebibyte_are_written_direct_in_pieces(tmp_path, monkeypatc
             f.write("commit\n")
         with h5py.File(os.path.join(backing, "big.h5"), "r") as f:
             assert np.array_equal(f["x"][()], a)
+
+
+REGION_WRITE = r"""
+import json, os, sys
+import numpy as np
+from h5tilefs import direct
+m, layout = sys.argv[1], sys.argv[2]
+extra = {"virtual": {}, "chunked": {"layout": "chunked"},
+         "gzip": {"layout": "chunked", "compression": "gzip", "shuffle": True}}[layout]
+x = np.arange(100 * 70, dtype="<f4").reshape(100, 70) * 0.25
+w = np.arange(5 * 9 * 6, dtype="<i2").reshape(5, 9, 6)
+for name, a, tile in (("v", x, [30, 40]), ("w", w, [2, 4, 3])):
+    d = os.path.join(m, "r.h5", name)
+    os.makedirs(d)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"shape": list(a.shape), "dtype": a.dtype.str, "tile_shape": tile, **extra}, f)
+d = os.path.join(m, "r.h5", "v")
+# whole tiles, edge tiles included, and the parts around them
+for r in (np.s_[0:30, 0:70], np.s_[30:65, 10:70], np.s_[30:65, 0:10], np.s_[65:100, 0:70]):
+    direct.write_region(d, x[r], [s.start for s in r])
+d = os.path.join(m, "r.h5", "w")
+for r in (np.s_[0:4, 4:9, 0:6], np.s_[4:5, 0:9, 0:6], np.s_[0:4, 0:4, 0:6]):
+    direct.write_region(d, w[r], [s.start for s in r])
+errs = []
+for bad in ((x[:2, :2], [99, 0]), (x[:2, :2].astype("<f8"), [0, 0]), (x[:2], [0])):
+    try:
+        direct.write_region(os.path.join(m, "r.h5", "v"), *bad)
+        errs.append(None)
+    except (ValueError, TypeError) as e:
+        errs.append(type(e).__name__)
+print(json.dumps([direct.stats, errs]))
+"""
+
+
+@pytest.mark.parametrize("layout,off", [("chunked", False), ("gzip", False), ("virtual", False),
+                                        ("chunked", True)])
+def test_regions_of_data_written_in_tile_order(tmp_path, layout, off):
+    """h5tilefs.direct.write_region: the tiles a region covers whole (edge tiles too)
+    are packed in tile order and written into a chunked dataset's chunks, then recorded
+    (DIRECT_TILE_ORDER, RECORD_TILE_ORDER); the rest of the region, a virtual layout and
+    H5TILEFS_DIRECT=0 go through `data`. `.status` counts every tile complete, the
+    commit makes what h5py reads, and a region that does not fit is refused."""
+    with generated_mount("h5t-direct-region-", lambda b: None) as (backing, m):
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "..",
+                                                        "src", "python"))
+        if off:
+            env["H5TILEFS_DIRECT"] = "0"
+        p = subprocess.run([sys.executable, "-c", REGION_WRITE, m, layout], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        stats, errs = json.loads(p.stdout)
+        assert errs == ["ValueError", "TypeError", "ValueError"], errs
+        # v: tiles (0,0) (0,1) (1,1) (3,0) (3,1) whole, of 30 x 40 x 4 bytes;
+        # w: all 3 x 3 x 2 tiles, 8 + 6 + 4 of them whole in its three regions, of
+        # 2 x 4 x 3 x 2 bytes
+        direct_bytes = 5 * 4800 + 18 * 48
+        assert stats["written_bytes"] == (direct_bytes if layout != "virtual" and not off
+                                          else 0), stats
+        with open(os.path.join(m, "r.h5", ".status")) as f:
+            st = json.load(f)["datasets"]
+        assert (st["/v"]["complete"], st["/v"]["missing"]) == (8, 0), st
+        assert (st["/w"]["complete"], st["/w"]["missing"]) == (3 * 3 * 2, 0), st
+        r = subprocess.run([BIN, "commit", os.path.join(m, "r.h5")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        with h5py.File(os.path.join(backing, "r.h5")) as f:
+            assert np.array_equal(f["v"][()],
+                                  np.arange(100 * 70, dtype="<f4").reshape(100, 70) * 0.25)
+            assert np.array_equal(f["w"][()], np.arange(5 * 9 * 6, dtype="<i2").reshape(5, 9, 6))
+            assert f["v"].compression == ("gzip" if layout == "gzip" else None)

@@ -44,6 +44,30 @@ def test_write_then_read(mnt, shape, tile, dtype):
         assert np.array_equal(f["g/x"][()], a[::-1])
 
 
+@pytest.mark.parametrize("extra", [{"layout": "chunked"},
+                                   {"layout": "chunked", "compression": "gzip", "shuffle": True},
+                                   {"layout": "chunked", "compression": "gzip", "compression_opts": 1}])
+@pytest.mark.parametrize("shape,tile,dtype", [((37, 23), (8, 5), "<f4"), ((5, 4, 3), (2, 2, 2), "<i8")])
+def test_write_chunked(mnt, shape, tile, dtype, extra):
+    """layout="chunked" (and h5py's compression arguments) make one chunked dataset,
+    chunks = tiles, its tiles written straight into their chunks."""
+    from h5tilefs import direct
+    backing, m = mnt
+    a = (np.random.default_rng(1).random(shape) * 50).astype(dtype)
+    path = os.path.join(m, "c.h5")
+    os.makedirs(path)
+    before = direct.stats["written_bytes"]
+    hnp.write(a, path, "/x", tile_shape=tile, **extra)
+    # every tile whole: all of it in tile order (edge tiles padded to whole chunks)
+    grid = [-(-s // t) for s, t in zip(shape, tile)]
+    assert direct.stats["written_bytes"] - before == int(np.prod(grid) * np.prod(tile)) * a.itemsize
+    with h5py.File(os.path.join(backing, "c.h5")) as f:
+        x = f["x"]
+        assert np.array_equal(x[()], a)
+        assert (x.chunks, x.is_virtual, x.compression, x.shuffle) == (
+            tuple(tile), False, extra.get("compression"), bool(extra.get("shuffle")))
+
+
 def test_errors(mnt):
     backing, m = mnt
     with pytest.raises(NotInMount, match="not an h5tilefs mount|not inside an h5tilefs mount"):

@@ -53,6 +53,11 @@ pub(crate) trait Driver {
     /// DIRECT_MAP, the bytes written into the backing runs, RECORD_WRITE; through the
     /// handle's own write where the map refuses or the write runs past the tile.
     fn write_direct(&self, path: &[&str], off: u64, data: &[u8]) -> Result<usize, i32>;
+    /// A `data` write as `h5tilefs.direct.DataWriter` makes it (docs/direct.md): the
+    /// whole chunks of the tiles it covers (`tiles`: tile number, chunk bytes) into the
+    /// tile-order map of `data` and recorded, the rest of it (`rest`: offset, bytes)
+    /// through the handle; all of `data` through the handle when the map says so.
+    fn write_tile_order(&self, path: &[&str], w: &TileOrderWrite) -> Result<usize, i32>;
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32>;
     fn pread(&self, fh: u64, off: u64, len: usize) -> Result<Vec<u8>, i32>;
     fn read_all(&self, fh: u64) -> Result<Vec<u8>, i32>;
@@ -137,6 +142,73 @@ fn put_direct(m: &DirectMap, off: u64, data: &[u8]) -> Result<(), i32> {
         .map_err(os_err)?;
     }
     Ok(())
+}
+
+/// One `data` write cut as the package's tile-order writer cuts it.
+pub(crate) struct TileOrderWrite {
+    pub(crate) off: u64,
+    pub(crate) data: Vec<u8>,
+    pub(crate) chunk_bytes: u64,
+    pub(crate) tiles: Vec<(u64, Vec<u8>)>,
+    pub(crate) rest: Vec<(u64, Vec<u8>)>,
+}
+
+/// An ioctl run in place on an encoded request (its reply written over it).
+type IoctlInPlace<'a> = &'a dyn Fn(u32, &mut Vec<u8>) -> Result<(), i32>;
+/// A write through the handle at an offset.
+type WriteAt<'a> = &'a dyn Fn(u64, &[u8]) -> Result<(), i32>;
+
+/// The tile-order protocol over one open `data`: `ioctl_in_place` runs a request,
+/// `write` writes through the handle.
+fn tile_order_protocol(
+    w: &TileOrderWrite,
+    ioctl_in_place: IoctlInPlace,
+    write: WriteAt,
+) -> Result<usize, i32> {
+    use std::os::unix::fs::FileExt;
+    let mut req = ioctl::encode(&DirectMap {
+        version: ioctl::ABI_VERSION,
+        flags: ioctl::DIRECT_TILE_ORDER,
+        ..Default::default()
+    });
+    ioctl_in_place(ioctl::DIRECT_MAP, &mut req)?;
+    let m: DirectMap = ioctl::decode(&req).map_err(|_| libc::EPROTO)?;
+    let want = ioctl::DIRECT_WRITE | ioctl::DIRECT_TILE_ORDER;
+    if m.flags & want != want || m.nruns != 1 || w.tiles.is_empty() {
+        write(w.off, &w.data)?;
+        return Ok(w.data.len());
+    }
+    let record = |flags: u32, k: u64, n: u64| -> Result<(), i32> {
+        let mut r = ioctl::encode(&RecordWrite {
+            version: ioctl::ABI_VERSION,
+            flags: ioctl::RECORD_TILE_ORDER | flags,
+            file_offset: k * w.chunk_bytes,
+            length: n * w.chunk_bytes,
+            ..Default::default()
+        });
+        ioctl_in_place(ioctl::RECORD_WRITE, &mut r)
+    };
+    record(ioctl::RECORD_CHECK, w.tiles[0].0, 1)?;
+    let r = m.runs[0];
+    let p = &m.files[0].path;
+    let n = p.iter().position(|&c| c == 0).ok_or(libc::EPROTO)?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(std::ffi::OsStr::from_bytes(&p[..n]))
+        .map_err(os_err)?;
+    for (k, chunk) in &w.tiles {
+        let at = k * w.chunk_bytes;
+        if chunk.len() as u64 != w.chunk_bytes || at + w.chunk_bytes > m.view_size {
+            return Err(libc::EPROTO);
+        }
+        f.write_all_at(chunk, r.backing_offset + at)
+            .map_err(os_err)?;
+        record(0, *k, 1)?;
+    }
+    for (off, bytes) in &w.rest {
+        write(*off, bytes)?;
+    }
+    Ok(w.data.len())
 }
 
 fn record_request(off: u64, len: usize) -> RecordWrite {
@@ -235,6 +307,26 @@ impl Driver for Core {
         let fl = errno(self.fs.flush(fh));
         self.fs.release(fh);
         let n = w?;
+        fl.map(|_| n)
+    }
+    fn write_tile_order(&self, path: &[&str], w: &TileOrderWrite) -> Result<usize, i32> {
+        let ino = resolve(self, path)?;
+        let (fh, _, _) = errno(self.fs.open(ino, true, &Caller::DAEMON))?;
+        let pid = std::process::id();
+        let r = tile_order_protocol(
+            w,
+            &|cmd, buf| {
+                let out = errno(self.fs.ioctl(ino, fh, pid, cmd, buf))?;
+                if !out.is_empty() {
+                    *buf = out;
+                }
+                Ok(())
+            },
+            &|off, bytes| errno(self.fs.write(fh, off, bytes)).map(drop),
+        );
+        let fl = errno(self.fs.flush(fh));
+        self.fs.release(fh);
+        let n = r?;
         fl.map(|_| n)
     }
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32> {
@@ -403,6 +495,29 @@ impl Driver for MountDriver {
         })();
         let c = close_file(f);
         let n = w?;
+        c.map(|_| n)
+    }
+    fn write_tile_order(&self, path: &[&str], w: &TileOrderWrite) -> Result<usize, i32> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.path(path))
+            .map_err(os_err)?;
+        let r = tile_order_protocol(
+            w,
+            &|cmd, buf| {
+                // SAFETY: `buf` is a live buffer of the size `cmd` encodes (the struct's
+                // encoding), which the kernel reads and writes back in place.
+                let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+                if r < 0 {
+                    return Err(os_err(std::io::Error::last_os_error()));
+                }
+                Ok(())
+            },
+            &|off, bytes| f.write_all_at(bytes, off).map_err(os_err),
+        );
+        let c = close_file(f);
+        let n = r?;
         c.map(|_| n)
     }
     fn open(&self, path: &[&str], write: bool) -> Result<u64, i32> {

@@ -534,7 +534,15 @@ impl Sut {
                 let data = bytes(seed, 1000, len);
                 let fs = &*self.cores[core as usize % self.cores.len()];
                 let path = dp(f, d, &["data"]);
-                let got = fs.write_at(&strs(&path), off as u64, &data);
+                // Odd seeds write as the package's DataWriter does (docs/direct.md): the
+                // tiles the write covers whole in tile order, the rest through `data`.
+                let got = match self.model.ds(f, d) {
+                    Ok(Ds::Pending(p)) if seed % 2 == 1 && p.spec.chunked && !past_end => {
+                        let w = tile_order_write(&p.spec, off, &data);
+                        fs.write_tile_order(&strs(&path), &w)
+                    }
+                    _ => fs.write_at(&strs(&path), off as u64, &data),
+                };
                 let want = match self.model.ds(f, d) {
                     Err(e) => Err(e),
                     Ok(Ds::Committed(_)) => Err(libc::EROFS),
@@ -1167,6 +1175,62 @@ pub(crate) struct Flags {
 }
 
 pub(crate) const FLAGS: Flags = Flags { dentries: DENTRIES };
+
+/// A `data` write of `data` at `off` cut as `h5tilefs.direct.DataWriter` cuts it: each
+/// tile whose every byte it covers as a whole chunk (its elements at the chunk's
+/// pitch, zeros past an edge), the rest as runs of the request.
+fn tile_order_write(spec: &Spec, off: usize, data: &[u8]) -> crate::drivers::TileOrderWrite {
+    let sz = spec.dt.size();
+    let end = off + data.len();
+    let chunk_elems: usize = spec.tile.iter().product::<u64>() as usize;
+    let mut covered = vec![false; spec.nelem()];
+    let mut tiles = Vec::new();
+    for t in 0..spec.ntiles() {
+        let elems = spec.tile_elems(t);
+        if !elems.iter().all(|&e| e * sz >= off && (e + 1) * sz <= end) {
+            continue;
+        }
+        // the tile's clipped extent, to place its elements at the chunk's pitch
+        let idx = spec.tile_idx(t);
+        let count: Vec<u64> = (0..idx.len())
+            .map(|d| spec.tile[d].min(spec.shape[d] - idx[d] * spec.tile[d]))
+            .collect();
+        let mut chunk = vec![0u8; chunk_elems * sz];
+        for (k, &e) in elems.iter().enumerate() {
+            let (mut rem, mut at) = (k as u64, 0u64);
+            let mut pitch = 1u64;
+            for dim in (0..count.len()).rev() {
+                at += (rem % count[dim]) * pitch;
+                rem /= count[dim];
+                pitch *= spec.tile[dim];
+            }
+            let at = at as usize * sz;
+            chunk[at..at + sz].copy_from_slice(&data[e * sz - off..(e + 1) * sz - off]);
+            covered[e] = true;
+        }
+        tiles.push((t as u64, chunk));
+    }
+    let mut rest: Vec<(u64, Vec<u8>)> = Vec::new();
+    for e in off / sz..end.div_ceil(sz) {
+        if covered.get(e).copied().unwrap_or(false) {
+            continue;
+        }
+        let (a, b) = ((e * sz).max(off), ((e + 1) * sz).min(end));
+        match rest.last_mut() {
+            Some((o, v)) if *o as usize + v.len() == a => {
+                v.extend_from_slice(&data[a - off..b - off])
+            }
+            _ => rest.push((a as u64, data[a - off..b - off].to_vec())),
+        }
+    }
+    crate::drivers::TileOrderWrite {
+        off: off as u64,
+        data: data.to_vec(),
+        chunk_bytes: (chunk_elems * sz) as u64,
+        tiles,
+        rest,
+    }
+}
 
 /// Runs `ops` on a fresh backing directory; `Err` names the divergence.
 pub(crate) fn run(ops: &[Op]) -> Result<(), String> {

@@ -83,7 +83,11 @@ class QueryExtents(ctypes.Structure):
 DIRECT_FILES = 4
 DIRECT_READ = 1
 DIRECT_WRITE = 2
+#: DIRECT_MAP of a pending chunked dataset's ``data`` in tile order (docs/direct.md)
+DIRECT_TILE_ORDER = 4
 RECORD_CHECK = 1
+#: RECORD_WRITE of whole chunks of that tile-order view
+RECORD_TILE_ORDER = 2
 
 
 class DirectFile(ctypes.Structure):

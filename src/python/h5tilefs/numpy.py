@@ -68,14 +68,25 @@ def read(path: str, dataset: str, selection=None) -> np.ndarray:
 
 
 def write(array, path: str, dataset: str, tile_shape: Optional[Sequence[int]] = None,
-          commit: bool = True, attrs: Optional[dict] = None) -> None:
-    """Writes ``array`` as ``dataset`` of ``path`` (replacing a dataset of that name), one
-    tile file at a time, then commits (unless ``commit=False``)."""
+          commit: bool = True, attrs: Optional[dict] = None, layout: Optional[str] = None,
+          compression=None, compression_opts=None, shuffle: Optional[bool] = None) -> None:
+    """Writes ``array`` as ``dataset`` of ``path`` (replacing a dataset of that name), then
+    commits (unless ``commit=False``).
+
+    ``layout="chunked"`` makes the committed dataset one chunked dataset (chunks = tiles)
+    instead of a virtual dataset over tile files, and takes h5py's ``compression``,
+    ``compression_opts`` and ``shuffle`` (docs/namespace.md). Its tiles go straight into
+    their chunks, in tile order (``h5tilefs.direct.DataWriter``); a virtual layout's are
+    written one tile file at a time."""
     with explained(path):
-        _write(array, path, dataset, tile_shape, commit, attrs)
+        _write(array, path, dataset, tile_shape, commit, attrs,
+               {"layout": layout, "compression": compression,
+                "compression_opts": compression_opts, "shuffle": shuffle})
 
 
-def _write(array, path, dataset, tile_shape, commit, attrs) -> None:
+def _write(array, path, dataset, tile_shape, commit, attrs, extra) -> None:
+    from .direct import DataWriter, write_from
+
     a = np.ascontiguousarray(array)
     mount_root(path)
     d = _dataset_dir(path, dataset)
@@ -83,14 +94,20 @@ def _write(array, path, dataset, tile_shape, commit, attrs) -> None:
         os.rmdir(d)
     os.makedirs(d, exist_ok=True)
     tile = list(tile_shape) if tile_shape is not None else [max(1, s) for s in a.shape]
+    meta = {"shape": list(a.shape), "dtype": a.dtype.str, "tile_shape": tile, "attrs": attrs or {}}
+    meta.update({k: v for k, v in extra.items() if v is not None})
     with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump({"shape": list(a.shape), "dtype": a.dtype.str, "tile_shape": tile, "attrs": attrs or {}}, f)
-    grid = [-(-s // t) for s, t in zip(a.shape, tile)]
-    for idx in np.ndindex(*grid):
-        sl = tuple(slice(i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile, a.shape))
-        name = ".".join(map(str, idx)) if idx else "0"
-        with open(os.path.join(d, "tiles", name), "r+b") as f:
-            f.write(np.ascontiguousarray(a[sl]).tobytes())
+        json.dump(meta, f)
+    if meta.get("layout") == "chunked" and a.ndim > 0:
+        with DataWriter(d) as w:
+            w.write(a)
+    else:
+        grid = [-(-s // t) for s, t in zip(a.shape, tile)]
+        for idx in np.ndindex(*grid):
+            sl = tuple(slice(i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile, a.shape))
+            name = ".".join(map(str, idx)) if idx else "0"
+            b = np.ascontiguousarray(a[sl])
+            write_from(os.path.join(d, "tiles", name), memoryview(b.reshape(-1).view(np.uint8)))
     if commit:
         with open(os.path.join(path, ".commit"), "w") as f:
             f.write("commit\n")
