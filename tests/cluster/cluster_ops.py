@@ -91,6 +91,24 @@ def write_pages(d, shape, tile, dtype, seed, parity, tiles=None, t0=None):
     return n
 
 
+def write_regions(d, shape, dtype, seed, regions, t0=None):
+    """Writes each region (a tuple of slices) of array(shape, dtype, seed) with the
+    package's h5tilefs.direct.DataWriter (docs/direct.md): the tiles a region covers
+    whole in tile order into their chunks, the rest through `data`. Returns the bytes
+    written in tile order."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "python"))
+    from h5tilefs import direct
+    if t0 is not None:
+        at(t0)
+    a = array(shape, dtype, seed)
+    before = direct.stats["written_bytes"]
+    with direct.DataWriter(d) as w:
+        for r in regions:
+            w.write(a[r], [s.start for s in r])
+    return direct.stats["written_bytes"] - before
+
+
 def commit(mnt, rel, t0=None):
     """Writes .commit; returns 0 or the errno the write (or close) failed with."""
     if t0 is not None:

@@ -320,6 +320,56 @@ def test_compressed_chunked_from_both_nodes(cluster, nodes):
         pytest.fail(rounds_report(failures, n), pytrace=False)
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_tile_order_regions_from_both_nodes(cluster, nodes, compression):
+    """Regions of a chunked dataset's `data` written with the package's DataWriter on
+    both nodes at once (docs/direct.md, tile order): whole tiles straight into their
+    chunks of the one shared file, the tiles of the last (edge) tile row split between
+    the nodes and written through `data`. Committed from A or B in turn; the file reads
+    the same through h5py and both nodes' views."""
+    A, B = nodes
+    shape, tile, dtype = (200, 1000), (64, 384), "<f8"
+    extra = {"layout": "chunked", **({"compression": compression, "shuffle": True}
+                                     if compression else {})}
+    s = np.s_
+    mine = {"A": [s[0:64, 0:1000], s[128:192, 0:1000], s[192:200, 0:500]],
+            "B": [s[64:128, 0:1000], s[192:200, 500:1000]]}
+    n, failures = 2, []
+    for r in range(n):
+        rel, ds, seed = f"t2o-{compression}/r{r}.h5", "/x", 500 + r
+        d = A.call(ops.declare, cluster.mnt, rel, ds, shape, dtype, tile, extra=extra)
+        try:
+            wait_pending_visible(B, d)
+        except AssertionError as e:
+            failures.append(f"round {r}: {e}")
+            continue
+        t0 = start_soon()
+        futs = [node.w[1].submit(ops.write_regions, d, shape, dtype, seed, mine[node.name], t0=t0)
+                for node in (A, B)]
+        res = gather(futs)
+        errs = [f"writes failed with {oserr(e)}" for e in res if isinstance(e, OSError)]
+        if errs:
+            failures.append(f"round {r}: " + "; ".join(errs))
+            continue
+        # every tile a region covers whole in tile order, as a whole chunk of 64 x 384
+        # x 8 bytes: A's two tile rows of 3 and edge tile (3, 0), B's row and (3, 2);
+        # (3, 1), split between the nodes, through `data`
+        if res != [7 * 64 * 384 * 8, 4 * 64 * 384 * 8]:
+            failures.append(f"round {r}: bytes written in tile order {res}")
+        committer = (A, B)[r % 2]
+        rc = committer.call(ops.commit, cluster.mnt, rel)
+        if rc != 0:
+            failures.append(f"round {r}: commit from {committer.name} failed with {errno.errorcode.get(rc, rc)}: "
+                            f"{committer.call(ops.status, cluster.mnt, rel)['last_commit']}")
+            continue
+        try:
+            check_everywhere(cluster, rel, ds, ops.array(shape, dtype, seed), tile, slices=[])
+        except AssertionError as e:
+            failures.append(f"round {r} (committed from {committer.name}): {e}")
+    if failures:
+        pytest.fail(rounds_report(failures, n), pytrace=False)
+
+
 def chunk_gaps(path, ds, block=4096):
     """Gaps of a block or more between the dataset's chunks on disk, and the number of
     chunks: packed regions put a writer's encodings one after another (the commit's
