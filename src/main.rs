@@ -13,6 +13,7 @@ mod filecli;
 mod logsink;
 mod runcli;
 mod status;
+mod unmount;
 
 #[derive(Parser)]
 #[command(
@@ -297,7 +298,7 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Run { cmd } => runcli::run_direct(&cmd),
-        Cmd::Umount { mountpoint } => match umount(&mountpoint) {
+        Cmd::Umount { mountpoint } => match unmount::umount(&mountpoint) {
             Ok(()) => ExitCode::SUCCESS,
             Err(msg) => {
                 eprintln!("h5tilefs: {msg}");
@@ -330,25 +331,6 @@ fn preload_gpu(core: &Arc<Fs>) {
     if core.mount.opts.gpu == h5tilefs::gpu::GpuMode::Preload {
         let core = core.clone();
         std::thread::spawn(move || core.gpu.dev.preload());
-    }
-}
-
-fn umount(mnt: &Path) -> Result<(), String> {
-    let ok = |cmd: &str, args: &[&std::ffi::OsStr]| {
-        std::process::Command::new(cmd)
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    if ok("fusermount3", &["-u".as_ref(), mnt.as_os_str()])
-        || ok("fusermount", &["-u".as_ref(), mnt.as_os_str()])
-        || ok("umount", &[mnt.as_os_str()])
-    {
-        Ok(())
-    } else {
-        Err(format!("could not unmount {}", mnt.display()))
     }
 }
 
@@ -681,6 +663,13 @@ fn shutdown_on_signal(
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             if let Err(e) = core.sync_backing() {
                 tracing::warn!("{e}");
+            }
+            if !is_mounted(&mnt) {
+                // Unmounted here already (`h5tilefs umount` stops a daemon that a copy
+                // of the mount in another mount namespace keeps alive): nothing is
+                // left to unmount or to wait for; the copies lose the connection.
+                tracing::info!("the mount is gone from this namespace; exiting");
+                std::process::exit(0);
             }
             match unmounter.unmount() {
                 Ok(()) => tracing::info!("unmounted"),

@@ -139,7 +139,7 @@ pub(crate) fn in_child(timeout: Duration, f: impl FnOnce() -> Vec<u8>) -> Option
 
 /// Reads the control file in a child process, so a hung daemon gives a timeout
 /// instead of hanging the health check.
-fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
+pub(crate) fn read_control(mnt: &Path, timeout: Duration) -> Result<Value, (u8, String)> {
     let p = mnt.join(".h5tilefs");
     // The child answers 0 + the file, or 1 + errno.
     let answer = in_child(timeout, || match std::fs::read(&p) {

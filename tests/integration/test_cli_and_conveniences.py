@@ -2,6 +2,7 @@
 Python conveniences (`h5tilefs.open`), on real mounts, checked against h5py."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5t_helpers import BIN, kill_and_wait, mount, unmount
+from h5t_helpers import BIN, is_mounted, kill_and_wait, mount, unmount
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "python"))
 import h5tilefs  # noqa: E402
@@ -303,4 +304,52 @@ def test_a_detached_daemon_logs_by_default_and_status_says_where(tmp_path):
         assert older.exists() and "committed data is read-only" in older.read_text()
         assert log.stat().st_size <= 4096 and older.stat().st_size <= 4096
     finally:
+        unmount(str(m))
+
+
+def running(pid):
+    """Whether process `pid` runs (exited and not yet reaped by its parent: not)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="needs unshare and root (a private mount namespace)")
+def test_umount_stops_a_daemon_another_mount_namespace_keeps(tmp_path):
+    """A process in a private mount namespace (`unshare -m`, as a test or a container
+    starts one) holds a copy of the mount, and with it the FUSE connection: the
+    daemon used to serve that copy for minutes after `h5tilefs umount` returned.
+    umount now stops it, says why, and returns once it is gone; the copy's users get
+    ENOTCONN, as for a daemon that died."""
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    p = subprocess.run([BIN, "mount", str(b), str(m), "--gpu", "off"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    with open(m / ".h5tilefs") as f:
+        pid = json.load(f)["stats"]["pid"]
+    # a copy of the mount, in a namespace of its own, used there until told to stop
+    holder = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"ls {m} >/dev/null && echo ready && read line; ls {m} 2>&1; echo done"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        t = time.monotonic()
+        r = subprocess.run([BIN, "umount", str(m)], capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(str(m))
+        assert not running(pid), f"daemon {pid} still running after umount"
+        assert "another mount namespace" in r.stderr, r.stderr
+        assert took < 10, took
+        out, _ = holder.communicate("go\n", timeout=30)
+        assert "Transport endpoint is not connected" in out, out
+    finally:
+        if holder.poll() is None:
+            holder.kill()
         unmount(str(m))
