@@ -75,6 +75,9 @@ pub struct PendingMeta {
     /// `"compression"` (with `"compression_opts"`, `"shuffle"`): the chunked layout's
     /// chunks are stored through this filter pipeline.
     pub compression: Option<crate::codecs::encode::Compression>,
+    /// `"dims"`: a name per dimension (or null), as xarray's `dimension_names`: the
+    /// commit makes them netCDF-4 dimension scales (`writer::dims`).
+    pub dims: Option<Vec<Option<String>>>,
 }
 
 /// A non-finite float as meta.json may give it ("nan", "inf", "-inf", or Zarr's
@@ -100,6 +103,7 @@ pub const SETTINGS: &[&str] = &[
     "compression",
     "compression_opts",
     "shuffle",
+    "dims",
 ];
 
 /// Keys the daemon serves back in a pending dataset's meta.json and derives itself: a
@@ -153,6 +157,30 @@ fn u64_list(v: &Value, what: &str) -> Result<Vec<u64>> {
         .map(|x| {
             x.as_u64()
                 .ok_or_else(|| Error::invalid(format!("{what}: {x} is not a non-negative integer")))
+        })
+        .collect()
+}
+
+/// meta.json's `"dims"`: one entry per dimension, each a name (an HDF5 link name: not
+/// empty, no `/`, not `.`) or null.
+fn parse_dims(v: &Value, rank: usize) -> Result<Vec<Option<String>>> {
+    const WHAT: &str = "meta.json \"dims\" must list a name (or null) per dimension";
+    let a = v.as_array().ok_or_else(|| Error::invalid(WHAT))?;
+    if a.len() != rank {
+        return Err(Error::invalid(format!(
+            "{WHAT}: {} names for rank {rank}",
+            a.len()
+        )));
+    }
+    a.iter()
+        .map(|d| match d {
+            Value::Null => Ok(None),
+            Value::String(n) if !n.is_empty() && !n.contains('/') && n != "." && n != ".." => {
+                Ok(Some(n.clone()))
+            }
+            other => Err(Error::invalid(format!(
+                "{WHAT}: {other} is not a name (no \"/\", not empty)"
+            ))),
         })
         .collect()
 }
@@ -264,6 +292,10 @@ impl PendingMeta {
             Some(Value::Object(m)) => m.clone(),
             Some(_) => return Err(Error::invalid("attrs must be a JSON object")),
         };
+        let dims = match o.get("dims") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_dims(v, shape.len())?),
+        };
         Ok(PendingMeta {
             shape,
             dtype,
@@ -274,6 +306,7 @@ impl PendingMeta {
             fill_unwritten,
             chunked,
             compression,
+            dims,
         })
     }
 
@@ -317,6 +350,9 @@ impl PendingMeta {
             "order": "C",
             "unwritten_tiles": if self.fill_unwritten { "fill" } else { "error" },
         });
+        if let (Some(d), Some(o)) = (&self.dims, v.as_object_mut()) {
+            o.insert("dims".into(), json!(d));
+        }
         if let (Some(c), Some(o)) = (&self.compression, v.as_object_mut()) {
             let (name, opts) = c.to_json();
             o.insert("compression".into(), name);

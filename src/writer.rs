@@ -13,6 +13,7 @@ use std::path::Path;
 pub use crate::ondisk::{ALIGN, SOURCE_DSET, SOURCE_INDEX};
 
 pub mod chunked;
+pub mod dims;
 pub mod slots;
 
 fn sync<T>(f: impl FnOnce() -> T) -> T {
@@ -281,6 +282,14 @@ pub struct VdsSpec {
     pub attrs: serde_json::Map<String, Value>,
 }
 
+/// What a commit sets besides datasets and groups: groups' attributes (a Zarr
+/// group's) and the dimension scales of datasets that name their dimensions.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    pub group_attrs: Vec<(String, serde_json::Map<String, Value>)>,
+    pub dims: Vec<dims::Named>,
+}
+
 /// Writes `specs` into the HDF5 file `path`: created fresh, or, when `base` is given,
 /// starting from a copy of it (other datasets kept, same-named ones replaced).
 /// The file is flushed and fsync-ed before returning.
@@ -289,12 +298,20 @@ pub fn write_vds_file(
     base: Option<&Path>,
     specs: &[VdsSpec],
     groups: &[String],
+    extras: &Extras,
 ) -> Result<()> {
     if let Some(b) = base {
         std::fs::copy(b, path)
             .map_err(|e| Error::from_io(format!("copying {}", b.display()), e))?;
     }
-    write_vds(path, base.is_some(), specs, groups, &[])
+    write_vds(
+        path,
+        base.is_some(),
+        specs,
+        groups,
+        &extras.group_attrs,
+        &extras.dims,
+    )
 }
 
 /// Writes `specs`, `groups` and the attributes `attrs` (by object path) into the
@@ -305,8 +322,11 @@ pub fn write_vds_into(
     specs: &[VdsSpec],
     groups: &[String],
     attrs: &[(String, serde_json::Map<String, Value>)],
+    extras: &Extras,
 ) -> Result<()> {
-    write_vds(path, true, specs, groups, attrs)
+    let all: Vec<(String, serde_json::Map<String, Value>)> =
+        attrs.iter().chain(&extras.group_attrs).cloned().collect();
+    write_vds(path, true, specs, groups, &all, &extras.dims)
 }
 
 fn write_vds(
@@ -315,6 +335,7 @@ fn write_vds(
     specs: &[VdsSpec],
     groups: &[String],
     attrs: &[(String, serde_json::Map<String, Value>)],
+    named: &[dims::Named],
 ) -> Result<()> {
     let base = existing.then_some(());
     let name = path_cstr(path)?;
@@ -455,6 +476,7 @@ fn write_vds(
     if !all.is_empty() {
         write_attrs(path, &all)?;
     }
+    dims::attach(path, named)?;
     let f = std::fs::File::open(path).map_err(|e| Error::from_io("reopening for fsync", e))?;
     f.sync_all()
         .map_err(|e| Error::from_io(format!("fsync {}", path.display()), e))?;
@@ -534,14 +556,111 @@ fn f32_to_f16(f: f32) -> u16 {
     }
 }
 
-/// Attributes through the high-level crate (strings, numbers, bools, flat arrays).
+/// Attributes through the high-level crate (strings, numbers, bools, flat arrays), of
+/// datasets and groups.
 fn write_attrs(path: &Path, items: &[(&str, &serde_json::Map<String, Value>)]) -> Result<()> {
-    use hdf5::types::VarLenUnicode;
     let f = hdf5::File::open_rw(path).map_err(|e| Error::from_h5("reopening for attributes", e))?;
     for (obj, attrs) in items {
-        let ds = f
-            .dataset(obj)
-            .map_err(|e| Error::from_h5(format!("opening {obj}"), e))?;
+        match f.dataset(obj) {
+            Ok(ds) => match attrs.get(FILL_ATTR) {
+                Some(fill) => {
+                    let mut rest = (*attrs).clone();
+                    rest.remove(FILL_ATTR);
+                    put_attrs(&ds, &rest)?;
+                    put_fill_attr(&ds, fill)?;
+                }
+                None => put_attrs(&ds, attrs)?,
+            },
+            Err(_) => {
+                let g = f
+                    .group(obj)
+                    .map_err(|e| Error::from_h5(format!("opening {obj}"), e))?;
+                put_attrs(&g, attrs)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// netCDF's fill value attribute: of the variable's own type.
+const FILL_ATTR: &str = "_FillValue";
+
+/// A dataset's `_FillValue` attribute in the dataset's own type, as netCDF requires
+/// and xarray's netCDF writers store it (a number, or "nan"/"inf"/"-inf"); a value of
+/// another form is stored as other attributes are.
+fn put_fill_attr(ds: &hdf5::Dataset, v: &Value) -> Result<()> {
+    use hdf5_sys::h5a::{H5Aclose, H5Acreate2, H5Adelete, H5Aexists, H5Awrite};
+    let x = match v {
+        Value::Array(a) if a.len() == 1 => &a[0],
+        other => other,
+    };
+    let num = match x {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => crate::staging::non_finite(&Value::String(s.clone())),
+        _ => None,
+    };
+    let Some(num) = num else {
+        let mut one = serde_json::Map::new();
+        one.insert(FILL_ATTR.into(), v.clone());
+        return put_attrs(ds, &one);
+    };
+    let int = x.as_i64();
+    let name = cstr(FILL_ATTR)?;
+    sync(|| -> Result<()> {
+        // SAFETY: the dataset's id is live while `ds` is; the other ids are owned by
+        // guards; the value buffers match the memory types given to H5Awrite.
+        unsafe {
+            let id = ds.id();
+            if H5Aexists(id, name.as_ptr()) > 0 {
+                check(H5Adelete(id, name.as_ptr()), "H5Adelete(_FillValue)")?;
+            }
+            let t = hid(
+                hdf5_sys::h5d::H5Dget_type(id),
+                hdf5_sys::h5t::H5Tclose,
+                "H5Dget_type",
+            )?;
+            let scalar = hid(
+                hdf5_sys::h5s::H5Screate(hdf5_sys::h5s::H5S_class_t::H5S_SCALAR),
+                hdf5_sys::h5s::H5Sclose,
+                "H5Screate",
+            )?;
+            let a = hid(
+                H5Acreate2(
+                    id,
+                    name.as_ptr(),
+                    t.id(),
+                    scalar.id(),
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                    hdf5_sys::h5p::H5P_DEFAULT,
+                ),
+                H5Aclose,
+                "H5Acreate2(_FillValue)",
+            )?;
+            match int {
+                Some(i) => check(
+                    H5Awrite(
+                        a.id(),
+                        *hdf5::globals::H5T_NATIVE_INT64,
+                        (&i as *const i64).cast(),
+                    ),
+                    "H5Awrite(_FillValue)",
+                ),
+                None => check(
+                    H5Awrite(
+                        a.id(),
+                        *hdf5::globals::H5T_NATIVE_DOUBLE,
+                        (&num as *const f64).cast(),
+                    ),
+                    "H5Awrite(_FillValue)",
+                ),
+            }
+        }
+    })
+}
+
+fn put_attrs(ds: &hdf5::Location, attrs: &serde_json::Map<String, Value>) -> Result<()> {
+    use hdf5::types::VarLenUnicode;
+    {
         // written again by a commit retried after one that died after writing them
         // (the chunked layout's file is changed in place)
         let had = ds.attr_names().unwrap_or_default();
@@ -707,7 +826,14 @@ mod tests {
             attrs,
         };
         let vds = dir.path().join("out.h5");
-        write_vds_file(&vds, None, std::slice::from_ref(&spec), &[]).unwrap();
+        write_vds_file(
+            &vds,
+            None,
+            std::slice::from_ref(&spec),
+            &[],
+            &Extras::default(),
+        )
+        .unwrap();
         let f = hdf5::File::open(&vds).unwrap();
         let got: Vec<f32> = f.dataset("/g/x").unwrap().read_raw().unwrap();
         assert_eq!(got, full);
@@ -715,7 +841,14 @@ mod tests {
         let tmp = dir.path().join("out.h5.tmp");
         let mut spec2 = spec;
         spec2.path = "/y".into();
-        write_vds_file(&tmp, Some(&vds), &[spec2], &["/grp/sub".into()]).unwrap();
+        write_vds_file(
+            &tmp,
+            Some(&vds),
+            &[spec2],
+            &["/grp/sub".into()],
+            &Extras::default(),
+        )
+        .unwrap();
         let f = hdf5::File::open(&tmp).unwrap();
         let a: Vec<f32> = f.dataset("/g/x").unwrap().read_raw().unwrap();
         let b: Vec<f32> = f.dataset("/y").unwrap().read_raw().unwrap();

@@ -123,6 +123,54 @@ fn base64(b: &[u8]) -> String {
     out
 }
 
+/// The bytes of standard base64 `s` (None when it is not base64).
+fn unbase64(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let t = s.trim_end_matches('=');
+    if s.len() % 4 != 0 || s.len() - t.len() > 2 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(t.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in t.as_bytes() {
+        acc = (acc << 6) | val(c)?;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// xarray's Zarr v3 `_FillValue` attribute of a float array (the base64 of a
+/// little-endian f64) as the number it stands for, in meta.json's form ("nan", "inf",
+/// "-inf" for those): so the committed dataset's `_FillValue` is a number, as
+/// xarray's netCDF writers store it. Other values are kept.
+fn fill_attr_value(v: &Value) -> Value {
+    let Some(b) = v.as_str().and_then(unbase64).filter(|b| b.len() == 8) else {
+        return v.clone();
+    };
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b);
+    let x = f64::from_le_bytes(a);
+    match x {
+        x if x.is_nan() => json!("nan"),
+        x if x == f64::INFINITY => json!("inf"),
+        x if x == f64::NEG_INFINITY => json!("-inf"),
+        x => json!(x),
+    }
+}
+
 /// A float attribute value (JSON number, or our "nan"/"inf"/"-inf").
 fn as_f64(v: &Value) -> Option<f64> {
     match v {
@@ -572,11 +620,16 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         }
         Some(f) => f.clone(),
     };
-    let attrs = match o.get("attributes") {
+    let mut attrs = match o.get("attributes") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => return Err("zarr.json attributes must be a JSON object".into()),
     };
+    if let Some(f) = attrs.get_mut("_FillValue") {
+        if matches!(t, "float16" | "float32" | "float64") {
+            *f = fill_attr_value(f);
+        }
+    }
     let mut decl = json!({
         "shape": shape,
         "dtype": dtype,
@@ -585,6 +638,16 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         "attrs": attrs,
         "unwritten_tiles": "fill",
     });
+    match o.get("dimension_names") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(names)) if names.iter().any(|n| !n.is_null()) => {
+            if let Some(d) = decl.as_object_mut() {
+                d.insert("dims".into(), Value::Array(names.clone()));
+            }
+        }
+        Some(Value::Array(_)) => {}
+        Some(_) => return Err("zarr.json dimension_names must be a list".into()),
+    }
     if let (Some((name, level)), Some(d)) = (compression, decl.as_object_mut()) {
         d.insert("layout".into(), json!("chunked"));
         d.insert("compression".into(), json!(name));

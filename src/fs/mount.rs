@@ -39,9 +39,12 @@ pub struct Mount {
     /// Where notifications for the kernel go (none in unit tests and before the session
     /// is made).
     invalidator: std::sync::OnceLock<Arc<dyn Invalidator>>,
-    /// Zarr writers' temporary files in pending datasets, created and not yet renamed
-    /// or unlinked (at most `zarr_write::MAX_TEMPS`).
-    pub zarr_temps: DashMap<Node, ()>,
+    /// Zarr writers' temporary files in pending datasets and groups, created and not
+    /// yet renamed or unlinked (at most `zarr_write::MAX_TEMPS`); with the attributes
+    /// of a group's zarr.json written into one, which take effect when it is renamed
+    /// onto `zarr.json` (zarr-python writes a parent group's zarr.json "if not there"
+    /// as a temporary file linked into place, the link refused when it is there).
+    pub zarr_temps: DashMap<Node, Option<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl Mount {

@@ -43,6 +43,10 @@ pub enum OpenFile {
         accepted: std::sync::atomic::AtomicBool,
         /// The bytes are a Zarr v3 zarr.json, declared as its meta.json equivalent.
         zarr: bool,
+        /// A Zarr writer's temporary file in a group of a pending file: a group's
+        /// attributes written here are kept with it until it is renamed onto
+        /// `zarr.json` (`Mount::zarr_temps`).
+        temp: Option<Node>,
     },
     /// A Zarr chunk of a pending dataset opened for writing: bytes land in the chunk's
     /// tile, the padding of an edge chunk is dropped (src/fs/zarr_write.rs).
@@ -140,6 +144,7 @@ pub fn open_node(
                 buf: parking_lot::Mutex::new(Vec::new()),
                 accepted: std::sync::atomic::AtomicBool::new(false),
                 zarr: false,
+                temp: None,
             },
             None,
         ),
@@ -172,6 +177,28 @@ pub fn open_node(
                 tile: Some(idx.clone()),
                 view: parking_lot::Mutex::new(view),
                 writable: write,
+            };
+            (h, None)
+        }
+        // a Zarr group's zarr.json in a pending file: its attributes
+        (Node::In(ObjRef { file, path }, NodeKind::Zarr | NodeKind::ZarrTemp { .. }), r)
+            if crate::fs::zarr_view::is_pending_group(cx, file, &r)
+                && (write || cx.pending.group_attrs(file, path).is_some()) =>
+        {
+            let h = if write {
+                OpenFile::MetaWrite {
+                    file: file.clone(),
+                    path: path.clone(),
+                    buf: parking_lot::Mutex::new(Vec::new()),
+                    accepted: std::sync::atomic::AtomicBool::new(false),
+                    zarr: true,
+                    temp: matches!(node, Node::In(_, NodeKind::ZarrTemp { .. }))
+                        .then(|| node.clone()),
+                }
+            } else {
+                let b = crate::fs::zarr_view::group_json(cx, file, path)
+                    .ok_or_else(|| Error::not_found(format!("{path}: no group zarr.json")))?;
+                OpenFile::Bytes(Arc::new(b))
             };
             (h, None)
         }
@@ -335,6 +362,7 @@ impl OpenFile {
                 buf,
                 accepted,
                 zarr,
+                temp,
             } => {
                 // The declaration is parsed under the buffer's lock and accepted after it
                 // is dropped: no lock is held across the backing directory's I/O.
@@ -353,11 +381,24 @@ impl OpenFile {
                     b[end - data.len()..end].copy_from_slice(data);
                     match serde_json::from_slice::<serde_json::Value>(&b) {
                         Err(e) if e.is_eof() => return Ok(n),
-                        _ => parse_declaration(&b, *zarr),
+                        _ => declared(&b, *zarr, path),
                     }
                 };
                 match parsed {
-                    Ok(m) => {
+                    Ok(Declared::Group(attrs)) => {
+                        match temp {
+                            // applied when the file is renamed onto zarr.json
+                            Some(t) => {
+                                if let Some(mut held) = cx.zarr_temps.get_mut(t) {
+                                    *held = Some(attrs);
+                                }
+                            }
+                            None => cx.pending.set_group_attrs(file, path, &attrs)?,
+                        }
+                        accepted.store(true, Ordering::Relaxed);
+                        Ok(n)
+                    }
+                    Ok(Declared::Dataset(m)) => {
                         cx.pending.accept_meta(file, path, &m)?;
                         accepted.store(true, Ordering::Relaxed);
                         Ok(n)
@@ -464,20 +505,28 @@ impl OpenFile {
                 buf,
                 accepted,
                 zarr,
+                temp,
             } => {
                 let parsed = {
                     let b = buf.lock();
                     if b.is_empty() || accepted.load(Ordering::Relaxed) {
                         return Ok(());
                     }
-                    parse_declaration(&b, *zarr)
+                    declared(&b, *zarr, path)
                 };
                 let refusal = match parsed {
                     // Whole and valid, but its acceptance failed at the write (which
                     // returned why): tried again, so close reports the same error (a
                     // conflict with written tiles records itself on the node).
-                    Ok(m) => {
+                    Ok(Declared::Dataset(m)) => {
                         cx.pending.accept_meta(file, path, &m)?;
+                        accepted.store(true, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Ok(Declared::Group(attrs)) => {
+                        if temp.is_none() {
+                            cx.pending.set_group_attrs(file, path, &attrs)?;
+                        }
                         accepted.store(true, Ordering::Relaxed);
                         return Ok(());
                     }
@@ -570,6 +619,7 @@ pub fn open_pending_zarr(
             buf: parking_lot::Mutex::new(Vec::new()),
             accepted: std::sync::atomic::AtomicBool::new(false),
             zarr: true,
+            temp: None,
         },
         (Temp::Meta, false) => {
             let pm = meta.ok_or_else(declared)?;
@@ -622,6 +672,43 @@ fn declaration_name(zarr: bool) -> &'static str {
 fn refused(cx: &Mount, file: &std::path::Path, path: &str, what: &str, why: &str) {
     if let Err(e) = cx.pending.refuse_meta(file, path, why) {
         tracing::warn!(file = %file.display(), dataset = path, error = %e, "refused {what} not recorded on its node");
+    }
+}
+
+/// What a meta.json or zarr.json written in a pending file declares.
+enum Declared {
+    Dataset(PendingMeta),
+    /// A Zarr group's zarr.json: the group's attributes.
+    Group(serde_json::Map<String, serde_json::Value>),
+}
+
+/// What the whole bytes `b` of a meta.json or zarr.json (`zarr`) written for node
+/// `path` declare: a Zarr group's attributes, or a dataset (never at the file's root).
+fn declared(b: &[u8], zarr: bool, path: &str) -> Result<Declared> {
+    let v = serde_json::from_slice::<serde_json::Value>(b).ok();
+    let group = v
+        .as_ref()
+        .filter(|v| zarr && v.get("node_type").and_then(|t| t.as_str()) == Some("group"));
+    match group {
+        Some(v) => group_attributes(v).map(Declared::Group),
+        None if path == "/" => Err(Error::invalid(
+            "the file's root is a group: its zarr.json must have node_type \"group\"; \
+             arrays go in directories of their own",
+        )),
+        None => parse_declaration(b, zarr).map(Declared::Dataset),
+    }
+}
+
+/// The attributes of a Zarr v3 group's zarr.json (anything else in it, such as
+/// consolidated metadata, is the Zarr writer's own bookkeeping and not kept).
+fn group_attributes(v: &serde_json::Value) -> Result<serde_json::Map<String, serde_json::Value>> {
+    if v.get("zarr_format").and_then(|f| f.as_u64()) != Some(3) {
+        return Err(Error::invalid("a group zarr.json needs \"zarr_format\": 3"));
+    }
+    match v.get("attributes") {
+        None | Some(serde_json::Value::Null) => Ok(serde_json::Map::new()),
+        Some(serde_json::Value::Object(m)) => Ok(m.clone()),
+        Some(_) => Err(Error::invalid("zarr.json attributes must be a JSON object")),
     }
 }
 

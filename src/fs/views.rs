@@ -142,6 +142,10 @@ pub fn child_of(cx: &Mount, parent: &Node, name: &str) -> Result<(Node, Option<R
         (Node::In(_, NodeKind::Object), r) => {
             let entry = match r {
                 Resolved::Pending { meta: Some(_) } => dataset::lookup_pending(file, path, name),
+                _ if zarr_view::is_pending_group(cx, file, r) => {
+                    zarr_view::group_child(cx, file, path, name)
+                        .or_else(|| group::lookup_zarr(file, path, r, name))
+                }
                 _ => group::lookup_zarr(file, path, r, name),
             };
             match entry {
@@ -179,7 +183,18 @@ pub fn list(cx: &Mount, node: &Node) -> Result<Vec<DirEntry>> {
             // `.commit` and `.status` are found by name, not listed: zarr-python takes
             // every listed name for a member (docs/namespace.md "Zarr").
             let mut out = Vec::new();
-            out.extend(group::list_zarr(file, path, &r));
+            if zarr_view::is_pending_group(cx, file, &r)
+                && zarr_view::group_json(cx, file, path).is_some()
+            {
+                out.push((
+                    Node::at(file.clone(), path.clone(), NodeKind::Zarr),
+                    None,
+                    crate::fs::attr::Kind::File,
+                    crate::names::DatasetEntry::ZarrJson.name().into(),
+                ));
+            } else {
+                out.extend(group::list_zarr(file, path, &r));
+            }
             if let Resolved::Pending { meta: Some(_) } = r {
                 out.extend(dataset::list_pending(file, path));
             }

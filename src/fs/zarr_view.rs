@@ -37,15 +37,20 @@ fn info<'a>(path: &'a str, pm: &'a PendingMeta) -> ArrayInfo<'a> {
 /// A zstd, gzip or blosc dataset's chunks are shown (and taken) encoded with that codec.
 pub fn zarr_json(path: &str, pm: &PendingMeta) -> Option<Vec<u8>> {
     let b = crate::zarr::array_json(&info(path, pm))?;
-    let Some(codec) = pm
+    let codec = pm
         .compression
         .as_ref()
-        .and_then(|c| zarr_codec(c, pm.itemsize as usize))
-    else {
+        .and_then(|c| zarr_codec(c, pm.itemsize as usize));
+    if codec.is_none() && pm.dims.is_none() {
         return Some(b);
-    };
+    }
     let mut v: serde_json::Value = serde_json::from_slice(&b).ok()?;
-    v.get_mut("codecs")?.as_array_mut()?.push(codec);
+    if let Some(codec) = codec {
+        v.get_mut("codecs")?.as_array_mut()?.push(codec);
+    }
+    if let (Some(d), Some(o)) = (&pm.dims, v.as_object_mut()) {
+        o.insert("dimension_names".into(), serde_json::json!(d));
+    }
     let mut b = serde_json::to_vec_pretty(&v).ok()?;
     b.push(b'\n');
     Some(b)
@@ -179,4 +184,45 @@ pub fn attr(node: &Node, meta: Option<&PendingMeta>) -> Result<(Kind, u64)> {
         },
         _ => return Err(Error::not_found(format!("{path} is not a Zarr node"))),
     })
+}
+
+/// A Zarr group's `zarr.json` in a pending file (docs/namespace.md "Zarr writes"): the
+/// attributes stored when a group zarr.json was written there (the root, or a group
+/// made by mkdir); None when none was.
+pub fn group_json(cx: &Mount, file: &std::path::Path, path: &str) -> Option<Vec<u8>> {
+    let attrs = cx.pending.group_attrs(file, path)?;
+    let v = serde_json::json!({"zarr_format": 3, "node_type": "group", "attributes": attrs});
+    let mut b = serde_json::to_vec_pretty(&v).ok()?;
+    b.push(b'\n');
+    Some(b)
+}
+
+/// Whether `r`, resolved for `file`, is a group of a pending file that a Zarr group's
+/// zarr.json may be written in: a pending group (made by mkdir), or the root or a
+/// committed group of a file that is pending.
+pub fn is_pending_group(cx: &Mount, file: &std::path::Path, r: &super::node::Resolved) -> bool {
+    use super::node::Resolved;
+    match r {
+        Resolved::Pending { meta: None } => true,
+        Resolved::Group { .. } => cx.pending.is_pending(file),
+        _ => false,
+    }
+}
+
+/// `name` in the group at `path` of a pending file, when it is a Zarr writer's:
+/// `zarr.json` once a group zarr.json was written, or a temporary file being written.
+pub fn group_child(cx: &Mount, file: &std::path::Path, path: &str, name: &str) -> Option<Node> {
+    let temp = Node::at(
+        file.to_path_buf(),
+        path.to_string(),
+        NodeKind::ZarrTemp {
+            prefix: None,
+            name: name.to_string(),
+        },
+    );
+    if cx.zarr_temps.contains_key(&temp) {
+        return Some(temp);
+    }
+    (name == DatasetEntry::ZarrJson.name() && cx.pending.group_attrs(file, path).is_some())
+        .then(|| Node::at(file.to_path_buf(), path.to_string(), NodeKind::Zarr))
 }

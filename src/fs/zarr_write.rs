@@ -11,7 +11,7 @@ use super::attr::Attr;
 use super::node::{Node, NodeKind, ObjRef, Resolved};
 use super::vfs::Fs;
 use super::views;
-use super::zarr_view::{chunk_index, temp_kind};
+use super::zarr_view::{self, chunk_index, temp_kind};
 use crate::error::{Error, Result};
 use crate::geometry::tile_name;
 use crate::names::DatasetEntry;
@@ -33,14 +33,22 @@ impl Fs {
         name: &str,
     ) -> Result<Option<(Attr, u64)>> {
         let (file, path, prefix) = match pnode {
-            Node::In(ObjRef { file, path }, NodeKind::Object) if path != "/" => (file, path, None),
+            Node::In(ObjRef { file, path }, NodeKind::Object) => (file, path, None),
             Node::In(ObjRef { file, path }, NodeKind::ZarrDir { prefix }) => {
                 (file, path, Some(prefix.clone()))
             }
             _ => return Ok(None),
         };
-        let Ok(Resolved::Pending { meta }) = self.mount.resolve(pnode) else {
-            return Ok(None);
+        // a pending dataset or group; or the root or a committed group of a pending
+        // file, where only a Zarr group's zarr.json is written
+        let meta = match self.mount.resolve(pnode) {
+            Ok(Resolved::Pending { meta }) => meta,
+            Ok(r @ Resolved::Group { .. })
+                if prefix.is_none() && zarr_view::is_pending_group(&self.mount, file, &r) =>
+            {
+                None
+            }
+            _ => return Ok(None),
         };
         let meta = meta.as_deref();
         let (file, path) = (file.clone(), path.clone());
@@ -68,7 +76,7 @@ impl Fs {
                     name: name.to_string(),
                 },
             );
-            self.mount.zarr_temps.insert(node.clone(), ());
+            self.mount.zarr_temps.insert(node.clone(), None);
             node
         } else {
             return Ok(None);
@@ -168,7 +176,10 @@ impl Fs {
                 format!("{name} can only be renamed onto {want} in the same directory"),
             ));
         }
-        self.mount.zarr_temps.remove(&node);
+        let held = self.mount.zarr_temps.remove(&node).and_then(|(_, a)| a);
+        if let (Some(attrs), Some((file, path))) = (held, node.file_and_path()) {
+            self.mount.pending.set_group_attrs(file, path, &attrs)?;
+        }
         self.mount.inodes.detach(&node);
         if let Some(inv) = self.mount.invalidator() {
             inv.inval_entry(newparent, std::ffi::OsStr::new(newname));

@@ -149,6 +149,8 @@ struct ChunkedCommit {
 /// What a commit writes, found under the lock from the range logs.
 struct CommitPlan {
     specs: Vec<VdsSpec>,
+    /// Groups' attributes and datasets' dimension names.
+    extras: writer::Extras,
     chunked: Vec<ChunkedCommit>,
     groups: Vec<String>,
     /// Every tile source the new file maps.
@@ -488,8 +490,23 @@ impl Commit<'_> {
             }
             .into());
         }
+        let extras = writer::Extras {
+            group_attrs: super::groups::all(self.layout, file, groups.iter().map(String::as_str)),
+            dims: nodes
+                .iter()
+                .filter_map(|n| {
+                    let m = n.meta.as_ref()?;
+                    Some(writer::dims::Named {
+                        path: n.path.clone(),
+                        shape: m.shape.clone(),
+                        dims: m.dims.clone()?,
+                    })
+                })
+                .collect(),
+        };
         Ok(CommitPlan {
             specs,
+            extras,
             chunked,
             groups,
             sources,
@@ -543,7 +560,8 @@ impl Commit<'_> {
             unique()
         ));
         let base = (target.is_file()).then_some(target);
-        if let Err(e) = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups) {
+        if let Err(e) = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups, &plan.extras)
+        {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
@@ -682,7 +700,7 @@ impl Commit<'_> {
             .iter()
             .map(|c| (c.path.clone(), c.attrs.clone()))
             .collect();
-        writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs)?;
+        writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs, &plan.extras)?;
         set_owner(&product, &dir.join(file.sources_rel()), target, stage);
         mark("linked_s");
         let took = t.elapsed();
@@ -778,6 +796,7 @@ impl Commit<'_> {
                 }
             }
         }
+        to_trash(&stage.join("nodes").join(super::groups::ROOT_ATTRS));
         let _ = std::fs::remove_dir(stage.join("nodes"));
         let stage_dir = stage.to_path_buf();
         struct InFlight;

@@ -25,6 +25,7 @@
 mod base;
 mod chunked;
 mod commit;
+mod groups;
 mod layout;
 mod nodes;
 mod rangelog;
@@ -226,6 +227,30 @@ impl Pending {
             self.nodes
                 .accept_meta_locked(&self.layout, &ds, meta, &self.ranges.writer_id)
         })
+    }
+
+    /// Sets the attributes of group `h5path` of a pending file (the root, or a group
+    /// made by mkdir): a Zarr group's zarr.json written through the mount. The commit
+    /// gives them to the committed file's group.
+    pub fn set_group_attrs(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+        attrs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<()> {
+        let file = self.file(file_rel)?;
+        state::transition(&self.layout, &file, Transition::GroupAttrs, |_| {
+            groups::set_locked(&self.layout, &file, h5path, attrs)
+        })
+    }
+
+    /// The attributes stored for group `h5path` of a pending file.
+    pub fn group_attrs(
+        &self,
+        file_rel: &Path,
+        h5path: &str,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        groups::get(&self.layout, &self.file(file_rel).ok()?, h5path)
     }
 
     /// Records that a meta.json (or zarr.json) written for a pending node was refused,
@@ -702,8 +727,14 @@ mod tests {
             chunked::HIDDEN,
         )
         .unwrap();
-        crate::writer::write_vds_into(&product, &[], &[], &[("/g/u".into(), m.attrs.clone())])
-            .unwrap();
+        crate::writer::write_vds_into(
+            &product,
+            &[],
+            &[],
+            &[("/g/u".into(), m.attrs.clone())],
+            &Default::default(),
+        )
+        .unwrap();
         p.commit(file).unwrap();
         let f = hdf5::File::open(dir.path().join(file)).unwrap();
         let d = f.dataset("/g/u").unwrap();

@@ -1,7 +1,7 @@
 //! The life of one file's shared state as one explicit type.
 //!
 //! ```text
-//!             declare / declare node / meta
+//!             declare / declare node / meta (/ group attributes, in a pending file)
 //!   Absent ───────────────────────────────▶ Declared ──write tile──▶ Writing
 //!     ▲                                       │  ▲                     │
 //!     │ remove file                   commit  │  │ declare node/meta   │ commit
@@ -69,6 +69,9 @@ pub enum Transition {
     /// A writer's daemon reserves room in the file being built for its encodings of
     /// a compressed chunked dataset (pending/slots.rs).
     Reserve,
+    /// A Zarr group's zarr.json: the attributes of a pending file's group
+    /// (pending/groups.rs).
+    GroupAttrs,
 }
 
 impl FileState {
@@ -106,8 +109,8 @@ impl FileState {
             (Absent, AcceptMeta) => Ok(Declared { committed }),
             (Committed, DeclareNode | AcceptMeta) => Ok(Declared { committed }),
             (Declared { .. } | Writing { .. }, DeclareNode | AcceptMeta | RefuseMeta) => Ok(self),
-            (Absent | Committed, RefuseMeta | Reserve) => Err(gone()),
-            (Declared { .. } | Writing { .. }, Reserve) => Ok(self),
+            (Absent | Committed, RefuseMeta | Reserve | GroupAttrs) => Err(gone()),
+            (Declared { .. } | Writing { .. }, Reserve | GroupAttrs) => Ok(self),
             (Declared { .. } | Writing { .. }, RemoveNode) => Ok(self),
             (Absent | Committed, RemoveNode) => Err(gone()),
             (Declared { .. } | Writing { .. }, Commit) => Ok(Committed),

@@ -72,7 +72,22 @@ pub fn list(
 /// Attributes of a Zarr node (`zarr.json`, a level of `c/`, a chunk, a temporary file).
 pub fn attr(cx: &Mount, ino: u64, node: &Node, r: &Resolved) -> Result<Attr> {
     let (file, path) = node.file_and_path().ok_or_else(|| Error::io("bad node"))?;
+    let pending_group = crate::fs::zarr_view::is_pending_group(cx, file, r);
     match (node, r) {
+        (Node::In(_, NodeKind::Zarr | NodeKind::ZarrTemp { .. }), _)
+            if pending_group
+                && !matches!(r, Resolved::Group { file: Some(_) } if matches!(node, Node::In(_, NodeKind::Zarr)) && cx.pending.group_attrs(file, path).is_none()) =>
+        {
+            let size =
+                crate::fs::zarr_view::group_json(cx, file, path).map_or(0, |b| b.len() as u64);
+            Ok(file_attr(
+                ino,
+                Kind::File,
+                size,
+                &cx.file_meta(file)?,
+                cx.opts.read_only,
+            ))
+        }
         (Node::In(_, NodeKind::Zarr), Resolved::Group { file: Some(f) }) => {
             let size = f.group_zarr(path, &cx.model_opts, &cx.ns)?.len() as u64;
             Ok(committed(

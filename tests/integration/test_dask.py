@@ -1,0 +1,131 @@
+"""Dask over the mount (docs/dask.md): an xarray Dataset written with `to_zarr` into a
+pending file by a `dask.distributed` cluster of worker processes, committed once, and
+read back by h5py, h5dump and netCDF4 exactly as xarray's own netCDF writer would have
+stored it (dimensions as netCDF-4 dimension scales, attributes, `_FillValue`); then
+read through the mount's Zarr view under the same cluster."""
+import json
+import os
+import shutil
+import subprocess
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+from h5t_helpers import generated_mount
+
+xr = pytest.importorskip("xarray")
+distributed = pytest.importorskip("distributed")
+import dask.array as da  # noqa: E402
+
+
+def dataset():
+    rng = np.random.default_rng(3)
+    ds = xr.Dataset(
+        {"t": (("time", "y", "x"), rng.random((4, 30, 40), dtype="f4")),
+         "p": (("y", "x"), np.arange(1200, dtype="f8").reshape(30, 40)),
+         "q": (("n",), np.arange(5, dtype="i4")),
+         "mask": (("y", "x"), rng.integers(0, 2, (30, 40)).astype("i1"))},
+        coords={"time": np.arange(4), "y": np.linspace(0, 1, 30), "x": np.arange(40) * 2.0,
+                "label": ("n", np.arange(5) * 10)},
+        attrs={"title": "h5tilefs dask test", "version": 3, "scale": 0.5})
+    ds["t"].attrs.update({"units": "K", "long_name": "temperature"})
+    ds["p"].attrs["units"] = "Pa"
+    return ds
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                 dashboard_address=None, silence_logs=40)
+    client = distributed.Client(c)
+    yield client
+    client.close()
+    c.close()
+
+
+def test_to_zarr_from_workers_then_one_commit(cluster, tmp_path):
+    ds = dataset()
+    ref = tmp_path / "ref.nc"
+    ds.to_netcdf(ref, engine="netcdf4")
+    with generated_mount("h5t-dask-", lambda b: None) as (backing, m):
+        target = os.path.join(m, "run", "out.h5")
+        os.makedirs(target)
+        chunked = ds.chunk({"time": 1, "y": 10, "x": 20, "n": 5})
+        # every chunk written by a worker process, through the mount
+        with distributed.get_task_stream(cluster) as ts:
+            chunked.to_zarr(target, mode="w-", zarr_format=3, consolidated=False)
+        assert len({t["worker"] for t in ts.data}) == 2, "both workers wrote chunks"
+        assert len(ts.data) >= 24, len(ts.data)  # t alone has 24 chunks
+        with open(os.path.join(target, ".commit"), "w") as f:
+            f.write("commit\n")
+        with open(os.path.join(target, ".status")) as f:
+            st = json.load(f)["last_commit"]
+        assert st["ok"], st
+        path = os.path.join(backing, "run", "out.h5")
+        # h5py: every variable's values (zarr-python's default codec is zstd: h5py
+        # reads it with hdf5plugin's filter, as it reads files h5py wrote with it)
+        with h5py.File(path) as f:
+            assert "32015" in str(f["t"]._filters)
+            for v in ("t", "p", "q", "mask", "time", "y", "x", "label"):
+                assert np.array_equal(f[v][()], ds[v].values), v
+            assert f["t"].chunks == (1, 10, 20)
+        # h5dump reads the whole file
+        if shutil.which("h5dump"):
+            env = dict(os.environ, HDF5_PLUGIN_PATH=hdf5plugin.PLUGIN_PATH)
+            r = subprocess.run(["h5dump", path], capture_output=True, text=True, timeout=60,
+                               env=env)
+            assert r.returncode == 0, r.stderr
+            assert 'ATTRIBUTE "DIMENSION_LIST"' in r.stdout
+        # netCDF4: what xarray's own netCDF writer made, dimensions and attributes too
+        want = xr.open_dataset(ref, engine="netcdf4").load()
+        got = xr.open_dataset(path, engine="netcdf4").load()
+        xr.testing.assert_identical(got, want)
+        for v in want.variables:
+            assert got[v].dims == want[v].dims, v
+            assert got[v].encoding.get("dtype") == want[v].encoding.get("dtype"), v
+        # the mount's Zarr view of the committed file, under the cluster: each worker
+        # reads its chunks through the mount
+        z = xr.open_zarr(target, consolidated=False, chunks={"time": 1, "y": 10, "x": 20})
+        with distributed.get_task_stream(cluster) as ts:
+            xr.testing.assert_identical(z.compute(), ds.compute())
+        assert len({t["worker"] for t in ts.data}) == 2, "both workers read chunks"
+        arr = da.from_zarr(os.path.join(target, "t"))
+        assert float(arr.sum().compute()) == pytest.approx(float(ds["t"].values.astype("f8").sum()))
+
+
+def test_pending_group_zarr_json(tmp_path):
+    """A Zarr group's zarr.json in a pending file (root and a group made by mkdir)
+    keeps its attributes: shown back, listed, given to the committed groups; a
+    zarr.json of an array at the root is refused."""
+    zarr = pytest.importorskip("zarr")
+    with generated_mount("h5t-zgroup-", lambda b: None) as (backing, m):
+        t = os.path.join(m, "g.h5")
+        os.mkdir(t)
+        g = zarr.open_group(t, mode="w-", zarr_format=3)
+        g.attrs.update({"title": "root", "n": 2, "list": [1.5, 2.5]})
+        sub = g.create_group("sub")
+        sub.attrs["kind"] = "inner"
+        a = sub.create_array("a", shape=(6,), chunks=(3,), dtype="i4", dimension_names=["k"])
+        a[:] = np.arange(6)
+        assert "zarr.json" in os.listdir(t)
+        with open(os.path.join(t, "zarr.json")) as f:
+            assert json.load(f)["attributes"] == {"title": "root", "n": 2, "list": [1.5, 2.5]}
+        with open(os.path.join(t, "sub", "a", "zarr.json")) as f:
+            assert json.load(f)["dimension_names"] == ["k"]
+        with pytest.raises(OSError):
+            with open(os.path.join(t, "zarr.json"), "w") as f:
+                json.dump({"zarr_format": 3, "node_type": "array", "shape": [1]}, f)
+        # the refused write did not touch the stored attributes
+        with open(os.path.join(t, "zarr.json")) as f:
+            assert json.load(f)["attributes"]["title"] == "root"
+        with open(os.path.join(t, ".commit"), "w") as f:
+            f.write("commit\n")
+        with h5py.File(os.path.join(backing, "g.h5")) as f:
+            assert f.attrs["title"] == "root" and f.attrs["n"] == 2
+            assert list(f.attrs["list"]) == [1.5, 2.5]
+            assert f["sub"].attrs["kind"] == "inner"
+            assert f["sub/a"][()].tolist() == list(range(6))
+            assert f["sub/k"].attrs["CLASS"] == b"DIMENSION_SCALE"
+            assert f["sub/a"].dims[0][0].name == "/sub/k"
