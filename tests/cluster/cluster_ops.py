@@ -355,3 +355,47 @@ def read_or_errno(path):
         return read(path)
     except OSError as e:
         return e.errno
+
+
+def xr_dataset(seed):
+    """An xarray Dataset of the Dask tests: coordinates, a dimension without one,
+    global and variable attributes."""
+    import xarray as xr
+    rng = np.random.default_rng(seed)
+    ds = xr.Dataset(
+        {"t": (("time", "y", "x"), rng.random((4, 48, 64), dtype="f4")),
+         "p": (("y", "x"), np.arange(48 * 64, dtype="f8").reshape(48, 64) + seed),
+         "q": (("n",), np.arange(7, dtype="i4"))},
+        coords={"time": np.arange(4), "y": np.linspace(0, 1, 48), "x": np.arange(64) * 2.0},
+        attrs={"title": f"two nodes {seed}", "seed": seed})
+    ds["t"].attrs["units"] = "K"
+    return ds
+
+
+def dask_to_zarr(scheduler, target, seed, t0=None):
+    """Writes xr_dataset(seed) into the pending file `target` with `to_zarr` under the
+    Dask cluster at `scheduler`: this process writes the metadata through its node's
+    mount, the cluster's workers the chunks through theirs. Returns the workers that
+    ran the tasks."""
+    import distributed
+    if t0 is not None:
+        at(t0)
+    os.makedirs(target, exist_ok=True)
+    with distributed.Client(scheduler) as client:
+        with distributed.get_task_stream(client) as ts:
+            xr_dataset(seed).chunk({"time": 1, "y": 16, "x": 32, "n": 7}).to_zarr(
+                target, mode="w-", zarr_format=3, consolidated=False)
+        return sorted({t["worker"] for t in ts.data})
+
+
+def dask_read_zarr(scheduler, target, seed):
+    """Reads the committed file `target` through the mount's Zarr view under the Dask
+    cluster; returns whether it equals xr_dataset(seed) and the workers that read."""
+    import distributed
+    import xarray as xr
+    with distributed.Client(scheduler) as client:
+        with distributed.get_task_stream(client) as ts:
+            z = xr.open_zarr(target, consolidated=False, chunks={"time": 1, "y": 16, "x": 32})
+            got = z.compute()
+        same = got.identical(xr_dataset(seed))
+        return same, sorted({t["worker"] for t in ts.data})
