@@ -7,13 +7,18 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import h5py
 import hdf5plugin
 import numpy as np
 import pytest
 
-from h5t_helpers import generated_mount
+from h5t_helpers import REPO, generated_mount
+
+# the package, here and in the workers (they unpickle its MountStore)
+PKG = os.path.join(REPO, "src", "python")
+sys.path.insert(0, PKG)
 
 xr = pytest.importorskip("xarray")
 distributed = pytest.importorskip("distributed")
@@ -37,12 +42,18 @@ def dataset():
 
 @pytest.fixture(scope="module")
 def cluster():
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = PKG + (os.pathsep + old if old else "")
     c = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                  dashboard_address=None, silence_logs=40)
     client = distributed.Client(c)
     yield client
     client.close()
     c.close()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
 
 
 def test_to_zarr_from_workers_then_one_commit(cluster, tmp_path):
@@ -53,9 +64,12 @@ def test_to_zarr_from_workers_then_one_commit(cluster, tmp_path):
         target = os.path.join(m, "run", "out.h5")
         os.makedirs(target)
         chunked = ds.chunk({"time": 1, "y": 10, "x": 20, "n": 5})
-        # every chunk written by a worker process, through the mount
+        # every chunk written by a worker process, through the mount; p uncompressed
+        # (a virtual dataset over tile files), the rest zstd (zarr's default): one file
+        # holds both layouts
         with distributed.get_task_stream(cluster) as ts:
-            chunked.to_zarr(target, mode="w-", zarr_format=3, consolidated=False)
+            chunked.to_zarr(target, mode="w-", zarr_format=3, consolidated=False,
+                            encoding={"p": {"compressors": None}})
         assert len({t["worker"] for t in ts.data}) == 2, "both workers wrote chunks"
         assert len(ts.data) >= 24, len(ts.data)  # t alone has 24 chunks
         with open(os.path.join(target, ".commit"), "w") as f:
@@ -70,7 +84,7 @@ def test_to_zarr_from_workers_then_one_commit(cluster, tmp_path):
             assert "32015" in str(f["t"]._filters)
             for v in ("t", "p", "q", "mask", "time", "y", "x", "label"):
                 assert np.array_equal(f[v][()], ds[v].values), v
-            assert f["t"].chunks == (1, 10, 20)
+            assert f["t"].chunks == (1, 10, 20) and f["p"].is_virtual
         # h5dump reads the whole file
         if shutil.which("h5dump"):
             env = dict(os.environ, HDF5_PLUGIN_PATH=hdf5plugin.PLUGIN_PATH)
@@ -91,6 +105,23 @@ def test_to_zarr_from_workers_then_one_commit(cluster, tmp_path):
         with distributed.get_task_stream(cluster) as ts:
             xr.testing.assert_identical(z.compute(), ds.compute())
         assert len({t["worker"] for t in ts.data}) == 2, "both workers read chunks"
+        # and with the package's store, each worker reading chunks of plain backing
+        # bytes from the backing file itself (the direct data path, docs/direct.md)
+        from h5tilefs.zarr import MountStore
+        from h5tilefs import direct
+
+        def direct_bytes():
+            return direct.stats["direct_bytes"]
+
+        before = sum(cluster.run(direct_bytes).values())
+        with distributed.get_task_stream(cluster) as ts:
+            zm = xr.open_zarr(MountStore(target), consolidated=False,
+                              chunks={"time": 1, "y": 10, "x": 20})
+            xr.testing.assert_identical(zm.compute(), ds.compute())
+        assert len({t["worker"] for t in ts.data}) == 2
+        after = cluster.run(direct_bytes)
+        # (p's chunks are plain backing bytes; zstd chunks come through the mount)
+        assert sum(after.values()) - before >= ds["p"].nbytes, after
         arr = da.from_zarr(os.path.join(target, "t"))
         assert float(arr.sum().compute()) == pytest.approx(float(ds["t"].values.astype("f8").sum()))
 

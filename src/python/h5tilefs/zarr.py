@@ -82,7 +82,11 @@ def _check_gpu_config(force: bool = False) -> None:
 
 
 def _is_chunk(key: str) -> bool:
-    return key == "c" or key.startswith("c/")
+    """Whether ``key`` names a chunk: ``c`` or a key under ``c/``, of the store's own
+    array or of an array below the store's group (``t/c/0/1``). (A group member named
+    ``c`` taken for a chunk costs nothing: its files read the same either way.)"""
+    parts = key.split("/")
+    return "c" in parts and parts[-1] != "zarr.json"
 
 
 class MountStore(LocalStore):
