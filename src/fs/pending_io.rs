@@ -598,6 +598,12 @@ pub fn write_encoded(
     let decoded = decoded.map_err(|f| {
         let (name, _) = c.to_json();
         tracing::warn!(file = %file.display(), dataset = path, chunk = %tile_name(idx), error = f.message(), "Zarr chunk refused");
+        // A stream cut short is what a writer killed mid-chunk leaves (its descriptor
+        // closed by the kernel): the tile is marked, so that the commit names it
+        // instead of taking it for a chunk Zarr skipped (the fill value).
+        if let Err(e) = pending.mark_torn(file, path, idx, f.message()) {
+            tracing::warn!(file = %file.display(), dataset = path, error = %e, "torn chunk not recorded");
+        }
         Error::invalid(format!(
             "{path}: Zarr chunk {} is not a valid {} stream: {}; nothing was written",
             tile_name(idx),

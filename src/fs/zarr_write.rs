@@ -107,6 +107,8 @@ impl Fs {
                 let Ok(Resolved::Pending { meta: Some(pm) }) = self.mount.resolve(node) else {
                     return Ok(None);
                 };
+                // the chunk equals the fill value: not torn, whatever a writer left
+                self.mount.pending.clear_torn(file, path, idx)?;
                 if !self
                     .mount
                     .pending

@@ -345,7 +345,7 @@ impl Commit<'_> {
                 .ranges
                 .collect(&ds, self.nodes.gen(&ds).ok().as_deref())?;
             t_ranges += t.elapsed();
-            let (miss, unwritten) = incomplete(&written.ranges, m);
+            let (miss, unwritten) = incomplete(&written.ranges, m, &super::ranges::torn(&ds.node));
             let gen = self.nodes.gen(&ds)?;
             if m.chunked {
                 if !miss.is_empty() {

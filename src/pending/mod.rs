@@ -244,6 +244,33 @@ impl Pending {
         })
     }
 
+    /// Records that a write of tile `idx` began and never arrived whole (a Zarr chunk
+    /// whose stream was cut short: its writer died mid-chunk, or sent a bad one). A
+    /// tile of a dataset whose unwritten tiles read as the fill value would otherwise
+    /// look skipped; the commit names it until the tile is written whole.
+    pub fn mark_torn(&self, file_rel: &Path, h5path: &str, idx: &[u64], why: &str) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        let dir = ds.node.join(ranges::TORN_DIR);
+        crate::durable::create_dir_all(&dir)?;
+        crate::durable::write_atomic(&dir.join(crate::geometry::tile_name(idx)), why.as_bytes())
+    }
+
+    /// Forgets that tile `idx` was torn: its writer said it equals the fill value (a
+    /// Zarr chunk deleted).
+    pub fn clear_torn(&self, file_rel: &Path, h5path: &str, idx: &[u64]) -> Result<()> {
+        let ds = self.dataset(file_rel, h5path)?;
+        let p = ds
+            .node
+            .join(ranges::TORN_DIR)
+            .join(crate::geometry::tile_name(idx));
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(
+                crate::error::Error::from_io(format!("removing {}", p.display()), e),
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// The attributes stored for group `h5path` of a pending file.
     pub fn group_attrs(
         &self,

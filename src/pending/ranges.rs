@@ -289,15 +289,34 @@ impl Ranges {
 /// uncovered ranges), and apart from them the tiles nobody wrote, which read as the
 /// fill value when the declaration says `unwritten_tiles: fill` (otherwise they are
 /// among the missing).
+/// The directory of a node's torn tiles (`Pending::mark_torn`): a file per tile.
+pub(super) const TORN_DIR: &str = "torn";
+
+/// The tiles of node directory `node` whose writes began and never arrived whole.
+pub(super) fn torn(node: &Path) -> std::collections::HashSet<String> {
+    std::fs::read_dir(node.join(TORN_DIR))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| !n.contains(".tmp"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The tiles of `meta` that `written` does not cover (with their uncovered ranges),
+/// and those no writer touched, which read as the fill value when the dataset says
+/// so; a `torn` tile (a write that never arrived whole) counts as touched.
 pub(super) fn incomplete(
     written: &HashMap<String, RangeSet>,
     meta: &PendingMeta,
+    torn: &std::collections::HashSet<String>,
 ) -> (Vec<MissingTile>, std::collections::HashSet<String>) {
     let mut miss = missing_of(written, meta);
     let mut unwritten = std::collections::HashSet::new();
     if meta.fill_unwritten {
         miss.retain(|(t, _)| {
-            let touched = written.contains_key(t);
+            let touched = written.contains_key(t) || torn.contains(t);
             if !touched {
                 unwritten.insert(t.clone());
             }

@@ -43,7 +43,7 @@ impl Status {
                     let d = layout.dataset(file, &n.path);
                     let all = ranges.collect(&d, nodes.gen(&d).ok().as_deref())?;
                     let written = all.ranges;
-                    let (miss, unwritten) = incomplete(&written, m);
+                    let (miss, unwritten) = incomplete(&written, m, &super::ranges::torn(&d.node));
                     let total = m.grid().num_tiles();
                     let shown: Vec<Value> = miss
                         .iter()

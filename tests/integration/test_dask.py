@@ -160,3 +160,50 @@ def test_pending_group_zarr_json(tmp_path):
             assert f["sub/a"][()].tolist() == list(range(6))
             assert f["sub/k"].attrs["CLASS"] == b"DIMENSION_SCALE"
             assert f["sub/a"].dims[0][0].name == "/sub/k"
+
+
+def _die_mid_chunk(path, nbytes, once):
+    """In a worker: writes the first half of a chunk file's bytes through the mount, then
+    dies as a killed worker does (the kernel closes its descriptors). The scheduler
+    runs the task again elsewhere: that run (`once` exists) does nothing."""
+    import signal
+    if os.path.exists(once):
+        return "again"
+    open(once, "w").close()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, os.urandom(nbytes // 2))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_mid_write(cluster, tmp_path):
+    """A worker killed in the middle of a chunk leaves the pending file recoverable:
+    the commit is refused naming that chunk's tile (not taken for a chunk Zarr skipped,
+    which reads as the fill value), the job runs again (`mode="r+"`), and the commit
+    then makes the whole Dataset."""
+    ds = dataset()
+    with generated_mount("h5t-dask-kill-", lambda b: None) as (backing, m):
+        target = os.path.join(m, "k.h5")
+        os.makedirs(target)
+        chunked = ds.chunk({"time": 1, "y": 10, "x": 20, "n": 5})
+        # the metadata and no chunk yet: as a job dies early
+        chunked.to_zarr(target, mode="w-", zarr_format=3, consolidated=False, compute=False)
+        # a worker dies writing chunk (2, 1, 0) of t: half a zstd stream written
+        fut = cluster.submit(_die_mid_chunk, os.path.join(target, "t", "c", "2", "1", "0"), 4000,
+                             str(tmp_path / "once"), pure=False)
+        assert fut.result(timeout=120) == "again"
+        cluster.wait_for_workers(2, timeout=60)
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(target, ".commit"), "w") as f:
+                f.write("commit\n")
+        with open(os.path.join(target, ".status")) as f:
+            st = json.load(f)
+        assert "2.1.0" in st["last_commit"]["error"], st["last_commit"]
+        assert st["datasets"]["/t"]["missing"] >= 1, st["datasets"]["/t"]
+        # run the job again over the same arrays: then one commit makes it all
+        chunked.to_zarr(target, mode="r+", consolidated=False)
+        with open(os.path.join(target, ".commit"), "w") as f:
+            f.write("commit\n")
+        got = xr.open_dataset(os.path.join(backing, "k.h5"), engine="netcdf4").load()
+        want_nc = tmp_path / "ref.nc"
+        ds.to_netcdf(want_nc, engine="netcdf4")
+        xr.testing.assert_identical(got, xr.open_dataset(want_nc, engine="netcdf4").load())
