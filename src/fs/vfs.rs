@@ -61,6 +61,9 @@ struct MountInfo {
     /// tells a backing file system unmounted or replaced under the daemon from a gone
     /// daemon by comparing them with what the path shows now.
     backing_id: serde_json::Value,
+    /// The backing directory is on a file system of this machine: its state files never
+    /// read as missing while another client creates entries beside them.
+    backing_local: bool,
 }
 
 /// Device, inode and file system type (statfs f_type) of the backing directory.
@@ -77,6 +80,7 @@ impl Fs {
     pub fn new(backing: &Path, opts: FsOptions) -> Result<Fs> {
         let ns = Namespace::new(backing)?;
         let backing_id = backing_id(&ns.root);
+        let backing_local = crate::durable::on_local_fs(&ns.root);
         let gpu = crate::gpu::Gpu::new(opts.gpu, opts.gpu_io_threads);
         Ok(Fs {
             mount: Mount::new(ns, opts),
@@ -89,6 +93,7 @@ impl Fs {
             info: MountInfo {
                 started: SystemTime::now(),
                 backing_id,
+                backing_local,
             },
         })
     }
@@ -342,8 +347,16 @@ impl Fs {
             // Inside a pending file, once more after a moment: on GlusterFS the state
             // files of a pending dataset can read as missing while another node creates
             // entries beside them (a tile open failed with ENOENT in about one round in
-            // a hundred of two nodes writing one tile).
-            Err(e) if e.errno == libc::ENOENT && self.in_pending_file(pnode) => {
+            // a hundred of two nodes writing one tile). Not on a local file system, and
+            // not for a Zarr writer's temporary name, which is looked up before it is
+            // created: the wait was paid by every chunk zarr-python wrote (25 ms each,
+            // where writing the 2 MiB chunk took 2).
+            Err(e)
+                if e.errno == libc::ENOENT
+                    && !self.info.backing_local
+                    && !name.ends_with(".partial")
+                    && self.in_pending_file(pnode) =>
+            {
                 std::thread::sleep(std::time::Duration::from_millis(25));
                 views::child_of(&self.mount, pnode, name)?
             }
