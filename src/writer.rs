@@ -283,11 +283,11 @@ pub struct VdsSpec {
 }
 
 /// What a commit sets besides datasets and groups: groups' attributes (a Zarr
-/// group's) and the dimension scales of datasets that name their dimensions.
+/// group's). (The dimension scales of datasets that name their dimensions are made
+/// after, by `writer::dims`.)
 #[derive(Clone, Debug, Default)]
 pub struct Extras {
     pub group_attrs: Vec<(String, serde_json::Map<String, Value>)>,
-    pub dims: Vec<dims::Named>,
 }
 
 /// Writes `specs` into the HDF5 file `path`: created fresh, or, when `base` is given,
@@ -304,14 +304,7 @@ pub fn write_vds_file(
         std::fs::copy(b, path)
             .map_err(|e| Error::from_io(format!("copying {}", b.display()), e))?;
     }
-    write_vds(
-        path,
-        base.is_some(),
-        specs,
-        groups,
-        &extras.group_attrs,
-        &extras.dims,
-    )
+    write_vds(path, base.is_some(), specs, groups, &extras.group_attrs)
 }
 
 /// Writes `specs`, `groups` and the attributes `attrs` (by object path) into the
@@ -326,7 +319,7 @@ pub fn write_vds_into(
 ) -> Result<()> {
     let all: Vec<(String, serde_json::Map<String, Value>)> =
         attrs.iter().chain(&extras.group_attrs).cloned().collect();
-    write_vds(path, true, specs, groups, &all, &extras.dims)
+    write_vds(path, true, specs, groups, &all)
 }
 
 fn write_vds(
@@ -335,7 +328,6 @@ fn write_vds(
     specs: &[VdsSpec],
     groups: &[String],
     attrs: &[(String, serde_json::Map<String, Value>)],
-    named: &[dims::Named],
 ) -> Result<()> {
     let base = existing.then_some(());
     let name = path_cstr(path)?;
@@ -476,7 +468,6 @@ fn write_vds(
     if !all.is_empty() {
         write_attrs(path, &all)?;
     }
-    dims::attach(path, named)?;
     let f = std::fs::File::open(path).map_err(|e| Error::from_io("reopening for fsync", e))?;
     f.sync_all()
         .map_err(|e| Error::from_io(format!("fsync {}", path.display()), e))?;

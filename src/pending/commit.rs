@@ -149,8 +149,10 @@ struct ChunkedCommit {
 /// What a commit writes, found under the lock from the range logs.
 struct CommitPlan {
     specs: Vec<VdsSpec>,
-    /// Groups' attributes and datasets' dimension names.
+    /// Groups' attributes.
     extras: writer::Extras,
+    /// Datasets that name their dimensions (their dimension scales are made last).
+    named: Vec<writer::dims::Named>,
     chunked: Vec<ChunkedCommit>,
     groups: Vec<String>,
     /// Every tile source the new file maps.
@@ -492,21 +494,22 @@ impl Commit<'_> {
         }
         let extras = writer::Extras {
             group_attrs: super::groups::all(self.layout, file, groups.iter().map(String::as_str)),
-            dims: nodes
-                .iter()
-                .filter_map(|n| {
-                    let m = n.meta.as_ref()?;
-                    Some(writer::dims::Named {
-                        path: n.path.clone(),
-                        shape: m.shape.clone(),
-                        dims: m.dims.clone()?,
-                    })
-                })
-                .collect(),
         };
+        let named = nodes
+            .iter()
+            .filter_map(|n| {
+                let m = n.meta.as_ref()?;
+                Some(writer::dims::Named {
+                    path: n.path.clone(),
+                    shape: m.shape.clone(),
+                    dims: m.dims.clone()?,
+                })
+            })
+            .collect();
         Ok(CommitPlan {
             specs,
             extras,
+            named,
             chunked,
             groups,
             sources,
@@ -560,8 +563,9 @@ impl Commit<'_> {
             unique()
         ));
         let base = (target.is_file()).then_some(target);
-        if let Err(e) = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups, &plan.extras)
-        {
+        let written = writer::write_vds_file(&tmp, base, &plan.specs, &plan.groups, &plan.extras)
+            .and_then(|()| writer::dims::attach(&tmp, &plan.named));
+        if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
@@ -701,6 +705,7 @@ impl Commit<'_> {
             .map(|c| (c.path.clone(), c.attrs.clone()))
             .collect();
         writer::write_vds_into(&product, &plan.specs, &plan.groups, &attrs, &plan.extras)?;
+        writer::dims::attach(&product, &plan.named)?;
         set_owner(&product, &dir.join(file.sources_rel()), target, stage);
         mark("linked_s");
         let took = t.elapsed();

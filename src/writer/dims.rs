@@ -64,9 +64,9 @@ fn parent(path: &str) -> &str {
     }
 }
 
-/// Makes the dimension scales of `datasets` in the HDF5 file `path` and attaches them.
-/// A name that another object already uses (not a 1-D dataset of the dimension's
-/// length) leaves that dimension without a scale, with a warning.
+/// Makes the dimension scales of `datasets` in the HDF5 file `path` and attaches them,
+/// then fsyncs the file. A name that another object already uses (not a 1-D dataset
+/// of the dimension's length) leaves that dimension without a scale, with a warning.
 pub fn attach(path: &Path, datasets: &[Named]) -> Result<()> {
     if datasets.is_empty() {
         return Ok(());
@@ -80,7 +80,10 @@ pub fn attach(path: &Path, datasets: &[Named]) -> Result<()> {
             "H5Fopen(dimension scales)",
         )?;
         attach_in(f.id(), datasets)
-    })
+    })?;
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| crate::error::Error::from_io(format!("fsync {}", path.display()), e))
 }
 
 /// A dimension's scale: its name, and the datasets attached to it (with the index of
