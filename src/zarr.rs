@@ -648,16 +648,6 @@ pub fn declaration(bytes: &[u8]) -> Result<Value, String> {
         Some(Value::Array(_)) => {}
         Some(_) => return Err("zarr.json dimension_names must be a list".into()),
     }
-    // One self-contained chunked dataset, chunk = Zarr chunk, as a netCDF or h5py user
-    // would write it (a Dask job's arrays were otherwise a tile source file per chunk:
-    // 512 HDF5 files for 1 GiB of 2 MiB chunks); a scalar or an empty dimension, which
-    // HDF5 cannot chunk, keeps the virtual layout.
-    let dims_ok = shape
-        .as_array()
-        .is_some_and(|a| !a.is_empty() && a.iter().all(|d| d.as_u64().is_some_and(|d| d > 0)));
-    if let (true, Some(d)) = (dims_ok, decl.as_object_mut()) {
-        d.insert("layout".into(), json!("chunked"));
-    }
     if let (Some((name, level)), Some(d)) = (compression, decl.as_object_mut()) {
         d.insert("layout".into(), json!("chunked"));
         d.insert("compression".into(), json!(name));

@@ -33,16 +33,12 @@ def make(shape, dtype, seed=0):
     return rng.integers(max(info.min, -1000), min(info.max, 1000), n).astype(dt).reshape(shape)
 
 
-def check_committed(env, mnt, rel, ds, expect, virtual=False):
-    """The committed file, as h5py, h5dump, the mount's data and zarr read it. A Zarr
-    array is one self-contained chunked dataset (its chunks), not a VDS over tile files
-    (a scalar, which HDF5 cannot chunk, and a meta.json dataset stay `virtual`)."""
+def check_committed(env, mnt, rel, ds, expect):
+    """The committed file, as h5py, h5dump, the mount's data and zarr read it."""
     backing = os.path.join(env.backing, rel)
     with h5py.File(backing) as f:
         d = f[ds]
-        assert d.is_virtual == (virtual or expect.ndim == 0)
-        if not d.is_virtual:
-            assert d.chunks is not None
+        assert d.is_virtual
         assert d.shape == expect.shape and d.dtype == expect.dtype
         got = d[()]
     assert np.array_equal(got, expect, equal_nan=expect.dtype.kind in "fc")
@@ -64,7 +60,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("shape,dtype,chunks", CASES)
-def test_zarr_array_commits_as_one_chunked_dataset(env, shape, dtype, chunks):
+def test_zarr_array_commits_as_vds(env, shape, dtype, chunks):
     mnt = env.mount()
     x = make(shape, dtype)
     fill = False if dtype == "bool" else 0
@@ -347,7 +343,7 @@ def test_meta_json_unwritten_tiles_fill(env):
     commit(mnt, "f.h5")
     x = np.full((4, 4), 9, dtype="<i2")
     x[:2] = np.arange(8).reshape(2, 4)
-    check_committed(env, mnt, "f.h5", "/v", x, virtual=True)
+    check_committed(env, mnt, "f.h5", "/v", x)
     with pytest.raises(OSError) as e:
         commit(mnt, "e.h5")
     assert e.value.errno == errno.ENODATA
