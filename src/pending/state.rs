@@ -128,16 +128,23 @@ impl FileState {
 }
 
 impl Transition {
-    /// How long the transition waits for the file's lock: a commit fails at once with
-    /// EBUSY when another runs (a second `.commit` is almost always a duplicate); the
-    /// others wait for it.
-    fn wait(self) -> Option<Duration> {
+    /// How long the transition waits for the file's lock: a commit fails with EBUSY
+    /// when another runs (a second `.commit` is almost always a duplicate); the others
+    /// wait for it. The commit waits [`COMMIT_LOCK_WAIT`] first: the lock may be held
+    /// by a short transition of this or another daemon (a background reservation of
+    /// room for encodings, a meta.json accepted a moment ago), which is not a commit
+    /// running. (Seen once in the reference model: a commit right after a Zarr write
+    /// failed with EBUSY while the write's background work held the lock.)
+    fn wait(self) -> Duration {
         match self {
-            Transition::Commit => None,
-            _ => Some(Duration::from_secs(LOCK_WAIT_S)),
+            Transition::Commit => COMMIT_LOCK_WAIT,
+            _ => Duration::from_secs(LOCK_WAIT_S),
         }
     }
 }
+
+/// How long a commit waits for the file's lock before it says another commit runs.
+const COMMIT_LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a transition waits for a commit or another transition of the same file.
 pub const LOCK_WAIT_S: u64 = 120;
@@ -173,11 +180,14 @@ pub(super) fn transition<T>(
     let what = format!("{:?} of {}", t, file.display());
     let stage = layout.stage_dir(file);
     let lock_path = stage.join(COMMIT_LOCK);
-    let _lock = match t.wait() {
-        Some(limit) => FileLock::lock(&lock_path, limit, &what)?,
-        None => FileLock::try_lock(&lock_path)?.ok_or_else(|| PendingError::Busy {
-            file: file.display().to_string(),
-        })?,
+    let _lock = match FileLock::lock(&lock_path, t.wait(), &what) {
+        Err(e) if t == Transition::Commit && e.errno == libc::EBUSY => {
+            return Err(PendingError::Busy {
+                file: file.display().to_string(),
+            }
+            .into())
+        }
+        r => r?,
     };
     let target = layout.target(file);
     let journal = stage.join(JOURNAL);
